@@ -1,0 +1,5 @@
+import sys
+
+from bertpipe.cli import main
+
+sys.exit(main())

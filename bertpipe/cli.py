@@ -1,0 +1,120 @@
+"""The ``bertpipe`` command.
+
+Each subcommand lives in ``bertpipe/commands/<module>.py`` with two functions:
+``add_arguments(parser)`` and ``run(args) -> int | None``. Modules are imported only when their
+subcommand is used, so ``bertpipe --help`` and every command start fast (heavy frameworks such as
+prefect, torch and tensorflow are imported inside ``run``, where they are needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module under bertpipe.commands, one-line help). The names and flags are contracts.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "run the whole pipeline end to end on the built-in sample (the README's main job)"),
+    "download": ("download", "fetch a Wikipedia dump, MLCommons text or a local file; resumable, md5-verified"),
+    "extract": ("extract", "WikiExtractor over a MediaWiki dump -> text/AA/wiki_00 ..."),
+    "clean": ("text_stages", "cleanup_file.py + clean.sh over extractor files (wiki_nn -> wiki_nn.2)"),
+    "segment": ("text_stages", "nltk 3.4.5 punkt sentence segmentation (wiki_nn.2 -> wiki_nn.3)"),
+    "split-eval": ("text_stages", "seperate_test_set.py: withhold eval articles (-> .4, eval.txt, eval.md5)"),
+    "gather": ("text_stages", "do_gather.py: .4 files -> part-XXXXX-of-00500"),
+    "text": ("text", "text stages end to end: dump or extractor output -> part files + eval.txt"),
+    "create-pretraining-data": ("create_pretraining_data", "tokenize, mask and write TFRecords (MLPerf reference)"),
+    "pick-eval-samples": ("pick_eval_samples", "evenly spaced eval subset of a TFRecord (eval_10k)"),
+    "tfrecord-to-hdf5": ("tfrecord_to_hdf5", "TFRecord -> padded HDF5 (Samsung MLPerf layout)"),
+    "split-4bins": ("split_4bins", "split padded HDF5 into 4 sequence-length bins and shards"),
+    "pack-varlength": ("pack_varlength", "padded HDF5 -> NVIDIA's packed (variable-length) HDF5"),
+    "vocab": ("vocab", "learn an uncased WordPiece vocab from part files"),
+    "run": ("run", "run the Prefect data / pretrain / end-to-end flow locally"),
+    "status": ("status", "show the stages of a work dir: done / missing / corrupt, keys, sizes"),
+    "verify": ("verify", "re-check every md5 of a work dir against its manifests"),
+    "train": ("train", "pre-train BERT with DeepSpeed (HPU, CUDA or CPU)"),
+}
+
+log = logging.getLogger("bertpipe")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    width = max(len(n) for n in COMMANDS)
+    lines = "\n".join(f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items())
+    p = argparse.ArgumentParser(
+        prog="bertpipe",
+        description="MLPerf BERT pre-training data, byte-exact to the reference scripts, and DeepSpeed "
+        "pre-training.\n\ncommands:\n" + lines + "\n\nRun `bertpipe COMMAND --help` for a command's flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("command", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    return p
+
+
+def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser of one subcommand and its module."""
+    module_name, help_text = COMMANDS[command]
+    module = importlib.import_module(f"bertpipe.commands.{module_name}")
+    doc = (module.__doc__ or "").strip()
+    p = argparse.ArgumentParser(
+        prog=f"bertpipe {command}",
+        description=help_text[0].upper() + help_text[1:] + "." + (f"\n\n{doc}" if doc and "\n" in doc else ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    if hasattr(module, "add_arguments_for"):
+        module.add_arguments_for(command, p)  # modules that serve several commands
+    else:
+        module.add_arguments(p)
+    return p, module
+
+
+def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0].startswith("-"):
+        args = _top_parser().parse_args(argv)
+        if args.version:
+            from bertpipe import __version__
+
+            print(f"bertpipe {__version__}")
+            return 0
+        _top_parser().print_help()
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        _top_parser().error(f"unknown command {command!r}; choose from: {', '.join(COMMANDS)}")
+    try:
+        parser, module = build_parser(command)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("bertpipe.commands"):
+            print(f"bertpipe {command}: not available in this version", file=sys.stderr)
+            return 2
+        raise
+    args = parser.parse_args(rest)
+    setup_logging(args.verbose, args.quiet)
+    from preprocessing.errors import BertpipeError
+
+    try:
+        if hasattr(module, "run_for"):
+            rc = module.run_for(command, args)
+        else:
+            rc = module.run(args)
+    except BertpipeError as exc:
+        print(f"bertpipe {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bertpipe {command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

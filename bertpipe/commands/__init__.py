@@ -1,0 +1,1 @@
+"""One module per ``bertpipe`` subcommand (see bertpipe/cli.py). Keep imports here light."""

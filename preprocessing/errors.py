@@ -1,0 +1,28 @@
+"""The project's own exceptions. The CLI prints them as one clear line, without a traceback."""
+
+from __future__ import annotations
+
+
+class BertpipeError(Exception):
+    """Base class: a problem the user can act on (bad input, bad flag, checksum mismatch...)."""
+
+
+class InputError(BertpipeError, ValueError):
+    """An input file or flag is not what the stage expects. The message names it and says what to do."""
+
+
+class ChecksumError(BertpipeError):
+    """A file's md5 differs from the one recorded upstream or published."""
+
+    def __init__(self, path: object, expected: str, actual: str, hint: str = "") -> None:
+        self.path, self.expected, self.actual = str(path), expected, actual
+        msg = f"md5 mismatch for {path}: expected {expected}, got {actual}"
+        super().__init__(msg + (f". {hint}" if hint else ""))
+
+
+class ManifestError(BertpipeError):
+    """A stage directory has no manifest, or its files do not match the manifest."""
+
+
+class RecordError(InputError):
+    """A TFRecord/HDF5 record is corrupt or malformed (names the file and the record index)."""

@@ -1,0 +1,344 @@
+"""Artifacts and manifests: how every stage writes its outputs and proves they are complete.
+
+Rules (../shared/design/architecture.md, "Artifacts, manifests, caching"):
+
+* outputs are written to temporary names (``.<name>.tmp-<pid>``), md5 computed while writing, then
+  renamed into place;
+* ``_manifest.json`` is written last, atomically: "done" means the manifest exists and verifies;
+  anything in a stage directory without a manifest is debris from an interrupted run;
+* a stage checks its inputs against the upstream manifest and refuses a mismatch with an error
+  naming the file, the expected and the actual md5.
+
+Typical use inside a stage::
+
+    with StageOutput(out_dir, "clean", params=cfg_dict, upstream=[in_manifest]) as out:
+        with out.open_text("wiki_00.1") as f:
+            f.write(text)
+        out.count("articles", 12)
+    manifest = out.manifest
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from preprocessing.errors import ChecksumError, ManifestError
+
+MANIFEST_NAME = "_manifest.json"
+MANIFEST_FORMAT = 1
+_CHUNK = 1 << 20
+
+
+def md5_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
+    """md5 hex digest of a file, read in 1 MiB chunks."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form every digest is computed over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def stage_key(stage: str, code_version: str, params: dict[str, Any], upstream: Iterable[str] = ()) -> str:
+    """The content key of a stage run: same stage code, parameters and upstream content -> same key.
+
+    This names the stage's output directory (``work/<stage>/<key>``) and is Prefect's cache key.
+    """
+    payload = canonical_json({"stage": stage, "v": code_version, "params": params, "up": sorted(upstream)})
+    return hashlib.md5(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str  # path relative to the stage directory, '/'-separated
+    bytes: int
+    md5: str
+
+
+@dataclass
+class Manifest:
+    stage: str
+    key: str = ""
+    code_version: str = "1"
+    params: dict[str, Any] = field(default_factory=dict)
+    upstream: dict[str, str] = field(default_factory=dict)  # upstream stage/shard -> its manifest digest
+    files: list[FileEntry] = field(default_factory=list)
+    counters: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    versions: dict[str, str] = field(default_factory=dict)
+    format: int = MANIFEST_FORMAT
+
+    @property
+    def digest(self) -> str:
+        """md5 over what the outputs *are* (stage, key, files): stable across re-runs, unlike timings."""
+        files = [[f.name, f.bytes, f.md5] for f in sorted(self.files, key=lambda e: e.name)]
+        return hashlib.md5(canonical_json({"stage": self.stage, "key": self.key, "files": files}).encode()).hexdigest()
+
+    def file(self, name: str) -> FileEntry:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(f"{name!r} is not in the {self.stage} manifest")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["digest"] = self.digest
+        return json.dumps(d, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        d = dict(d)
+        d.pop("digest", None)
+        d["files"] = [FileEntry(**f) for f in d.get("files", [])]
+        return cls(**d)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a small file atomically (temp name, fsync, rename, fsync dir)."""
+    path = Path(path)
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+class HashingWriter(io.RawIOBase):
+    """A raw binary file that hashes (md5) and counts every byte written to it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self.md5 = hashlib.md5()
+        self.nbytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        view = memoryview(b)
+        n = self._f.write(view)
+        if n is None:
+            n = 0
+        self.md5.update(view[:n])
+        self.nbytes += n
+        return n
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            finally:
+                self._f.close()
+        super().close()
+
+
+class StageOutput:
+    """Context manager that owns one stage (or shard) directory while a stage writes into it.
+
+    On enter: creates the directory, removes a previous manifest (the stage is being redone) and
+    debris from killed runs. Files opened with :meth:`open` / :meth:`open_text` go to temporary names
+    and are renamed when closed, their md5 computed while writing. On a clean exit the manifest is
+    written last, atomically. On an exception no manifest is written and temporary files are removed.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        stage: str,
+        *,
+        params: dict[str, Any] | None = None,
+        upstream: Iterable[Manifest] | dict[str, str] = (),
+        code_version: str = "1",
+        key: str | None = None,
+        manifest_name: str = MANIFEST_NAME,
+    ) -> None:
+        self.dir = Path(out_dir)
+        self.manifest_name = manifest_name
+        up = upstream if isinstance(upstream, dict) else {f"{m.stage}:{m.key}": m.digest for m in upstream}
+        params = dict(params or {})
+        self.manifest = Manifest(
+            stage=stage,
+            key=key or stage_key(stage, code_version, params, up.values()),
+            code_version=code_version,
+            params=params,
+            upstream=dict(up),
+        )
+        self._entries: dict[str, FileEntry] = {}
+        self._t0 = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> StageOutput:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / self.manifest_name).unlink(missing_ok=True)
+        remove_debris(self.dir)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            remove_debris(self.dir)
+            return
+        m = self.manifest
+        m.files = sorted(self._entries.values(), key=lambda e: e.name)
+        m.seconds = round(time.perf_counter() - self._t0, 3)
+        m.versions = _versions()
+        atomic_write_text(self.dir / self.manifest_name, m.to_json())
+
+    # -- writing -------------------------------------------------------------------------------
+    @contextmanager
+    def open(self, name: str) -> Iterator[io.BufferedWriter]:
+        """Open ``name`` (relative to the stage dir) for binary writing via a temporary name."""
+        final = self.path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(final)
+        raw = HashingWriter(tmp)
+        buf = io.BufferedWriter(raw, buffer_size=_CHUNK)
+        try:
+            yield buf
+            buf.flush()
+            buf.close()
+        except BaseException:
+            buf.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, final)
+        self._entries[name] = FileEntry(name, raw.nbytes, raw.md5.hexdigest())
+
+    @contextmanager
+    def open_text(self, name: str) -> Iterator[io.TextIOWrapper]:
+        """Open ``name`` for UTF-8 text writing, newlines written exactly as given."""
+        with self.open(name) as b:
+            t = io.TextIOWrapper(b, encoding="utf-8", newline="", write_through=False)
+            try:
+                yield t
+                t.flush()
+            finally:
+                t.detach()
+
+    def add_file(self, name: str, md5: str | None = None) -> FileEntry:
+        """Record a file that was already written (atomically) into the stage dir by other means."""
+        p = self.path(name)
+        entry = FileEntry(name, p.stat().st_size, md5 or md5_file(p))
+        self._entries[name] = entry
+        return entry
+
+    def path(self, name: str) -> Path:
+        p = (self.dir / name).resolve()
+        if not p.is_relative_to(self.dir.resolve()):
+            raise ValueError(f"refusing to write {name!r}: it escapes the stage directory {self.dir}")
+        return self.dir / name
+
+    def count(self, name: str, n: int | float = 1) -> None:
+        self.manifest.counters[name] = self.manifest.counters.get(name, 0) + n
+
+
+def remove_debris(directory: Path) -> None:
+    """Delete temporary files left by killed writers (``.<name>.tmp-<pid>``) under ``directory``."""
+    for p in directory.rglob(".*.tmp-*"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+
+
+def _versions() -> dict[str, str]:
+    from bertpipe import __version__
+
+    return {"bertpipe": __version__, "python": platform.python_version()}
+
+
+# -- reading and verifying ---------------------------------------------------------------------
+def load_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Manifest | None:
+    """The manifest of a stage directory, or None when there is none (not done)."""
+    p = Path(directory) / name
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return Manifest.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise ManifestError(f"{p} is not a valid bertpipe manifest ({exc}); delete it to redo the stage") from exc
+
+
+def verify_manifest(
+    directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True
+) -> Manifest:
+    """Load and check a stage directory: every file present, of the recorded size and md5.
+
+    Raises ManifestError (missing manifest/file, wrong size) or ChecksumError (md5 differs).
+    """
+    directory = Path(directory)
+    m = load_manifest(directory, name)
+    if m is None:
+        raise ManifestError(f"{directory / name} not found: the stage has not completed (run it first)")
+    for f in m.files:
+        verify_file(directory / f.name, f.md5, f.bytes if not check_md5 else f.bytes, check_md5=check_md5,
+                    what=f"listed in {directory / name}")
+    return m
+
+
+def verify_file(path: str | os.PathLike, md5: str, size: int | None = None, *, check_md5: bool = True,
+                what: str = "") -> None:
+    """Check one file against an expected size and md5; errors name the file and both values."""
+    path = Path(path)
+    hint = f" ({what})" if what else ""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ManifestError(f"{path} is missing{hint}; re-run the stage that produces it") from None
+    if size is not None and st.st_size != size:
+        raise ManifestError(f"{path} has {st.st_size} bytes, expected {size}{hint}; re-run the stage that produces it")
+    if check_md5:
+        actual = md5_file(path)
+        if actual != md5:
+            raise ChecksumError(path, md5, actual, hint=f"The file changed since it was written{hint}; "
+                                "re-run the stage that produces it")
+
+
+def is_done(directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True) -> Manifest | None:
+    """The verified manifest if the stage directory is complete and intact, else None."""
+    try:
+        return verify_manifest(directory, name, check_md5=check_md5)
+    except (ManifestError, ChecksumError):
+        return None

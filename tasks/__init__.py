@@ -1,0 +1,1 @@
+"""Thin Prefect tasks: one per stage (per shard where the stage is per file). No algorithms here."""

@@ -1,0 +1,33 @@
+"""Layering: the plain libraries never import Prefect (or other heavy frameworks at import time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PLAIN = ["preprocessing", "pretrain"]
+
+
+def _modules_after_import(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sys.modules))"],
+                         capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_libraries_do_not_import_prefect():
+    import importlib
+    import pkgutil
+
+    names = []
+    for pkg in PLAIN:
+        mod = importlib.import_module(pkg)
+        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_")]
+    code = "\n".join(f"import {n}" for n in names if n not in ("pretrain.train",))
+    mods = _modules_after_import(code)
+    assert not any(m == "prefect" or m.startswith("prefect.") for m in mods)
+
+
+def test_cli_start_up_imports_nothing_heavy():
+    mods = _modules_after_import("import bertpipe.cli")
+    for heavy in ("prefect", "torch", "tensorflow", "deepspeed", "numpy", "h5py"):
+        assert heavy not in mods, heavy

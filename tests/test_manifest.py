@@ -1,0 +1,108 @@
+"""The artifact/manifest library: streaming md5, atomic outputs, manifest written last, verification."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from preprocessing.errors import ChecksumError, ManifestError
+from preprocessing.manifest import (
+    MANIFEST_NAME,
+    StageOutput,
+    is_done,
+    load_manifest,
+    md5_file,
+    stage_key,
+    verify_manifest,
+)
+
+
+def test_md5_known_answers(tmp_path):
+    p = tmp_path / "x"
+    p.write_bytes(b"")
+    assert md5_file(p) == "d41d8cd98f00b204e9800998ecf8427e"
+    p.write_bytes(b"The quick brown fox jumps over the lazy dog")
+    assert md5_file(p) == "9e107d9d372bb6826bd81d3542a419d6"
+    big = bytes(range(256)) * 9000  # spans several read chunks
+    p.write_bytes(big)
+    assert md5_file(p, chunk=4096) == hashlib.md5(big).hexdigest()
+
+
+def test_stage_output_records_streaming_md5_and_writes_manifest_last(tmp_path):
+    out = tmp_path / "stage"
+    with StageOutput(out, "demo", params={"a": 1}) as st:
+        with st.open_text("sub/a.txt") as f:
+            f.write("héllo\r\nworld\n")
+            assert not (out / "sub" / "a.txt").exists()  # temp name while writing
+            assert not (out / MANIFEST_NAME).exists()
+        with st.open("b.bin") as f:
+            f.write(b"\x00" * 10)
+        st.count("documents", 3)
+        assert not (out / MANIFEST_NAME).exists()
+    m = verify_manifest(out)
+    assert (out / "sub" / "a.txt").read_bytes() == "héllo\r\nworld\n".encode()
+    assert m.file("sub/a.txt").md5 == hashlib.md5("héllo\r\nworld\n".encode()).hexdigest()
+    assert m.file("b.bin").bytes == 10
+    assert m.counters == {"documents": 3}
+    assert json.loads((out / MANIFEST_NAME).read_text())["digest"] == m.digest
+    assert not list(out.rglob(".*.tmp-*"))
+
+
+def test_failed_stage_leaves_no_manifest_and_no_temp_files(tmp_path):
+    out = tmp_path / "stage"
+    with pytest.raises(RuntimeError), StageOutput(out, "demo") as st:
+        with st.open("a.bin") as f:
+            f.write(b"partial")
+            raise RuntimeError("boom")
+    assert load_manifest(out) is None
+    assert not (out / "a.bin").exists()
+    assert not list(out.rglob(".*.tmp-*"))
+
+
+def test_redo_removes_old_manifest_before_writing(tmp_path):
+    out = tmp_path / "stage"
+    with StageOutput(out, "demo") as st, st.open("a.bin") as f:
+        f.write(b"one")
+    with pytest.raises(KeyError), StageOutput(out, "demo") as st:
+        raise KeyError("killed half-way")
+    assert load_manifest(out) is None  # a half-redone stage is never "done"
+
+
+def test_verify_names_file_expected_and_actual_md5(tmp_path):
+    out = tmp_path / "stage"
+    with StageOutput(out, "demo") as st, st.open("a.bin") as f:
+        f.write(b"abc")
+    expected = hashlib.md5(b"abc").hexdigest()
+    (out / "a.bin").write_bytes(b"abd")
+    with pytest.raises(ChecksumError) as e:
+        verify_manifest(out)
+    msg = str(e.value)
+    assert str(out / "a.bin") in msg and expected in msg and hashlib.md5(b"abd").hexdigest() in msg
+    assert is_done(out) is None
+    (out / "a.bin").unlink()
+    with pytest.raises(ManifestError, match="a.bin is missing"):
+        verify_manifest(out)
+
+
+def test_stage_key_depends_on_params_code_and_upstream():
+    k = stage_key("s", "1", {"x": 1}, ["u"])
+    assert k == stage_key("s", "1", {"x": 1}, ["u"])
+    assert len({k, stage_key("s", "2", {"x": 1}, ["u"]), stage_key("s", "1", {"x": 2}, ["u"]),
+                stage_key("s", "1", {"x": 1}, ["v"])}) == 4
+
+
+def test_digest_is_stable_across_reruns(tmp_path):
+    digests = []
+    for i in range(2):
+        with StageOutput(tmp_path / f"s{i}", "demo", params={"p": 1}) as st, st.open("a") as f:
+            f.write(b"same bytes")
+        digests.append(load_manifest(tmp_path / f"s{i}").digest)
+    assert digests[0] == digests[1]
+
+
+def test_refuses_path_escaping_stage_dir(tmp_path):
+    with pytest.raises(ValueError, match="escapes"), StageOutput(tmp_path / "s", "demo") as st:
+        with st.open("../evil") as f:
+            f.write(b"x")
