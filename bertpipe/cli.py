@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 
 # name -> (module under bertpipe.commands, one-line help). The names and flags are contracts.
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     args = parser.parse_args(rest)
     setup_logging(args.verbose, args.quiet)
+    # Past a file-size limit (ulimit -f) the kernel sends SIGXFSZ, which kills the process outright;
+    # ignored, the write fails with EFBIG instead and the stage reports it cleanly (DiskFullError).
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     from preprocessing.errors import BertpipeError
 
     try:

@@ -26,3 +26,11 @@ class ManifestError(BertpipeError):
 
 class RecordError(InputError):
     """A TFRecord/HDF5 record is corrupt or malformed (names the file and the record index)."""
+
+
+class DiskFullError(BertpipeError):
+    """The disk (or a file-size limit) ran out while a stage was writing. Nothing was marked done."""
+
+    def __init__(self, errno: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno

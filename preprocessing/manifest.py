@@ -20,6 +20,7 @@ Typical use inside a stage::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import ChecksumError, ManifestError
+from preprocessing.errors import ChecksumError, DiskFullError, ManifestError
 
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_FORMAT = 1
@@ -134,8 +135,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        _raise_if_disk_full(exc, path)
         raise
     _fsync_dir(path.parent)
 
@@ -239,9 +241,13 @@ class StageOutput:
             yield buf
             buf.flush()
             buf.close()
-        except BaseException:
-            buf.close()
+        except BaseException as exc:
+            try:
+                buf.close()
+            except OSError:
+                pass  # the buffer could not be flushed (disk full): the temp file is dropped anyway
             tmp.unlink(missing_ok=True)
+            _raise_if_disk_full(exc, final)
             raise
         os.replace(tmp, final)
         self._entries[name] = FileEntry(name, raw.nbytes, raw.md5.hexdigest())
@@ -272,6 +278,19 @@ class StageOutput:
 
     def count(self, name: str, n: int | float = 1) -> None:
         self.manifest.counters[name] = self.manifest.counters.get(name, 0) + n
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def _raise_if_disk_full(exc: BaseException, path: Path) -> None:
+    """Turn ENOSPC / EFBIG / EDQUOT into one clear error naming the file (no manifest is written)."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL and not isinstance(exc, DiskFullError):
+        what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file-size limit was reached",
+                errno.EDQUOT: "the disk quota was exceeded"}[exc.errno]
+        raise DiskFullError(exc.errno, f"{what} while writing {path}; the stage was not marked done and its "
+                            "partial output was removed. Free space (or raise the limit) and re-run: "
+                            "finished stages and shards are kept") from exc
 
 
 def remove_debris(directory: Path) -> None:

@@ -232,10 +232,17 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise ValueError(f"unsupported wire type {wt}")
 
 
+def _sub(v: bytes | int) -> bytes:
+    """A length-delimited field's bytes; a corrupt record can put a varint where a message belongs."""
+    if not isinstance(v, bytes):
+        raise ValueError("expected a length-delimited field")
+    return v
+
+
 def _decode_list(feature: bytes) -> list[int] | list[float] | list[bytes]:
     for kind, _, lst in _fields(feature):
         values: list = []
-        for _, wt, v in _fields(lst):  # type: ignore[arg-type]
+        for _, wt, v in _fields(_sub(lst)):
             if kind == 3:  # int64_list
                 if wt == 2:
                     pos = 0
@@ -245,7 +252,12 @@ def _decode_list(feature: bytes) -> list[int] | list[float] | list[bytes]:
                 else:
                     values.append(v - (1 << 64) if v >= 1 << 63 else v)  # type: ignore[operator]
             elif kind == 2:  # float_list
-                values.extend(struct.unpack(f"<{len(v) // 4}f", v) if wt == 2 else struct.unpack("<f", v))  # type: ignore[arg-type]
+                if wt == 2 and len(v) % 4 == 0:  # type: ignore[arg-type]
+                    values.extend(struct.unpack(f"<{len(v) // 4}f", v))  # type: ignore[arg-type]
+                elif wt == 5:
+                    values.extend(struct.unpack("<f", v))  # type: ignore[arg-type]
+                else:
+                    raise ValueError("malformed float_list")
             elif kind == 1:  # bytes_list
                 values.append(bytes(v))  # type: ignore[arg-type]
         return values
@@ -258,13 +270,13 @@ def decode_example(payload: bytes) -> dict[str, list]:
     for field, _, features in _fields(payload):
         if field != 1:
             continue
-        for _, _, entry in _fields(features):  # type: ignore[arg-type]
+        for _, _, entry in _fields(_sub(features)):
             name, feature = "", b""
-            for f2, _, v in _fields(entry):  # type: ignore[arg-type]
+            for f2, _, v in _fields(_sub(entry)):
                 if f2 == 1:
-                    name = bytes(v).decode()  # type: ignore[arg-type]
+                    name = _sub(v).decode()
                 elif f2 == 2:
-                    feature = v  # type: ignore[assignment]
+                    feature = _sub(v)
             out[name] = _decode_list(feature)
     return out
 
