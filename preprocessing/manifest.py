@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import ChecksumError, DiskFullError, ManifestError
+from preprocessing.errors import ChecksumError, DiskFullError, InputError, ManifestError
 
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_FORMAT = 1
@@ -195,8 +195,10 @@ class StageOutput:
         code_version: str = "1",
         key: str | None = None,
         manifest_name: str = MANIFEST_NAME,
+        root: str | os.PathLike | None = None,  # the work dir: out_dir must resolve inside it
     ) -> None:
         self.dir = Path(out_dir)
+        self.root = Path(root) if root is not None else None
         self.manifest_name = manifest_name
         up = upstream if isinstance(upstream, dict) else {f"{m.stage}:{m.key}": m.digest for m in upstream}
         params = dict(params or {})
@@ -212,6 +214,8 @@ class StageOutput:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> StageOutput:
+        if self.root is not None:
+            check_inside(self.dir, self.root)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / self.manifest_name).unlink(missing_ok=True)
         remove_debris(self.dir)
@@ -278,6 +282,15 @@ class StageOutput:
 
     def count(self, name: str, n: int | float = 1) -> None:
         self.manifest.counters[name] = self.manifest.counters.get(name, 0) + n
+
+
+def check_inside(path: str | os.PathLike, root: str | os.PathLike) -> None:
+    """Refuse ``path`` if it (through symlinks) resolves outside ``root`` (e.g. a symlinked output
+    folder that would make a stage write outside the work dir)."""
+    real, real_root = Path(path).resolve(), Path(root).resolve()
+    if not real.is_relative_to(real_root):
+        raise InputError(f"refusing to write to {path}: it resolves to {real}, outside the work dir {root} "
+                         "(a symlink?). Remove the link or choose another --work-dir")
 
 
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}

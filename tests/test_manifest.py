@@ -106,3 +106,17 @@ def test_refuses_path_escaping_stage_dir(tmp_path):
     with pytest.raises(ValueError, match="escapes"), StageOutput(tmp_path / "s", "demo") as st:
         with st.open("../evil") as f:
             f.write(b"x")
+
+
+def test_symlinked_stage_dir_escaping_the_work_dir_is_refused(tmp_path):
+    from preprocessing.errors import InputError
+
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (work / "tfrecord").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InputError, match="outside the work dir"), StageOutput(work / "tfrecord" / "k", "s", root=work):
+        pass
+    assert not list(outside.iterdir())
+    with StageOutput(work / "ok" / "k", "s", root=work) as st, st.open("a") as f:  # a normal dir is fine
+        f.write(b"x")
