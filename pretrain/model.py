@@ -1,0 +1,237 @@
+"""BERT for pre-training (masked LM + next-sentence prediction), written for speed where it counts.
+
+* Attention is `torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU,
+  the fused CPU kernel here) with one fused QKV projection.
+* The MLM head (dense + LayerNorm + the 30k-wide tied decoder) runs only on the valid masked positions:
+  ~20 of 128 tokens (or ~76 of 512), not on every token; with hidden 1024 the full-sequence decoder would
+  cost as much as ~3 encoder layers.
+* Batches may be padded only to their length bin's bound (S = 128/256/384/512): positions are 0..S-1 and the
+  key-padding mask makes the result independent of S.
+* Everything is dtype-agnostic (bf16 weights work); the losses are computed in fp32.
+
+Parameter names (see `hf_export.py` / `tf_import.py` for the mappings):
+  embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
+  encoder.layer.N.{attn_qkv, attn_out, attn_LayerNorm, ffn_in, ffn_out, ffn_LayerNorm}.{weight,bias}
+  pooler.{weight,bias}, mlm_head.{dense, LayerNorm}.{weight,bias}, mlm_head.bias, nsp_head.{weight,bias}
+The MLM decoder is tied to embeddings.word_embeddings.weight (no separate parameter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pretrain.config import BertConfig
+
+NO_DECAY_KEYS = ("bias", "LayerNorm", "gamma", "beta")  # Habana's rule for weight_decay 0.0
+
+
+@dataclass
+class PretrainingOutput:
+    """What `BertForPreTraining.forward` returns (losses are None when labels are not given)."""
+
+    loss: Tensor | None
+    mlm_loss: Tensor | None
+    nsp_loss: Tensor | None
+    mlm_logits: Tensor  # [N_valid, vocab_size], the valid masked positions of all rows, row-major
+    nsp_logits: Tensor  # [B, 2]
+    mlm_correct: Tensor  # scalar int64: valid masked tokens whose argmax equals the label (0 without labels)
+    mlm_count: Tensor  # scalar int64: valid masked tokens
+
+
+def _activation(name: str) -> nn.Module:
+    if name == "gelu":
+        return nn.GELU()
+    if name in ("gelu_new", "gelu_tanh"):
+        return nn.GELU(approximate="tanh")
+    return nn.ReLU()
+
+
+class BertEmbeddings(nn.Module):
+    """Word + position + segment embeddings, LayerNorm, dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(
+            segment_ids
+        )
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertLayer(nn.Module):
+    """One transformer block: SDPA self-attention and a feed-forward layer, each with residual + LayerNorm.
+
+    Post-LN (BERT): h = LN(h + sublayer(h)). With `layer_norm_large_model` (Habana's 1.5B/5B variant) a
+    separate residual stream r is carried: r = r + sublayer(h); h = LN(r), i.e. each LayerNorm is the pre-LN
+    of the next sub-layer. As in Habana's modeling.py the stream starts at 0 before the first block (the
+    embedding output enters only through the first attention).
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.attn_dropout_p = config.attention_probs_dropout_prob
+        self.large = config.layer_norm_large_model
+        self.attn_qkv = nn.Linear(h, 3 * h)  # rows: query, key, value
+        self.attn_out = nn.Linear(h, h)
+        self.attn_LayerNorm = nn.LayerNorm(h, eps=eps)
+        self.ffn_in = nn.Linear(h, config.intermediate_size)
+        self.act = _activation(config.hidden_act)
+        self.ffn_out = nn.Linear(config.intermediate_size, h)
+        self.ffn_LayerNorm = nn.LayerNorm(h, eps=eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def attention(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        b, s, h = x.shape
+        q, k, v = self.attn_qkv(x).view(b, s, 3, self.num_heads, h // self.num_heads).unbind(2)
+        ctx = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=key_mask,
+            dropout_p=self.attn_dropout_p if self.training else 0.0,
+        )
+        return self.attn_out(ctx.transpose(1, 2).reshape(b, s, h))
+
+    def forward(self, x: Tensor, residual: Tensor | None, key_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        a = self.dropout(self.attention(x, key_mask))
+        if self.large:
+            residual = a if residual is None else residual + a
+            x = self.attn_LayerNorm(residual)
+        else:
+            x = self.attn_LayerNorm(x + a)
+        f = self.dropout(self.ffn_out(self.act(self.ffn_in(x))))
+        if self.large:
+            residual = residual + f
+            return self.ffn_LayerNorm(residual), residual
+        return self.ffn_LayerNorm(x + f), None
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        residual = None
+        for layer in self.layer:
+            x, residual = layer(x, residual, key_mask)
+        return x
+
+
+class BertMLMHead(nn.Module):
+    """dense + activation + LayerNorm, then the decoder tied to the word embeddings, plus an output bias."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.padded_vocab_size))
+        self.vocab_size = config.vocab_size
+
+    def forward(self, hidden: Tensor, decoder_weight: Tensor) -> Tensor:
+        """Logits over the real vocabulary (the padding rows exist only to align the matmul)."""
+        x = self.LayerNorm(self.act(self.dense(hidden)))
+        return F.linear(x, decoder_weight, self.bias)[..., : self.vocab_size]
+
+
+def valid_mask(masked_lm_positions: Tensor) -> Tensor:
+    """[B, P] bool: slots before the first 0 of each row (position 0 is [CLS], never masked)."""
+    return (masked_lm_positions != 0).to(torch.int32).cumprod(dim=1).bool()
+
+
+class BertForPreTraining(nn.Module):
+    """BERT encoder + MLM head (masked positions only) + NSP head; see the module docstring."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.mlm_head = BertMLMHead(config)
+        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.apply(self._init_weights)
+        with torch.no_grad():  # rows past vocab_size are never looked up nor scored
+            self.embeddings.word_embeddings.weight[config.vocab_size:].zero_()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def encode(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Sequence output [B, S, H] and pooled output [B, H] (tanh(dense(h[:, 0])))."""
+        key_mask = (input_mask != 0)[:, None, None, :]  # [B, 1, 1, S]: True = attend to this key
+        x = self.encoder(self.embeddings(input_ids.long(), segment_ids.long()), key_mask)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+    def mlm_scores(self, hidden: Tensor) -> Tensor:
+        """MLM logits [..., vocab_size] for any hidden states (e.g. all positions, for tests/eval)."""
+        return self.mlm_head(hidden, self.embeddings.word_embeddings.weight)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        segment_ids: Tensor,
+        input_mask: Tensor,
+        masked_lm_positions: Tensor,
+        masked_lm_ids: Tensor | None = None,
+        next_sentence_labels: Tensor | None = None,
+    ) -> PretrainingOutput:
+        """Run the model on one batch padded to any S <= max_position_embeddings.
+
+        Args:
+            input_ids, segment_ids, input_mask: [B, S] integer tensors (the HDF5 fields).
+            masked_lm_positions: [B, P]; the valid slots are those before the first 0.
+            masked_lm_ids: [B, P] labels of those slots, or None.
+            next_sentence_labels: [B] (0 = is next, 1 = random), or None.
+        """
+        seq, pooled = self.encode(input_ids, segment_ids, input_mask)
+        b, s, h = seq.shape
+        valid = valid_mask(masked_lm_positions)
+        rows = torch.arange(b, device=seq.device)[:, None] * s
+        flat_index = (rows + masked_lm_positions.long())[valid]  # [N_valid]
+        mlm_logits = self.mlm_scores(seq.reshape(b * s, h).index_select(0, flat_index))
+        nsp_logits = self.nsp_head(pooled)
+        mlm_count = valid.sum()
+
+        mlm_loss = nsp_loss = loss = None
+        mlm_correct = torch.zeros((), dtype=torch.int64, device=seq.device)
+        if masked_lm_ids is not None:
+            labels = masked_lm_ids.long()[valid]
+            # sum / max(count, 1): the mean over valid tokens, and 0 (not NaN) for a batch without any
+            mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="sum") / mlm_count.clamp(min=1)
+            with torch.no_grad():
+                mlm_correct = (mlm_logits.argmax(dim=-1) == labels).sum()
+            loss = mlm_loss
+        if next_sentence_labels is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.long().view(-1))
+            loss = nsp_loss if loss is None else loss + nsp_loss
+        return PretrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, mlm_correct, mlm_count)
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """Two optimizer groups: weight decay on weights, none on biases and LayerNorm parameters."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if any(k in name for k in NO_DECAY_KEYS) else decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,195 @@
+"""Model unit tests: shapes, masked-only MLM head, bin-bound padding invariance, losses, param groups, configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from pretrain.config import MODEL_PRESETS, BertConfig, model_config  # noqa: E402
+from pretrain.model import BertForPreTraining, valid_mask  # noqa: E402
+
+TINY = model_config("tiny")
+
+
+def make_batch(lengths: list[int], seq: int, n_pred: int = 20, seed: int = 0) -> dict:
+    """A batch shaped like the HDF5 rows: ids/mask/segments padded with 0 to `seq`, positions padded with 0."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    ids = torch.zeros(b, seq, dtype=torch.int32)
+    mask = torch.zeros(b, seq, dtype=torch.int8)
+    seg = torch.zeros(b, seq, dtype=torch.int8)
+    pos = torch.zeros(b, n_pred, dtype=torch.int32)
+    lab = torch.zeros(b, n_pred, dtype=torch.int32)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = torch.randint(1000, 30522, (n,), generator=g)
+        ids[r, 0], ids[r, n - 1] = 101, 102
+        mask[r, :n] = 1
+        seg[r, n // 2: n] = 1
+        k = max(1, min(n_pred, n * 15 // 100)) if r % 4 != 3 else 0  # every 4th row: no masked token
+        chosen = torch.randperm(n - 2, generator=g)[:k].sort().values + 1
+        pos[r, :k] = chosen.to(torch.int32)
+        lab[r, :k] = torch.randint(0, 30522, (k,), generator=g, dtype=torch.int32)
+    nsp = torch.tensor([r % 2 for r in range(b)], dtype=torch.int8)
+    return dict(input_ids=ids, segment_ids=seg, input_mask=mask, masked_lm_positions=pos,
+                masked_lm_ids=lab, next_sentence_labels=nsp)
+
+
+def tiny_model(**overrides) -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(model_config("tiny", **overrides)).eval()
+
+
+def test_output_shapes_and_counts():
+    batch = make_batch([128, 40, 77, 100, 9], 128)
+    out = tiny_model()(**batch)
+    n_valid = int((batch["masked_lm_positions"] != 0).sum())
+    assert out.mlm_logits.shape == (n_valid, 30522)
+    assert out.nsp_logits.shape == (5, 2)
+    assert int(out.mlm_count) == n_valid
+    assert 0 <= int(out.mlm_correct) <= n_valid
+
+
+def test_valid_slots_end_at_first_zero():
+    pos = torch.tensor([[5, 9, 0, 7, 0], [3, 4, 6, 8, 10], [0, 2, 3, 0, 0]])
+    assert valid_mask(pos).tolist() == [[True, True, False, False, False], [True] * 5, [False] * 5]
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_masked_only_mlm_equals_full_head_gathered(large: bool):
+    model = tiny_model(layer_norm_large_model=large)
+    batch = make_batch([128, 60, 33, 120], 128)
+    with torch.no_grad():
+        out = model(**batch)
+        seq, pooled = model.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+        full = model.mlm_scores(seq)  # [B, S, V] over every position
+    valid = batch["masked_lm_positions"] != 0
+    rows = torch.arange(4)[:, None].expand_as(valid)[valid]
+    gathered = full[rows, batch["masked_lm_positions"].long()[valid]]
+    torch.testing.assert_close(out.mlm_logits, gathered, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.nsp_logits, model.nsp_head(pooled), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_padding_to_bin_bound_or_512_gives_same_logits(large: bool):
+    model = tiny_model(layer_norm_large_model=large)
+    lengths = [128, 17, 90, 64]
+    short = make_batch(lengths, 128, seed=3)
+    long = make_batch(lengths, 512, seed=3)
+    assert torch.equal(long["input_ids"][:, :128], short["input_ids"])
+    with torch.no_grad():
+        a, b = model(**short), model(**long)
+    torch.testing.assert_close(a.mlm_logits, b.mlm_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.nsp_logits, b.nsp_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_is_mean_ce_over_valid_tokens_plus_nsp():
+    model = tiny_model()
+    batch = make_batch([128, 50, 100, 30, 80], 128)
+    out = model(**batch)
+    valid = batch["masked_lm_positions"] != 0
+    labels = batch["masked_lm_ids"].long()[valid]
+    mlm = F.cross_entropy(out.mlm_logits, labels)
+    nsp = F.cross_entropy(out.nsp_logits, batch["next_sentence_labels"].long())
+    torch.testing.assert_close(out.mlm_loss, mlm)
+    torch.testing.assert_close(out.nsp_loss, nsp)
+    torch.testing.assert_close(out.loss, mlm + nsp)
+    assert int(out.mlm_correct) == int((out.mlm_logits.argmax(-1) == labels).sum())
+    # an untrained model is close to uniform over the vocabulary
+    assert abs(mlm.detach().item() - math.log(30522)) < 1.0
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_batch_without_masked_tokens_has_finite_zero_mlm_loss():
+    batch = make_batch([40, 50, 60, 64], 64)
+    batch["masked_lm_positions"].zero_()
+    out = tiny_model()(**batch)
+    assert out.mlm_logits.shape == (0, 30522) and int(out.mlm_count) == 0
+    assert float(out.mlm_loss) == 0.0 and torch.isfinite(out.loss)
+
+
+def test_without_labels_no_loss():
+    batch = make_batch([40, 50], 64)
+    out = tiny_model()(batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["masked_lm_positions"])
+    assert out.loss is None and out.mlm_loss is None and out.nsp_loss is None
+
+
+def test_bf16_forward_backward_is_finite():
+    model = tiny_model().to(torch.bfloat16).train()
+    out = model(**make_batch([128, 70, 20], 128))
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_dropout_only_in_train_mode():
+    model = tiny_model()
+    batch = make_batch([128, 70], 128)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
+        model.train()
+        assert not torch.equal(model(**batch).mlm_logits, model(**batch).mlm_logits)
+
+
+def test_large_model_variant_changes_the_function_not_the_parameters():
+    post, pre = tiny_model(), tiny_model(layer_norm_large_model=True)
+    assert [n for n, _ in post.named_parameters()] == [n for n, _ in pre.named_parameters()]
+    pre.load_state_dict(post.state_dict())
+    batch = make_batch([100, 60], 128)
+    with torch.no_grad():
+        assert not torch.allclose(post(**batch).mlm_logits, pre(**batch).mlm_logits)
+
+
+def test_decoder_is_tied_and_vocab_padded():
+    model = tiny_model()
+    assert model.embeddings.word_embeddings.weight.shape[0] == 30528
+    assert float(model.embeddings.word_embeddings.weight[30522:].abs().sum()) == 0.0
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("decoder" in n for n in names)
+
+
+def test_param_groups_split_decay_and_no_decay():
+    model = tiny_model()
+    groups = model.param_groups(0.01)
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    named = dict(model.named_parameters())
+    no_decay = {n for n, p in named.items() if any(p is q for q in groups[1]["params"])}
+    assert no_decay == {n for n in named if n.endswith("bias") or "LayerNorm" in n}
+    assert "embeddings.word_embeddings.weight" not in no_decay and "mlm_head.bias" in no_decay
+
+
+def test_presets_and_parameter_counts():
+    assert MODEL_PRESETS["tiny"].num_hidden_layers == 2 and MODEL_PRESETS["tiny"].hidden_size == 64
+    assert MODEL_PRESETS["1.5b"].layer_norm_large_model and MODEL_PRESETS["5b"].padded_vocab_size == 512040
+    expected = {"large": 335.2e6, "1.5b": 1.53e9, "5b": 6.27e9}
+    for name, approx in expected.items():
+        with torch.device("meta"):
+            n = BertForPreTraining(MODEL_PRESETS[name]).num_parameters()
+        assert abs(n - approx) / approx < 0.01, (name, n)
+
+
+def test_config_round_trip_and_errors(tmp_path):
+    cfg = model_config("large", hidden_dropout_prob=0.0)
+    assert BertConfig.from_dict(cfg.to_dict()) == cfg
+    assert dataclasses.replace(cfg, hidden_dropout_prob=0.1) == MODEL_PRESETS["large"]
+    habana = {"hidden_size": 1600, "num_hidden_layers": 48, "num_attention_heads": 25, "intermediate_size": 6400,
+              "vocab_size": 30522, "layer_norm_large_model": True, "bert_5b": False}
+    path = tmp_path / "bert_1.5b_config.json"
+    path.write_text(json.dumps(habana))
+    assert BertConfig.from_json_file(path) == MODEL_PRESETS["1.5b"]
+    with pytest.raises(ValueError, match="bert_5b"):
+        BertConfig.from_json_file(path, strict=True)
+    with pytest.raises(ValueError, match="not a multiple"):
+        BertConfig(hidden_size=100, num_attention_heads=3)
+    with pytest.raises(ValueError, match="unknown model"):
+        model_config("huge")
