@@ -1,0 +1,404 @@
+"""Stage 2, extract: wikiextractor 3.1.0 over a MediaWiki dump -> ``AA/wiki_00``, ``AA/wiki_01`` ...
+
+The reference runs ``WikiExtractor.py <dump>`` with no flags (spec §2). This stage drives the PyPI package
+``wikiextractor==3.1.0`` as a library with the same defaults (templates expanded, links dropped, 1 MB
+files, main-namespace non-redirect pages only) and writes the reference layout: per article
+``<doc id=".." url="..?curid=ID" title="..">``, the title line, the text, ``</doc>``; a new file when the
+next article would make the current one exceed ``bytes_per_file``; 100 files per directory ``AA``, ``AB`` ...
+
+What differs from running the package's own ``process_dump``:
+
+* the bz2 dump is read directly and checked first (a truncated or non-bz2 file, XML that is not a MediaWiki
+  dump and a dump without articles each raise one :class:`InputError` naming the file, before any output);
+* ``{{CURRENTYEAR}}``, ``{{CURRENTMONTH}}``, ``{{CURRENTDAY}}``, ``{{CURRENTHOUR}}``, ``{{CURRENTTIME}}`` (the
+  five words 3.1.0 fills from the clock) expand from ``ExtractConfig.current_time``, so output is
+  reproducible; 3.1.0 leaves the other date words (CURRENTMONTHNAME ...) empty, and so does this stage;
+* a dump without ``<siteinfo>`` still works (Template namespace and URL base default to enwiki's);
+* the output is identical whatever the number of worker processes (jobs are written back in dump order).
+
+Text differs from the 2020 extractor that made MLPerf's data (section titles kept, paragraph spacing; spec
+§2): that is accepted, the layout is what the text stages need.
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import logging
+import multiprocessing
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from preprocessing.errors import InputError
+from preprocessing.manifest import Manifest, StageOutput, verify_file
+from preprocessing.progress import progress
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+_OUTPUT_FILE = re.compile(r"^[A-Z]{2}/wiki_\d{2}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtractConfig:
+    processes: int = 1  # worker processes for wikitext -> text (output identical for any count)
+    bytes_per_file: int = 1 << 20  # WikiExtractor --bytes 1M: max bytes per output file
+    current_time: str | None = None  # ISO time for {{CURRENTYEAR}} & co.; None: the clock at the start of the run
+    expand_templates: bool = True  # WikiExtractor default (the reference passes no --no-templates)
+    url_base: str = "https://en.wikipedia.org/wiki"  # <doc url=...> base when the dump has no <siteinfo><base>
+    batch_pages: int = 32  # pages per job sent to a worker process (throughput only)
+
+    def params(self) -> dict[str, Any]:
+        """The fields that decide output bytes (the stage key); worker count and batch size do not."""
+        d = asdict(self)
+        for k in ("processes", "batch_pages"):
+            d.pop(k)
+        return d
+
+
+@dataclass
+class _DumpInfo:
+    url_base: str
+    template_ns: str
+    known_namespaces: set[str]
+    templates: Any = None  # template_blob owners (shared memory), or None without template expansion
+    redirects: Any = None
+
+
+def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
+                upstream: Sequence[Manifest] = ()) -> Manifest:
+    """Extract the articles of ``dump`` (``.xml.bz2`` or ``.xml``) into ``out_dir/AA/wiki_00`` ...
+
+    Raises:
+        InputError: the dump is missing, truncated, not bz2, not a MediaWiki dump, or holds no article.
+        ChecksumError / ManifestError: the dump does not match its upstream (download) manifest.
+    """
+    dump, out_dir = Path(dump), Path(out_dir)
+    _check_dump(dump, upstream)
+    clock = clock_values(cfg.current_time)
+    t0 = time.perf_counter()
+    info = _scan(dump, cfg)  # whole first pass: validates the stream, collects templates
+    try:
+        with StageOutput(out_dir, "extract", params=cfg.params(), upstream=upstream,
+                         code_version=STAGE_VERSION) as out:
+            _remove_old_outputs(out_dir)
+            with _SplitWriter(out, cfg.bytes_per_file) as writer:
+                for text in _extract_pages(dump, info, clock, cfg, out):
+                    writer.write(text)
+                    out.count("articles")
+            if not out.manifest.counters.get("articles"):
+                raise InputError(f"{dump} holds no articles (no main-namespace, non-redirect <page> with text); "
+                                 "is it the right dump?")
+            out.manifest.counters.update(files=writer.files, current_time=clock["currenttime_iso"],
+                                         processes=cfg.processes, dump_bytes=dump.stat().st_size)
+    finally:
+        _release(info)
+    log.info("extract: %s -> %s: %d articles in %d files, %.1fs", dump, out_dir,
+             out.manifest.counters["articles"], writer.files, time.perf_counter() - t0)
+    return out.manifest
+
+
+def clock_values(current_time: str | None) -> dict[str, str]:
+    """The magic-word values wikiextractor 3.1.0 reads from ``time.strftime``, for a pinned time."""
+    try:
+        t = datetime.fromisoformat(current_time) if current_time else datetime.now()
+    except ValueError:
+        raise InputError(f"current_time {current_time!r} is not an ISO date/time (e.g. 2026-11-22T00:00:00)") from None
+    return {"currentyear": t.strftime("%Y"), "currentmonth": t.strftime("%m"), "currentday": t.strftime("%d"),
+            "currenthour": t.strftime("%H"), "currenttime": t.strftime("%H:%M:%S"),
+            "currenttime_iso": t.isoformat()}
+
+
+# -- reading the dump ----------------------------------------------------------------------------
+def _check_dump(dump: Path, upstream: Sequence[Manifest]) -> None:
+    if not dump.is_file():
+        raise InputError(f"{dump} does not exist (or is not a file); give the path of a MediaWiki .xml.bz2 dump")
+    for m in upstream:
+        for f in m.files:
+            if f.name == dump.name:
+                verify_file(dump, f.md5, f.bytes, what=f"from the {m.stage} stage")
+                return
+    if upstream:
+        raise InputError(f"{dump} is not listed in the upstream manifest(s) {[m.stage for m in upstream]}")
+
+
+@contextmanager
+def _open_lines(dump: Path, desc: str) -> Iterator[Iterator[str]]:
+    """The dump's text lines (bz2 or plain XML), with a progress bar over the file's bytes.
+
+    Decoding problems surface as InputError naming the file, wherever in the stream they happen.
+    """
+    with open(dump, "rb") as raw:
+        magic = raw.read(3)
+        raw.seek(0)
+        if magic == b"BZh":
+            stream: io.IOBase = bz2.BZ2File(raw)
+        elif dump.suffix == ".bz2":
+            raise InputError(f"{dump} is not a bz2 file (it does not start with 'BZh'); "
+                             "give the .xml.bz2 dump as downloaded, or an uncompressed .xml")
+        else:
+            stream = raw
+        text = io.TextIOWrapper(stream, encoding="utf-8")
+        size = dump.stat().st_size
+
+        def lines() -> Iterator[str]:
+            with progress(total=size, desc=desc, unit="B", unit_scale=True) as bar:
+                n, seen = 0, 0
+                try:
+                    for line in text:
+                        yield line
+                        n += 1
+                        if n % 4096 == 0:
+                            bar.update(raw.tell() - seen)
+                            seen = raw.tell()
+                except EOFError:
+                    raise InputError(f"{dump} is truncated (the bz2 stream ends early); download it again") from None
+                except OSError as exc:
+                    raise InputError(f"{dump} is not a valid bz2 file ({exc}); download it again") from None
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"{dump} is not UTF-8 text at byte {exc.start} of a line ({exc.reason})") from None
+                bar.update(size - seen)
+
+        yield lines()
+
+
+def _read_siteinfo(lines: Iterator[str], dump: Path, cfg: ExtractConfig) -> tuple[_DumpInfo, Iterator[str]]:
+    """Check the root element, read <siteinfo> (if any); returns the info and the remaining lines."""
+    from wikiextractor.WikiExtractor import tagRE
+
+    info = _DumpInfo(url_base=cfg.url_base, template_ns="Template", known_namespaces={"Template"})
+    root = False
+    for i, line in enumerate(lines):
+        if not root:
+            if "<mediawiki" in line:
+                root = True
+            elif i >= 50 or "<page" in line:
+                break
+            continue
+        m = tagRE.search(line)
+        tag = m.group(2) if m else ""
+        if tag == "page":  # no <siteinfo>: keep the defaults
+            return info, chain([line], lines)
+        if tag == "base":
+            info.url_base = m.group(3)[: m.group(3).rfind("/")]
+        elif tag == "namespace" and m.group(3):
+            info.known_namespaces.add(m.group(3))
+            if 'key="10"' in line:
+                info.template_ns = m.group(3)
+        elif tag == "/siteinfo":
+            return info, lines
+    if not root:
+        raise InputError(f"{dump} is not a MediaWiki XML dump (no <mediawiki> root element at its start); "
+                         "give a pages-articles dump from dumps.wikimedia.org")
+    return info, lines  # a root but no page: the empty-dump error comes later
+
+
+def _scan(dump: Path, cfg: ExtractConfig) -> _DumpInfo:
+    """First pass over the whole dump: siteinfo, template definitions; proves the stream is intact."""
+    from wikiextractor import WikiExtractor as wx
+    from wikiextractor import template_blob
+
+    with _open_lines(dump, f"templates {dump.name}") as lines:
+        info, rest = _read_siteinfo(lines, dump, cfg)
+        if not cfg.expand_templates:
+            for _ in rest:  # still read to the end: a truncated dump must fail before any output
+                pass
+            return info
+        builder, redirects = template_blob.StreamingTemplateBlobBuilder(), template_blob.StreamingTemplateBlobBuilder()
+        count, _ = wx.load_templates(rest, blob_builder=builder, redirects_blob_builder=redirects,
+                                     template_prefix=info.template_ns + ":")
+    info.templates = template_blob.compact_blobs(*builder.finish())
+    info.redirects = template_blob.compact_blobs(*redirects.finish())
+    log.info("extract: %d templates in %s", count, dump)
+    return info
+
+
+def _release(info: _DumpInfo) -> None:
+    for owner in (info.templates, info.redirects):
+        if owner is not None:
+            owner.__exit__(None, None, None)  # close + unlink the shared memory
+
+
+# -- extracting pages ----------------------------------------------------------------------------
+def _pages(dump: Path, info: _DumpInfo) -> Iterator[tuple[str, str, str, list[str]]]:
+    """(id, revid, title, wikitext lines) of every main-namespace, non-redirect page, in dump order."""
+    from wikiextractor import WikiExtractor as wx
+
+    wx.templateNamespace = info.template_ns  # collect_pages drops titles starting with it ('' drops all)
+    with _open_lines(dump, f"extract {dump.name}") as lines:
+        yield from wx.collect_pages(lines)
+
+
+def _batches(pages: Iterable[tuple], size: int) -> Iterator[list[tuple]]:
+    batch: list[tuple] = []
+    for page in pages:
+        batch.append(page)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _extract_pages(dump: Path, info: _DumpInfo, clock: dict[str, str], cfg: ExtractConfig,
+                   out: StageOutput) -> Iterator[str]:
+    """Each article's ``<doc>`` text, in dump order, computed by ``cfg.processes`` workers."""
+    setup = _worker_setup(info, clock)
+    batches = _batches(_pages(dump, info), max(1, cfg.batch_pages))
+    if cfg.processes <= 1:
+        init_worker(*setup)
+        try:
+            for batch in batches:
+                yield from _keep(extract_batch(batch), out)
+        finally:
+            reset_worker()
+        return
+    with multiprocessing.get_context().Pool(cfg.processes, initializer=init_worker, initargs=setup) as pool:
+        pending: deque = deque()
+        for batch in batches:  # at most 2 jobs per worker in flight: bounded memory on a 20 GB dump
+            pending.append(pool.apply_async(extract_batch, (batch,)))
+            if len(pending) > 2 * cfg.processes:
+                yield from _keep(pending.popleft().get(), out)
+        while pending:
+            yield from _keep(pending.popleft().get(), out)
+
+
+def _keep(texts: list[str | None], out: StageOutput) -> Iterator[str]:
+    for text in texts:
+        if text is None:
+            out.count("pages_failed")  # logged by the worker, with the page's id and title
+        else:
+            yield text
+
+
+def _remove_old_outputs(out_dir: Path) -> None:
+    """Delete ``XX/wiki_NN`` left from an earlier run, so a shorter output leaves no stale files."""
+    for p in out_dir.glob("[A-Z][A-Z]/wiki_[0-9][0-9]"):
+        if p.is_file() and _OUTPUT_FILE.match(p.relative_to(out_dir).as_posix()):
+            p.unlink()
+
+
+class _SplitWriter:
+    """wikiextractor's OutputSplitter over StageOutput files: same names, same roll-over rule.
+
+    Like the original, a file is opened before the first article and rolled over when
+    ``size + len(article) > max``, so an article bigger than ``max`` leaves an empty file before it.
+    """
+
+    def __init__(self, out: StageOutput, max_bytes: int) -> None:
+        self.out, self.max, self.files, self.size = out, max_bytes, 0, 0
+        self._stack: ExitStack | None = None
+        self._f: io.BufferedWriter | None = None
+
+    def __enter__(self) -> _SplitWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            self._stack.__exit__(*exc)
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8")
+        if self._f is None:
+            self._next()
+        if self.size + len(data) > self.max:  # OutputSplitter.reserve
+            self._next()
+        self._f.write(data)
+        self.size += len(data)
+
+    def _next(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack = ExitStack()
+        self._f = self._stack.enter_context(self.out.open(output_name(self.files)))
+        self.files += 1
+        self.size = 0
+
+
+def output_name(index: int) -> str:
+    """wikiextractor's NextFile naming: 100 files per directory, directories AA, AB, ... AZ, BA ..."""
+    d, f = divmod(index, 100)
+    return f"{chr(ord('A') + d // 26 % 26)}{chr(ord('A') + d % 26)}/wiki_{f:02d}"
+
+
+# -- worker side (module-level so that worker processes can import them) ------------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_setup(info: _DumpInfo, clock: dict[str, str]) -> tuple:
+    """Picklable arguments of :func:`init_worker`: shared-memory names, Extractor keyword arguments."""
+    from wikiextractor.extract import _DEFAULT_IGNORED_TAG_PATTERNS, ignoreTag
+
+    kwargs = {  # what WikiExtractor.main() passes without flags (links dropped: <a> ignored too)
+        "templatePrefix": info.template_ns + ":", "knownNamespaces": set(info.known_namespaces),
+        "ignored_tag_patterns": list(_DEFAULT_IGNORED_TAG_PATTERNS) + [ignoreTag("a")],
+        "keepLinks": False, "HtmlFormatting": False, "to_json": False, "to_text": False, "discard_empty": False,
+    }
+    names = [o.names if o is not None else None for o in (info.templates, info.redirects)]
+    return names[0], names[1], info.url_base, kwargs, clock
+
+
+def init_worker(template_names: tuple | None, redirect_names: tuple | None, url_base: str,
+                kwargs: dict[str, Any], clock: dict[str, str]) -> None:
+    """Attach to the templates in shared memory and prepare the pinned-clock Extractor."""
+    from wikiextractor import template_blob
+
+    _WORKER.update(
+        templates=template_blob.attach(template_names) if template_names else None,
+        redirects=template_blob.attach(redirect_names) if redirect_names else None,
+        url_base=url_base, kwargs=kwargs, cls=_pinned_clock_extractor(clock))
+
+
+def reset_worker() -> None:
+    for key in ("templates", "redirects"):
+        if _WORKER.get(key) is not None:
+            _WORKER[key].close()
+    _WORKER.clear()
+
+
+def extract_batch(batch: list[tuple[str, str, str, list[str]]]) -> list[str | None]:
+    """The ``<doc>`` text of each page (None for a page the extractor failed on, logged)."""
+    w = _WORKER
+    texts: list[str | None] = []
+    for page_id, revid, title, lines in batch:
+        buf = io.StringIO()
+        try:
+            extractor = w["cls"](page_id, revid, w["url_base"], title, lines, templates=w["templates"],
+                                 redirects=w["redirects"], **w["kwargs"])
+            extractor.extract(buf, True)  # html_safe=True, WikiExtractor's default
+            texts.append(buf.getvalue())
+        except Exception:  # one odd page must not sink a many-hour run: count it, log it, go on
+            log.warning("extract: page id=%s title=%r failed; skipped", page_id, title, exc_info=True)
+            texts.append(None)
+    return texts
+
+
+def _pinned_clock_extractor(clock: dict[str, str]) -> type:
+    """wikiextractor's Extractor whose clock-based magic words come from ``clock``, not time.strftime.
+
+    ``clean_text`` is 3.1.0's own, with the five ``time.strftime`` values replaced (see the module doc).
+    """
+    from wikiextractor import extract as wxe
+
+    values = {k: v for k, v in clock.items() if not k.endswith("_iso")}
+
+    class PinnedClockExtractor(wxe.Extractor):
+        def clean_text(self, text: str, mark_headers: bool = False, expand_templates: bool = True,
+                       html_safe: bool = True) -> list[str]:
+            self.magicWords["namespace"] = self.title[:max(0, self.title.find(":"))]
+            self.magicWords["pagename"] = self.title
+            self.magicWords["fullpagename"] = self.title
+            for name, value in values.items():
+                self.magicWords[name] = value
+            text = wxe.clean(self, text, expand_templates=expand_templates, html_safe=html_safe)
+            return wxe.compact(text, mark_headers=mark_headers, extractor=self)
+
+    return PinnedClockExtractor
