@@ -1,0 +1,268 @@
+"""Pre-training batches from the 4-bin HDF5 shards (or plain padded HDF5), with a resumable position.
+
+Layouts accepted by :func:`discover_shards`:
+
+* 4-bin (the split-4bins stage / Samsung's splitter): ``<dir>/{128,256,384,512}/part_<k>_of_<N>.hdf5``.
+  Rows of bin ``128`` are at most 128 tokens long, so their batches are sliced to 128 columns (the files
+  store 512): attention and the feed-forward layers then cost a quarter of a padded batch.
+* plain padded HDF5 (tfrecord-to-hdf5 output, NVIDIA's shards): ``<dir>/*.hdf5`` or one file; one "bin"
+  whose bound is the stored width.
+
+Every file holds ``input_ids (n,512) i4, input_mask (n,512) i1, segment_ids (n,512) i1,
+masked_lm_positions (n,76) i4, masked_lm_ids (n,76) i4, next_sentence_labels (n,) i1``. A shard file
+without any dataset is an empty shard (the splitter opens all 4N files up front).
+
+Sharding: in each bin, rank ``r`` of ``W`` reads shard files ``k`` with ``k % W == r`` (when the bin has
+at least W shard files) or rows ``r, r+W, ...`` of every file (fewer files than ranks). Every rank
+computes the same plan from the shards' row counts, so all ranks draw from the same bin at each step
+and run the same number of steps per epoch (bins' leftovers that do not fill a micro-batch on every
+rank are dropped for that epoch).
+
+Position: (epoch, index of the next micro-batch in the epoch). Bin order and row order are pure
+functions of (seed, epoch[, bin, rank]), so this pair plus a digest of the plan is the whole state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from preprocessing.errors import InputError
+
+log = logging.getLogger(__name__)
+
+BIN_BOUNDS = (128, 256, 384, 512)
+FIELDS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+          "next_sentence_labels")
+_PART = re.compile(r"^part_(\d+)_of_(\d+)\.hdf5$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One HDF5 file of one bin."""
+
+    path: Path
+    rows: int
+    bound: int
+    """Columns each batch of this file keeps (the bin's upper length bound)."""
+
+
+def _open_h5(path: Path):
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read HDF5 shard {path}: {exc}. The file is corrupt or truncated: "
+                         "re-create it (tfrecord-to-hdf5 / split-4bins)") from exc
+
+
+def inspect_shard(path: Path, bound: int | None) -> Shard:
+    """Check one file's datasets and return its row count (0 for an empty shard, one without datasets)."""
+    with _open_h5(path) as h:
+        keys = set(h.keys())
+        if not keys:
+            return Shard(path, 0, bound or 512)
+        missing = [k for k in FIELDS if k not in keys]
+        if missing:
+            raise InputError(f"HDF5 shard {path} lacks dataset(s) {', '.join(missing)}; expected "
+                             f"{', '.join(FIELDS)}. Re-create it with tfrecord-to-hdf5 / split-4bins")
+        n = h["input_ids"].shape[0]
+        bad = [k for k in FIELDS if h[k].shape[0] != n]
+        if bad:
+            raise InputError(f"HDF5 shard {path}: datasets {', '.join(bad)} do not have {n} rows like input_ids")
+        width = h["input_ids"].shape[1]
+    return Shard(path, n, min(bound or width, width))
+
+
+def _bin_shards(bin_dir: Path, bound: int) -> list[Shard]:
+    parts = {}
+    total = None
+    for p in bin_dir.iterdir():
+        m = _PART.match(p.name)
+        if m:
+            parts[int(m.group(1))] = p
+            total = int(m.group(2)) if total is None else total
+    if total is None:
+        return []
+    missing = [bin_dir / f"part_{k}_of_{total}.hdf5" for k in range(total) if k not in parts]
+    if missing:
+        raise InputError(f"missing HDF5 shard {missing[0]} ({len(missing)} of {total} shards of bin {bound} "
+                         "missing); re-run split-4bins on the full input")
+    return [inspect_shard(parts[k], bound) for k in range(total)]
+
+
+def discover_shards(train: Path | str) -> dict[int, list[Shard]]:
+    """Map bin bound -> its shard files, for the 4-bin layout, a folder of HDF5 files or one file."""
+    train = Path(train)
+    if not train.exists():
+        raise InputError(f"training data {train} does not exist; pass the split-4bins output folder")
+    if train.is_file():
+        shard = inspect_shard(train, None)
+        return {shard.bound: [shard]}
+    bins = {b: _bin_shards(train / str(b), b) for b in BIN_BOUNDS if (train / str(b)).is_dir()}
+    bins = {b: s for b, s in bins.items() if s}
+    if not bins:
+        files = sorted(train.glob("*.hdf5")) + sorted(train.glob("*.h5"))
+        if not files:
+            raise InputError(f"no HDF5 data in {train}: expected {{128,256,384,512}}/part_<k>_of_<N>.hdf5 "
+                             "or *.hdf5 files")
+        shards = [inspect_shard(f, None) for f in files]
+        width = max(s.bound for s in shards)
+        bins = {width: shards}
+    if sum(s.rows for ss in bins.values() for s in ss) == 0:
+        raise InputError(f"training data {train} has no rows")
+    return bins
+
+
+def rank_rows(shards: list[Shard], rank: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+    """(file index, row) of every sample rank ``rank`` reads in one bin."""
+    files, rows = [], []
+    by_file = len(shards) >= world
+    for i, s in enumerate(shards):
+        if by_file and i % world != rank:
+            continue
+        r = np.arange(s.rows, dtype=np.int64) if by_file else np.arange(rank, s.rows, world, dtype=np.int64)
+        files.append(np.full(len(r), i, dtype=np.int32))
+        rows.append(r)
+    if not files:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return np.concatenate(files), np.concatenate(rows)
+
+
+@dataclass
+class Batch:
+    """One micro-batch as numpy arrays (int64), sliced to the bin's bound."""
+
+    arrays: dict[str, np.ndarray]
+    bound: int
+    files: list[str]
+    epoch: int
+    index: int
+
+    def describe(self) -> str:
+        names = ", ".join(Path(f).name for f in self.files[:3]) + (" ..." if len(self.files) > 3 else "")
+        return f"epoch {self.epoch} batch {self.index} (bin {self.bound}, files {names})"
+
+
+def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound: int,
+              handles: dict[int, object]) -> dict[str, np.ndarray]:
+    """Read the given (file, row) samples in the given order, 2-D fields sliced to ``bound`` columns."""
+    out: dict[str, list] = {k: [None] * len(rows) for k in FIELDS}
+    for f in np.unique(file_idx):
+        sel = np.nonzero(file_idx == f)[0]
+        uniq, inv = np.unique(rows[sel], return_inverse=True)
+        if f not in handles:
+            handles[f] = _open_h5(shards[f].path)
+        h = handles[f]
+        for k in FIELDS:
+            ds = h[k]
+            data = ds[uniq, :bound] if k in ("input_ids", "input_mask", "segment_ids") else ds[uniq]
+            for j, s in enumerate(sel):
+                out[k][s] = data[inv[j]]
+    return {k: np.stack(v).astype(np.int64) for k, v in out.items()}
+
+
+def check_vocab(arrays: dict[str, np.ndarray], vocab_size: int, where: str) -> None:
+    """Refuse token ids the model cannot embed (data made with another vocab)."""
+    top = max(int(arrays["input_ids"].max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
+    if top >= vocab_size:
+        raise InputError(f"token id {top} in {where} is >= the model's vocab_size {vocab_size}: the data was "
+                         "made with a larger vocab than the model config; use the matching vocab/model")
+
+
+@dataclass
+class BinnedSampler:
+    """Deterministic, resumable micro-batch order over length bins, identical bin sequence on all ranks."""
+
+    bins: dict[int, list[Shard]]
+    micro_batch: int
+    rank: int = 0
+    world: int = 1
+    seed: int = 12345
+    vocab_size: int | None = None
+    epoch: int = 0
+    index: int = 0
+    _rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _handles: dict[tuple[int, int], object] = field(default_factory=dict, repr=False)
+    _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _perms: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rows = {b: rank_rows(s, self.rank, self.world) for b, s in self.bins.items()}
+        per_rank = {b: min(len(rank_rows(s, r, self.world)[0]) for r in range(self.world))
+                    for b, s in self.bins.items()}
+        self.batches_per_bin = {b: n // self.micro_batch for b, n in per_rank.items()}
+        if self.steps_per_epoch == 0:
+            raise InputError(f"not one micro-batch of {self.micro_batch} per rank ({self.world} ranks) in the "
+                             f"training data; rows per rank and bin: {per_rank}")
+        log.info("data: %s micro-batches per epoch per rank, by bin %s", self.steps_per_epoch,
+                 self.batches_per_bin)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return sum(self.batches_per_bin.values())
+
+    def digest(self) -> str:
+        """Fingerprint of everything the order depends on (checked on resume)."""
+        key = repr((sorted((b, [(s.path.name, s.rows) for s in ss]) for b, ss in self.bins.items()),
+                    self.micro_batch, self.world, self.seed))
+        return hashlib.md5(key.encode()).hexdigest()
+
+    def _epoch_plan(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._plan is None or self._plan[0] != self.epoch:
+            order = np.repeat(np.array(sorted(self.batches_per_bin), dtype=np.int64),
+                              [self.batches_per_bin[b] for b in sorted(self.batches_per_bin)])
+            np.random.default_rng([self.seed, self.epoch]).shuffle(order)
+            within = np.zeros(len(order), dtype=np.int64)
+            for b in self.batches_per_bin:
+                m = order == b
+                within[m] = np.arange(int(m.sum()))
+            self._plan = (self.epoch, order, within)
+        return self._plan[1], self._plan[2]
+
+    def _perm(self, b: int, n: int) -> np.ndarray:
+        key = (self.epoch, b)
+        if key not in self._perms:
+            self._perms = {k: v for k, v in self._perms.items() if k[0] == self.epoch}
+            self._perms[key] = np.random.default_rng([self.seed, self.epoch, b, self.rank]).permutation(n)
+        return self._perms[key]
+
+    def next_batch(self) -> Batch:
+        """The micro-batch at the current position; advances the position."""
+        if self.index >= self.steps_per_epoch:
+            self.epoch, self.index = self.epoch + 1, 0
+        order, within = self._epoch_plan()
+        b, j = int(order[self.index]), int(within[self.index])
+        files, rows = self._rows[b]
+        perm = self._perm(b, len(rows))
+        pick = perm[j * self.micro_batch:(j + 1) * self.micro_batch]
+        shards = self.bins[b]
+        handles = self._handles.setdefault(b, {})
+        arrays = read_rows(shards, files[pick], rows[pick], b, handles)
+        batch = Batch(arrays, b, sorted({str(shards[f].path) for f in files[pick]}), self.epoch, self.index)
+        if self.vocab_size is not None:
+            check_vocab(arrays, self.vocab_size, batch.describe())
+        self.index += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        """Plain ints and a string: safe for ``torch.load(weights_only=True)``."""
+        return {"epoch": self.epoch, "index": self.index, "digest": self.digest()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["digest"] != self.digest():
+            raise InputError("the training data, micro-batch size, world size or seed differ from the "
+                             "checkpoint's, so its data position cannot be resumed; start a new output dir")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+    def close(self) -> None:
+        for hs in self._handles.values():
+            for h in hs.values():
+                h.close()
+        self._handles.clear()

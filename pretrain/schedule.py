@@ -1,0 +1,79 @@
+"""The PolyWarmUp learning-rate schedule (spec §13) and the MLPerf eval interval (spec §12)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def poly_warmup_factor(step: int, total_steps: int, warmup: float, constant: float = 0.0,
+                       degree: float = 1.0) -> float:
+    """The lr multiplier after ``step`` scheduler steps (Habana's ``PolyWarmUpScheduler``).
+
+    progress = step / total_steps; linear warm-up ``progress / warmup`` while progress < warmup, then 1
+    while progress < warmup + constant, then ``((1 - progress) / (1 - warmup - constant)) ** degree``
+    (clamped at 0 past the end). As in the reference, the first optimizer step runs at step 0, so with a
+    warm-up its lr is 0.
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    progress = step / total_steps
+    if progress < warmup:
+        return progress / warmup
+    if progress < warmup + constant:
+        return 1.0
+    remaining = max(1.0 - progress, 0.0)
+    return (remaining / (1.0 - warmup - constant)) ** degree
+
+
+class PolyWarmUpScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """Linear warm-up, optional constant phase, polynomial decay to 0 at ``total_steps``.
+
+    Args:
+        optimizer: the optimizer whose groups' ``lr`` it sets (their initial lr is the base lr).
+        warmup: warm-up fraction of ``total_steps`` (reference: 0.05 for BERT-1.5B).
+        total_steps: optimizer steps of the whole run (``--max-steps``).
+        degree: polynomial degree of the decay (reference: 1.0, linear).
+        constant: fraction of ``total_steps`` at the base lr after warm-up (reference: 0.25).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int, degree: float = 1.0,
+                 constant: float = 0.0, last_epoch: int = -1) -> None:
+        if not 0.0 <= warmup and 0.0 <= constant and warmup + constant < 1.0:
+            raise ValueError(f"need 0 <= warmup, constant and warmup + constant < 1 (got {warmup}, {constant})")
+        self.warmup, self.total_steps, self.degree, self.constant = warmup, total_steps, degree, constant
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        f = poly_warmup_factor(self.last_epoch, self.total_steps, self.warmup, self.constant, self.degree)
+        return [base * f for base in self.base_lrs]
+
+
+def mlperf_eval_interval_samples(global_batch_size: int) -> int:
+    """MLPerf BERT's eval frequency in training samples (spec §12).
+
+    ``floor(0.05 * (230.23 * batch + 3,000,000) / 25,000) * 25,000``: 256..2048 -> 150,000;
+    3072, 4096 -> 175,000; 8192 -> 225,000.
+    """
+    if global_batch_size <= 0:
+        raise ValueError(f"global batch size must be positive, got {global_batch_size}")
+    return math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000
+
+
+def is_eval_step(step: int, global_batch_size: int, interval_samples: int) -> bool:
+    """True when optimizer step ``step`` (1-based) crosses a multiple of ``interval_samples`` samples.
+
+    Evaluations happen at samples 0 (optional, not here), F, 2F, ...; with a global batch that does not
+    divide F the eval runs after the first step whose cumulative sample count reaches the next multiple.
+    """
+    if step <= 0:
+        return False
+    before, after = (step - 1) * global_batch_size, step * global_batch_size
+    return after // interval_samples > before // interval_samples
+
+
+def eval_interval_steps(global_batch_size: int, interval_samples: int | None = None) -> float:
+    """Average optimizer steps between evals (for logs): ``interval_samples / global_batch_size``."""
+    samples = mlperf_eval_interval_samples(global_batch_size) if interval_samples is None else interval_samples
+    return samples / global_batch_size
