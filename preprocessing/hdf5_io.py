@@ -1,0 +1,133 @@
+"""Shared pieces of the HDF5 stages: the Samsung MLPerf layout, atomic HDF5 writes, input checks.
+
+The padded MLPerf HDF5 (Samsung ``trans_tfrecord_to_hdf5.py``, spec §10) holds six contiguous,
+uncompressed datasets, created in this order (the order decides the file's bytes)::
+
+    input_ids (N, 512) i4 | input_mask (N, 512) i1 | segment_ids (N, 512) i1
+    masked_lm_positions (N, 76) i4 | masked_lm_ids (N, 76) i4 | next_sentence_labels (N,) i1
+
+``masked_lm_weights`` is not stored: the number of predictions is the index of the first 0 in
+``masked_lm_positions`` (position 0 is always [CLS], never masked).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from preprocessing.errors import InputError, ManifestError
+from preprocessing.manifest import Manifest, StageOutput, verify_file
+
+if TYPE_CHECKING:
+    import h5py
+
+#: (name, HDF5 dtype, width kind) in creation order; kind "seq" = max_seq_length, "pred" =
+#: max_predictions_per_seq, "" = one value per row.
+MLPERF_DATASETS: tuple[tuple[str, str, str], ...] = (
+    ("input_ids", "i4", "seq"),
+    ("input_mask", "i1", "seq"),
+    ("segment_ids", "i1", "seq"),
+    ("masked_lm_positions", "i4", "pred"),
+    ("masked_lm_ids", "i4", "pred"),
+    ("next_sentence_labels", "i1", ""),
+)
+
+
+def row_shape(kind: str, max_seq_length: int, max_predictions_per_seq: int) -> tuple[int, ...]:
+    """The shape of one row of a dataset of the given width kind."""
+    return {"seq": (max_seq_length,), "pred": (max_predictions_per_seq,), "": ()}[kind]
+
+
+def tmp_path(final: Path) -> Path:
+    """A temporary name that StageOutput's debris sweep recognises (``.<name>.tmp-<pid>``)."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary path to write; renamed to ``final`` on success, removed on error."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def stage_file(out: StageOutput, name: str) -> Iterator[Path]:
+    """Like :func:`atomic_path` for a file of a stage: recorded (size, md5) in its manifest."""
+    with atomic_path(out.path(name)) as tmp:
+        yield tmp
+    out.add_file(name)
+
+
+def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
+    """Check each input against the upstream manifest entry of the same name (size and md5).
+
+    Raises:
+        ManifestError: an input is not listed upstream or its size differs.
+        ChecksumError: its md5 differs.
+    """
+    if not upstream:
+        return
+    for p in paths:
+        p = Path(p)
+        entry = next((f for m in upstream for f in m.files
+                      if f.name == p.name or p.as_posix().endswith("/" + f.name)), None)
+        if entry is None:
+            stages = ", ".join(sorted({m.stage for m in upstream}))
+            raise ManifestError(f"{p} is not listed in the upstream manifest(s) of {stages}; "
+                                "pass the files that stage produced")
+        verify_file(p, entry.md5, entry.bytes, what="per the upstream manifest")
+
+
+def open_padded(path: Path, *, max_seq_length: int = 512, max_predictions_per_seq: int = 76) -> h5py.File:
+    """Open a padded MLPerf HDF5 for reading, checking its six datasets (names, shapes, integer dtypes).
+
+    Raises:
+        InputError: the file is missing, not HDF5, or a dataset is missing or malformed.
+    """
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise InputError(f"HDF5 file {path} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"{path} is not a readable HDF5 file ({exc}); re-create it with tfrecord-to-hdf5") from None
+    try:
+        n = None
+        for name, _, kind in MLPERF_DATASETS:
+            if name not in f:
+                raise InputError(f"{path} has no dataset {name!r}; an MLPerf padded HDF5 has "
+                                 f"{', '.join(d[0] for d in MLPERF_DATASETS)} (make it with tfrecord-to-hdf5)")
+            ds = f[name]
+            want = row_shape(kind, max_seq_length, max_predictions_per_seq)
+            if ds.shape[1:] != want or ds.dtype.kind not in "iu" or (n is not None and ds.shape[0] != n):
+                raise InputError(f"{path}: dataset {name!r} has shape {ds.shape} and dtype {ds.dtype}, expected "
+                                 f"({n if n is not None else 'N'}, {', '.join(map(str, want))}) integers "
+                                 "(check --max_seq_length / --max_predictions_per_seq)")
+            n = ds.shape[0]
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` row ranges of at most ``size`` rows covering ``range(n)``."""
+    for a in range(0, n, size):
+        yield a, min(a + size, n)
+
+
+def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
+    """``sum(input_mask)`` per row in int64 (summing int8 in int8 overflows under NumPy 2)."""
+    return input_mask.sum(axis=1, dtype=np.int64)
