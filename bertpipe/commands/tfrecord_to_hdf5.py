@@ -1,0 +1,59 @@
+"""Convert MLPerf TFRecords to padded HDF5 in the Samsung MLPerf layout, one HDF5 per TFRecord.
+
+  bertpipe tfrecord-to-hdf5 --input eval_10k --output eval_10k.hdf5
+  bertpipe tfrecord-to-hdf5 --input 'tfrecords/part-*' --output hdf5/     # hdf5/<name>.hdf5 + _manifest.json
+
+A single input goes to --output as a file unless --output is an existing directory (or ends in
+'/'); several inputs (a glob or a directory) go into the --output directory, with a manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+from pathlib import Path
+
+from bertpipe.commands._common import flag
+from preprocessing.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="a TFRecord, a glob of TFRecords (quote it) or a directory")
+    p.add_argument("--output", required=True, help="the HDF5 file (one input) or a directory")
+    flag(p, "max_seq_length", type=int, default=512, help="values per input_ids row (default: 512)")
+    flag(p, "max_predictions_per_seq", type=int, default=76, help="values per masked_lm_* row (default: 76)")
+
+
+def expand_inputs(spec: str) -> list[Path]:
+    """A file, a directory (its files, sorted) or a glob (sorted matches)."""
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(("_", ".")))
+    elif p.is_file():
+        files = [p]
+    else:
+        files = sorted(Path(x) for x in glob.glob(spec) if Path(x).is_file())
+    if not files:
+        raise InputError(f"no TFRecord file matches --input {spec!r}")
+    return files
+
+
+def run(args: argparse.Namespace) -> int:
+    from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5_many, tfrecord_to_hdf5_file
+
+    cfg = HDF5Config(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
+    inputs = expand_inputs(args.input)
+    out = Path(args.output)
+    as_dir = out.is_dir() or args.output.endswith(("/", "\\"))
+    if len(inputs) == 1 and not as_dir:
+        n = tfrecord_to_hdf5_file(inputs[0], out, cfg)
+        log.info("%s -> %s: %d records", inputs[0], out, n)
+    else:
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--output {out} is a file, but {len(inputs)} inputs need a directory")
+        m = run_tfrecord_to_hdf5_many(inputs, out, cfg)
+        log.info("%d files, %d records -> %s", m.counters.get("files", 0), m.counters.get("records", 0), out)
+    return 0
