@@ -1,0 +1,160 @@
+"""Export our BERT to a Hugging Face `transformers` BertForPreTraining directory (and read one back).
+
+    from pretrain.hf_export import export_to_hf
+    export_to_hf(model, "out/hf")            # config.json + model.safetensors
+    transformers.BertForPreTraining.from_pretrained("out/hf")
+
+The mapping is name for name except that our fused QKV projection is split into query/key/value and the
+vocabulary padding rows (30522 -> 30528) are dropped, so the exported model has the real vocab_size and gives
+the same MLM and NSP logits. Habana's `layer_norm_large_model` variant has no transformers equivalent and is
+refused. No hub access is needed: the model is built from its config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pretrain.config import BertConfig
+
+log = logging.getLogger(__name__)
+
+HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_tanh": "gelu_new", "relu": "relu"}
+CONFIG_NAME = "bertpipe_config.json"  # our BertConfig, written beside config.json
+
+# ours -> transformers, per encoder layer (qkv handled separately)
+_LAYER_MAP = {
+    "attn_out": "attention.output.dense",
+    "attn_LayerNorm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_LayerNorm": "output.LayerNorm",
+}
+# ours -> transformers, outside the encoder (vocab-sized tensors are sliced/padded separately)
+_TOP_MAP = {
+    "embeddings.word_embeddings.weight": "bert.embeddings.word_embeddings.weight",
+    "embeddings.position_embeddings.weight": "bert.embeddings.position_embeddings.weight",
+    "embeddings.token_type_embeddings.weight": "bert.embeddings.token_type_embeddings.weight",
+    "embeddings.LayerNorm.weight": "bert.embeddings.LayerNorm.weight",
+    "embeddings.LayerNorm.bias": "bert.embeddings.LayerNorm.bias",
+    "pooler.weight": "bert.pooler.dense.weight",
+    "pooler.bias": "bert.pooler.dense.bias",
+    "mlm_head.dense.weight": "cls.predictions.transform.dense.weight",
+    "mlm_head.dense.bias": "cls.predictions.transform.dense.bias",
+    "mlm_head.LayerNorm.weight": "cls.predictions.transform.LayerNorm.weight",
+    "mlm_head.LayerNorm.bias": "cls.predictions.transform.LayerNorm.bias",
+    "mlm_head.bias": "cls.predictions.bias",
+    "nsp_head.weight": "cls.seq_relationship.weight",
+    "nsp_head.bias": "cls.seq_relationship.bias",
+}
+_VOCAB_SIZED = ("embeddings.word_embeddings.weight", "mlm_head.bias")
+
+
+def hf_config(config: BertConfig) -> Any:
+    """The `transformers.BertConfig` equivalent of ours (real vocab size, post-LN only)."""
+    if config.layer_norm_large_model:
+        raise ValueError(
+            "layer_norm_large_model=True (the 1.5B/5B pre-LN variant) has no transformers BertForPreTraining "
+            "equivalent; export only post-LN models (tiny/large)"
+        )
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size, hidden_act=HF_ACT[config.hidden_act],
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
+        initializer_range=config.initializer_range, layer_norm_eps=config.layer_norm_eps,
+        pad_token_id=0, tie_word_embeddings=True, architectures=["BertForPreTraining"],
+    )
+
+
+def _strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Accept DeepSpeed/DDP-wrapped state dicts ("module." prefixes)."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
+def to_hf_state_dict(state: dict[str, Tensor], config: BertConfig) -> dict[str, Tensor]:
+    """Rename/split our state dict into transformers' BertForPreTraining names (decoder tied, vocab unpadded)."""
+    state = _strip_prefix(state)
+    out: dict[str, Tensor] = {}
+    for ours, theirs in _TOP_MAP.items():
+        t = state[ours]
+        out[theirs] = t[: config.vocab_size] if ours in _VOCAB_SIZED else t
+    for i in range(config.num_hidden_layers):
+        src, dst = f"encoder.layer.{i}.", f"bert.encoder.layer.{i}."
+        for part in ("weight", "bias"):
+            q, k, v = state[f"{src}attn_qkv.{part}"].chunk(3, dim=0)
+            for name, t in (("query", q), ("key", k), ("value", v)):
+                out[f"{dst}attention.self.{name}.{part}"] = t
+            for ours, theirs in _LAYER_MAP.items():
+                out[f"{dst}{theirs}.{part}"] = state[f"{src}{ours}.{part}"]
+    out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
+    out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+    return {k: v.detach().contiguous() for k, v in out.items()}
+
+
+def from_hf_state_dict(hf_state: dict[str, Tensor], config: BertConfig) -> dict[str, Tensor]:
+    """The inverse of to_hf_state_dict: transformers names -> ours, vocab rows zero-padded."""
+    out: dict[str, Tensor] = {}
+    for ours, theirs in _TOP_MAP.items():
+        t = hf_state[theirs]
+        out[ours] = pad_vocab(t, config) if ours in _VOCAB_SIZED else t
+    for i in range(config.num_hidden_layers):
+        src, dst = f"bert.encoder.layer.{i}.", f"encoder.layer.{i}."
+        for part in ("weight", "bias"):
+            out[f"{dst}attn_qkv.{part}"] = torch.cat(
+                [hf_state[f"{src}attention.self.{n}.{part}"] for n in ("query", "key", "value")], dim=0
+            )
+            for ours, theirs in _LAYER_MAP.items():
+                out[f"{dst}{ours}.{part}"] = hf_state[f"{src}{theirs}.{part}"]
+    return out
+
+
+def pad_vocab(t: Tensor, config: BertConfig) -> Tensor:
+    """Zero-pad the first dimension of a vocab-sized tensor from vocab_size to padded_vocab_size rows."""
+    if t.shape[0] != config.vocab_size:
+        raise ValueError(f"vocab-sized tensor has {t.shape[0]} rows, the config says vocab_size={config.vocab_size}")
+    pad = t.new_zeros((config.padded_vocab_size - t.shape[0], *t.shape[1:]))
+    return torch.cat([t, pad], dim=0)
+
+
+def export_to_hf(model_or_state: torch.nn.Module | dict[str, Tensor], out_dir: str | Path,
+                 config: BertConfig | None = None) -> Path:
+    """Write a transformers BertForPreTraining directory (config.json, model.safetensors, our config).
+
+    Args:
+        model_or_state: our BertForPreTraining, or its state dict (DeepSpeed "module." prefixes allowed).
+        out_dir: destination directory (created).
+        config: required when a state dict is given; defaults to the model's config.
+    """
+    import transformers
+
+    if isinstance(model_or_state, torch.nn.Module):
+        config = config or model_or_state.config
+        state = model_or_state.state_dict()
+    else:
+        state = model_or_state
+    if config is None:
+        raise ValueError("export_to_hf: pass config= with a bare state dict")
+    hf_model = transformers.BertForPreTraining(hf_config(config))
+    hf_state = to_hf_state_dict(state, config)
+    missing, unexpected = hf_model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"state dict does not match transformers BertForPreTraining: missing {missing}, "
+                         f"unexpected {unexpected}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(out_dir)
+    (out_dir / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    log.info("exported %d tensors to %s", len(hf_state), out_dir)
+    return out_dir

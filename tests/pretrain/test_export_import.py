@@ -1,0 +1,161 @@
+"""Export to transformers and import of TF1 checkpoints give the same MLM and NSP logits as our model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pretrain.config import model_config  # noqa: E402
+from pretrain.model import BertForPreTraining  # noqa: E402
+
+ATOL = 2e-5  # fp32; observed differences are ~1e-6
+
+
+def perturbed_tiny(seed: int = 0, **overrides) -> BertForPreTraining:
+    """Tiny model with every tensor (biases, LayerNorms too) randomised, so a mis-mapped tensor shows."""
+    torch.manual_seed(seed)
+    model = BertForPreTraining(model_config("tiny", **overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def batch(seq: int = 96) -> dict:
+    g = torch.Generator().manual_seed(7)
+    lengths = [96, 40, 71]
+    ids = torch.randint(1000, 30522, (3, seq), generator=g)
+    mask = torch.zeros(3, seq, dtype=torch.long)
+    seg = torch.zeros(3, seq, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        mask[r, :n] = 1
+        seg[r, n // 2: n] = 1
+        ids[r, n:] = 0
+    pos = torch.tensor([[1, 5, 17, 60, 95], [3, 9, 30, 0, 0], [2, 44, 70, 0, 0]])
+    lab = torch.randint(0, 30522, pos.shape, generator=g) * (pos != 0)
+    return dict(input_ids=ids, segment_ids=seg, input_mask=mask, masked_lm_positions=pos, masked_lm_ids=lab,
+                next_sentence_labels=torch.tensor([0, 1, 1]))
+
+
+def test_hf_export_gives_same_logits_and_loss(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from pretrain.hf_export import CONFIG_NAME, export_to_hf
+
+    ours = perturbed_tiny()
+    export_to_hf(ours, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 30522
+    assert json.loads((tmp_path / "hf" / CONFIG_NAME).read_text())["hidden_size"] == 64
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    b = batch()
+    valid = b["masked_lm_positions"] != 0
+    labels = torch.full_like(b["input_ids"], -100)
+    labels.scatter_(1, b["masked_lm_positions"], torch.where(valid, b["masked_lm_ids"], -100))
+    labels[:, 0] = -100  # the scatter of the unused slots wrote to position 0 ([CLS])
+    with torch.no_grad():
+        out = ours(**b)
+        ref = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"],
+                 labels=labels, next_sentence_label=b["next_sentence_labels"])
+    rows = torch.arange(3)[:, None].expand_as(valid)[valid]
+    ref_mlm = ref.prediction_logits[rows, b["masked_lm_positions"][valid]]
+    torch.testing.assert_close(out.mlm_logits, ref_mlm, rtol=0, atol=ATOL)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, rtol=0, atol=ATOL)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=ATOL)
+
+
+def test_hf_state_dict_round_trip_and_refusals():
+    from pretrain.hf_export import export_to_hf, from_hf_state_dict, to_hf_state_dict
+
+    model = perturbed_tiny()
+    cfg = model.config
+    back = from_hf_state_dict(to_hf_state_dict(model.state_dict(), cfg), cfg)
+    own = model.state_dict()
+    own["embeddings.word_embeddings.weight"][cfg.vocab_size:] = 0  # padding rows are not exported
+    own["mlm_head.bias"][cfg.vocab_size:] = 0
+    assert back.keys() == own.keys()
+    assert all(torch.equal(back[k], own[k]) for k in own)
+    wrapped = {f"module.{k}": v for k, v in model.state_dict().items()}  # DeepSpeed's names
+    assert to_hf_state_dict(wrapped, cfg).keys() == to_hf_state_dict(own, cfg).keys()
+    with pytest.raises(ValueError, match="layer_norm_large_model"):
+        export_to_hf(perturbed_tiny(layer_norm_large_model=True), "unused")
+
+
+# --- TF1 checkpoint import -------------------------------------------------------------------------------
+
+def tf1_variables_from_hf_names(hf_state: dict) -> dict:
+    """TF1 (Google/MLPerf) variables built independently of pretrain/tf_import.py, from transformers' names:
+    dense kernels are [in, out] (transposed), LayerNorm weight/bias are gamma/beta, NSP weights stay [2, H]."""
+    out = {}
+    for name, t in hf_state.items():
+        if name.startswith("cls.predictions.decoder"):
+            continue  # tied to the word embeddings / output bias
+        a = t.numpy()
+        tf_name = name.replace("bert.encoder.layer.", "bert/encoder/layer_").replace(".", "/")
+        tf_name = tf_name.replace("LayerNorm/weight", "LayerNorm/gamma").replace("LayerNorm/bias", "LayerNorm/beta")
+        if tf_name == "cls/predictions/bias":
+            tf_name = "cls/predictions/output_bias"
+        elif tf_name.startswith("cls/seq_relationship/"):
+            tf_name = tf_name.replace("/weight", "/output_weights").replace("/bias", "/output_bias")
+        elif tf_name.endswith("/weight") and "embeddings" in tf_name:
+            tf_name = tf_name[: -len("/weight")]
+        elif tf_name.endswith("/weight"):
+            tf_name, a = tf_name[: -len("/weight")] + "/kernel", a.T.copy()
+        out[tf_name] = a
+    return out
+
+
+@pytest.fixture(scope="module")
+def tf1_checkpoint(tmp_path_factory):
+    """A TF1 checkpoint written by TensorFlow's v1 Saver (plus adam slots and global_step, as MLPerf's has)."""
+    tf = pytest.importorskip("tensorflow")
+    from pretrain.hf_export import to_hf_state_dict
+
+    model = perturbed_tiny(seed=1)
+    variables = tf1_variables_from_hf_names(to_hf_state_dict(model.state_dict(), model.config))
+    assert "bert/encoder/layer_1/attention/self/query/kernel" in variables
+    assert variables["cls/seq_relationship/output_weights"].shape == (2, 64)
+    prefix = tmp_path_factory.mktemp("tf1") / "model.ckpt-28252"
+    graph = tf.Graph()
+    with graph.as_default():
+        for name, value in variables.items():
+            tf.compat.v1.Variable(value, name=name)
+            tf.compat.v1.Variable(value * 0, name=f"{name}/adam_m")
+        tf.compat.v1.Variable(28252, name="global_step", dtype=tf.int64)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, str(prefix), write_meta_graph=False)
+    return model, prefix
+
+
+def test_tf1_checkpoint_import_gives_same_logits(tf1_checkpoint):
+    from pretrain.tf_import import load_tf_checkpoint, read_tf_checkpoint
+
+    source, prefix = tf1_checkpoint
+    names = read_tf_checkpoint(prefix)
+    assert "bert/embeddings/word_embeddings" in names and "global_step" in names
+    target = perturbed_tiny(seed=2)
+    b = batch()
+    with torch.no_grad():
+        assert not torch.allclose(target(**b).nsp_logits, source(**b).nsp_logits)
+        counts = load_tf_checkpoint(target, prefix)
+        got, want = target(**b), source(**b)
+    assert counts["ignored"] == len(names) // 2 + 1  # every adam_m slot and global_step
+    torch.testing.assert_close(got.mlm_logits, want.mlm_logits, rtol=0, atol=ATOL)
+    torch.testing.assert_close(got.nsp_logits, want.nsp_logits, rtol=0, atol=ATOL)
+
+
+def test_tf1_checkpoint_from_another_config_is_refused(tf1_checkpoint, tmp_path):
+    from pretrain.tf_import import load_tf_checkpoint
+
+    _, prefix = tf1_checkpoint
+    with pytest.raises(ValueError, match="another config"):
+        load_tf_checkpoint(BertForPreTraining(model_config("tiny", intermediate_size=128)), prefix)
+    with pytest.raises(ValueError, match="layer_2"):
+        load_tf_checkpoint(BertForPreTraining(model_config("tiny", num_hidden_layers=3)), prefix)
+    with pytest.raises(ValueError, match="vocab_size=30000"):
+        load_tf_checkpoint(BertForPreTraining(model_config("tiny", vocab_size=30000)), prefix)
+    with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
+        load_tf_checkpoint(BertForPreTraining(model_config("tiny")), tmp_path / "missing.ckpt")
