@@ -20,31 +20,28 @@ deletions use ``str.replace`` (identical to ``s/literal//g``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.errors import InputError
+from preprocessing.manifest import Manifest, StageOutput
+from preprocessing.progress import progress
+from preprocessing.textio import (
+    check_output_dir,
+    default_workers,
+    iter_lines,
+    list_wiki_files,
+    ordered_map,
+    read_utf8,
+    relative_name,
+    universal_newlines,
+    verify_upstream,
+    write_bytes,
+)
 
 STAGE_VERSION = "1"
 
 # -- cleanup_file.py ---------------------------------------------------------------------------
-
-
-def universal_newlines(text: str) -> str:
-    """What Python's text mode (``newline=None``) makes of ``\\r\\n`` and a lone ``\\r``: ``\\n``."""
-    if "\r" not in text:
-        return text
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def iter_lines(text: str) -> list[str]:
-    """The lines of ``text`` as a text-mode file yields them: split after each ``\\n``, kept."""
-    lines = text.split("\n")
-    last = lines.pop()
-    out = [line + "\n" for line in lines]
-    if last:
-        out.append(last)
-    return out
 
 
 def cleanup_file_text(text: str) -> str:
@@ -159,33 +156,40 @@ def clean_sh_text(text: str) -> str:
 # -- files -------------------------------------------------------------------------------------
 
 
-def read_utf8(path: Path) -> str:
-    """A file's text, strictly UTF-8 (as the reference reads it); a clear error otherwise."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist (expected an extractor output file)") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not valid UTF-8 (byte {exc.start}): expected WikiExtractor text") from None
-
-
 def clean_text(raw: str) -> tuple[str, str]:
     """Both clean steps on one extractor file's text: returns (``.1`` text, ``.2`` text)."""
     one = cleanup_file_text(raw)
     return one, clean_sh_text(one)
 
 
-def clean_file(src: Path, dst2: Path, dst1: Path | None = None) -> tuple[int, int]:
-    """Clean one extractor file into ``dst2`` (and ``dst1`` = the ``.1`` text, when given).
+def clean_file(src: Path) -> tuple[bytes, bytes]:
+    """Clean one extractor file: returns the ``.1`` and ``.2`` bytes."""
+    one, two = clean_text(read_utf8(src))
+    return one.encode("utf-8"), two.encode("utf-8")
 
-    Returns (input bytes, output bytes).
-    """
-    raw = read_utf8(src)
-    one, two = clean_text(raw)
-    if dst1 is not None:
-        dst1.write_bytes(one.encode("utf-8"))
-    data = two.encode("utf-8")
-    dst2.write_bytes(data)
-    return len(raw.encode("utf-8")), len(data)
+
+@dataclass(frozen=True, kw_only=True)
+class CleanConfig:
+    keep_cleanup_output: bool = False  # also write the ``.1`` files (cleanup_file.py's output)
+    workers: int = 0  # processes; 0 = one per CPU (output does not depend on it)
+
+
+def run_clean(extracted_dir: Path, out_dir: Path, cfg: CleanConfig = CleanConfig(),
+              upstream: Sequence[Manifest] = ()) -> Manifest:
+    """Clean every ``<extracted_dir>/*/wiki_??`` into ``<out_dir>/*/wiki_??.2`` (and ``.1``)."""
+    extracted_dir, out_dir = Path(extracted_dir), Path(out_dir)
+    files = list_wiki_files(extracted_dir, what="extractor output folder")
+    verify_upstream(extracted_dir, upstream)
+    check_output_dir(out_dir)
+    params = {"keep_cleanup_output": cfg.keep_cleanup_output}
+    with StageOutput(out_dir, "clean", params=params, upstream=upstream, code_version=STAGE_VERSION) as out:
+        results = ordered_map(clean_file, files, cfg.workers or default_workers())
+        for base, (one, two) in progress(zip(files, results, strict=True), total=len(files), desc="clean", unit="file"):
+            name = relative_name(base, extracted_dir)
+            if cfg.keep_cleanup_output:
+                write_bytes(out, name + ".1", one)
+            write_bytes(out, name + ".2", two)
+            out.count("files")
+            out.count("bytes_in", base.stat().st_size)
+            out.count("bytes_out", len(two))
+    return out.manifest

@@ -8,10 +8,25 @@ A final ``"\\n"`` ends the file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.clean import iter_lines, read_utf8, universal_newlines
+from preprocessing.manifest import Manifest, StageOutput
+from preprocessing.progress import progress
 from preprocessing.punkt_345 import Punkt345
+from preprocessing.textio import (
+    check_output_dir,
+    default_workers,
+    iter_lines,
+    list_wiki_files,
+    ordered_map,
+    read_utf8,
+    relative_name,
+    universal_newlines,
+    verify_upstream,
+    write_bytes,
+)
 
 STAGE_VERSION = "1"
 
@@ -29,21 +44,40 @@ def tokenizer() -> Punkt345:
 def segment_text(text: str, tok: Punkt345 | None = None) -> str:
     """The ``.3`` text of a ``.2`` file's decoded text."""
     tok = tok or tokenizer()
+    split = tok.tokenize
     out: list[str] = []
     append = out.append
     for line in iter_lines(universal_newlines(text)):
         if len(line) == 1:
             append("\n")
-        for sent in tok.tokenize(line):
+        for sent in split(line):
             append(sent.strip())
             append("\n")
     append("\n")
     return "".join(out)
 
 
-def segment_file(src: Path, dst: Path) -> tuple[int, int]:
-    """Segment one ``.2`` file into ``dst``; returns (input bytes, output bytes)."""
-    text = read_utf8(src)
-    data = segment_text(text).encode("utf-8")
-    dst.write_bytes(data)
-    return len(text.encode("utf-8")), len(data)
+def segment_file(base: Path, suffix: str = ".2") -> bytes:
+    """The ``.3`` bytes of the file ``<base><suffix>``."""
+    return segment_text(read_utf8(Path(str(base) + suffix))).encode("utf-8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentConfig:
+    workers: int = 0  # processes; 0 = one per CPU (output does not depend on it)
+
+
+def run_segment(in_dir: Path, out_dir: Path, cfg: SegmentConfig = SegmentConfig(),
+                upstream: Sequence[Manifest] = ()) -> Manifest:
+    """Segment every ``<in_dir>/*/wiki_??.2`` into ``<out_dir>/*/wiki_??.3``."""
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    files = list_wiki_files(in_dir, ".2", what="cleaned text folder")
+    verify_upstream(in_dir, upstream)
+    check_output_dir(out_dir)
+    with StageOutput(out_dir, "segment", params={}, upstream=upstream, code_version=STAGE_VERSION) as out:
+        results = ordered_map(segment_file, files, cfg.workers or default_workers())
+        for base, data in progress(zip(files, results, strict=True), total=len(files), desc="segment", unit="file"):
+            write_bytes(out, relative_name(base, in_dir, ".3"), data)
+            out.count("files")
+            out.count("bytes_out", len(data))
+    return out.manifest

@@ -1,0 +1,148 @@
+"""Text stages 3-6 end to end: extractor output -> ``part-XXXXX-of-00500``, ``eval.txt``, ``eval.md5``.
+
+Runs clean (cleanup_file.py + clean.sh), segment (nltk 3.4.5 punkt), split_eval
+(seperate_test_set.py) and gather (do_gather.py) exactly as the MLPerf reference does, with one
+worker task per extractor file for the first three (results consumed in file order, so the output
+does not depend on the number of workers) and gather streaming in the main process. Nothing is
+written into the input folder; the per-file intermediates (``.1`` ... ``.4``) are kept only on request
+(``keep_intermediate``), under ``out_dir/text/``.
+
+Example::
+
+    from preprocessing.text_pipeline import TextConfig, run_text_stages
+    m = run_text_stages(Path("work/extract"), Path("work/text"), TextConfig(num_test_articles=20))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from preprocessing.clean import clean_text
+from preprocessing.errors import InputError
+from preprocessing.gather import GatherConfig, PartWriter, gather_content
+from preprocessing.manifest import Manifest, StageOutput
+from preprocessing.progress import progress
+from preprocessing.segment import segment_text
+from preprocessing.split_eval import eval_md5_line, split_text
+from preprocessing.textio import (
+    check_output_dir,
+    default_workers,
+    list_wiki_files,
+    ordered_map,
+    read_utf8,
+    relative_name,
+    verify_upstream,
+    write_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextConfig:
+    num_test_articles: int = 10000  # articles withheld for eval over all files (seperate_test_set.py)
+    seed: int = 12345  # eval selection seed; file k draws with seed + 13*k
+    block_size_mb: float = 26.92  # part size limit, MiB of raw extractor input (do_gather.py --block_size)
+    num_outputs: int = 500  # the "-of-00500" in part names (names only)
+    workers: int = 0  # processes for the per-file stages; 0 = one per CPU; output is independent of it
+    keep_intermediate: bool = False  # also write out_dir/text/AA/wiki_00.{1,2,3,4} (the reference's files)
+
+    def params(self) -> dict[str, object]:
+        """The fields that determine the output (workers excluded)."""
+        return {"num_test_articles": self.num_test_articles, "seed": self.seed, "block_size_mb": self.block_size_mb,
+                "num_outputs": self.num_outputs, "keep_intermediate": self.keep_intermediate}
+
+    def gather(self) -> GatherConfig:
+        return GatherConfig(block_size_mb=self.block_size_mb, num_outputs=self.num_outputs)
+
+
+@dataclass
+class FileResult:
+    raw_size: int  # bytes of the raw extractor file (do_gather sizes parts by it)
+    train: str  # the .4 text
+    tests: list[str]  # eval articles, in file order
+    intermediates: dict[str, bytes]  # suffix -> bytes, when keep_intermediate
+
+
+def process_file(job: tuple[Path, int, int, TextConfig]) -> FileResult:
+    """clean + segment + split_eval of one extractor file (runs in a worker process)."""
+    raw_path, file_id, num_files, cfg = job
+    raw = read_utf8(raw_path)
+    one, two = clean_text(raw)
+    three = segment_text(two)
+    train, tests = split_text(three, file_id, num_files, cfg.num_test_articles, cfg.seed, name=f"{raw_path}.3")
+    inter: dict[str, bytes] = {}
+    if cfg.keep_intermediate:
+        inter = {".1": one.encode(), ".2": two.encode(), ".3": three.encode(), ".4": train.encode()}
+    return FileResult(raw_path.stat().st_size, train, tests, inter)
+
+
+def _check_cfg(cfg: TextConfig) -> None:
+    if cfg.num_test_articles < 0:
+        raise InputError(f"--num-test-articles must be >= 0, got {cfg.num_test_articles}")
+    if not cfg.block_size_mb > 0:
+        raise InputError(f"--block-size-mb must be > 0, got {cfg.block_size_mb}")
+
+
+def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextConfig(),
+                    upstream: Sequence[Manifest] = ()) -> Manifest:
+    """clean + segment + split_eval + gather over ``extracted_dir/*/wiki_??``.
+
+    Writes ``out_dir/part-XXXXX-of-00500``..., ``out_dir/eval.txt``, ``out_dir/eval.md5`` and the
+    ``text`` stage manifest (last). ``upstream`` (the extract manifest) is verified first.
+
+    Raises:
+        InputError: missing/empty input folder, unusable output folder, undecodable input, or more
+            test articles due from a file than it holds.
+    """
+    extracted_dir, out_dir = Path(extracted_dir), Path(out_dir)
+    _check_cfg(cfg)
+    files = list_wiki_files(extracted_dir, what="extractor output folder")
+    verify_upstream(extracted_dir, upstream)
+    check_output_dir(out_dir)
+    if out_dir.resolve() == extracted_dir.resolve():
+        raise InputError(f"--out {out_dir} is the input folder; choose another output folder")
+    t0 = time.perf_counter()
+    jobs = [(f, k, len(files), cfg) for k, f in enumerate(files)]
+    with StageOutput(out_dir, "text", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:
+        results = ordered_map(process_file, jobs, cfg.workers or default_workers())
+        bar = progress(total=sum(f.stat().st_size for f in files) / 2**20, desc="text", unit="MB")
+        writer = PartWriter(out, cfg.gather())
+        try:
+            with out.open_text("eval.txt") as ev, out.open_text("eval.md5") as md5s:
+                for base, res in zip(files, results, strict=True):
+                    name = relative_name(base, extracted_dir)
+                    for suffix, data in res.intermediates.items():
+                        write_bytes(out, f"text/{name}{suffix}", data)
+                    for article in res.tests:
+                        ev.write(article + "\n\n")
+                        md5s.write(eval_md5_line(article))
+                    writer.add(res.raw_size, gather_content(res.train, f"{name}.4"))
+                    _count(out, res)
+                    bar.update(res.raw_size / 2**20)
+        except BaseException as exc:
+            writer.close(exc)
+            raise
+        finally:
+            bar.close()
+        writer.close()
+        out.count("parts", len(writer.names))
+    m = out.manifest
+    log.info("text: %d files, %d articles (+%d eval), %.1f MB in -> %d parts, %.1fs", m.counters["files"],
+             m.counters["articles"], m.counters["eval_articles"], m.counters["bytes_in"] / 1e6,
+             m.counters["parts"], time.perf_counter() - t0)
+    return m
+
+
+def _count(out: StageOutput, res: FileResult) -> None:
+    out.count("files")
+    out.count("bytes_in", res.raw_size)
+    out.count("articles", sum(1 for a in res.train.split("\n\n") if a.strip()))
+    out.count("eval_articles", len(res.tests))
+    out.count("eval_empty_articles", sum(1 for a in res.tests if not a.strip()))
