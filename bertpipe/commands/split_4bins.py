@@ -1,0 +1,40 @@
+"""Split padded MLPerf HDF5 files into 4 sequence-length bins x N shards (Samsung MLPerf v1.1).
+
+  bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048
+
+Inputs are sorted(<input_dir>/part*), as in the reference; outputs <output_dir>/{128,256,384,512}/
+part_<k>_of_<N>.hdf5 and <output_dir>/_manifest.json. An output folder holding other files is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from bertpipe.commands._common import flag
+from preprocessing.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flag(p, "input_dir", required=True, help="directory of padded HDF5 files named part*")
+    flag(p, "output_dir", required=True, help="directory to write 128/ 256/ 384/ 512/ into")
+    flag(p, "n_output_shards", type=int, default=2048, help="shards per bin (default: 2048)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+
+    in_dir = Path(args.input_dir)
+    if not in_dir.is_dir():
+        raise InputError(f"--input_dir {in_dir} is not a directory")
+    files = sorted(p for p in in_dir.glob("part*") if p.is_file())
+    if not files:
+        raise InputError(f"--input_dir {in_dir} has no files named part* (e.g. part-00000-of-00500.hdf5)")
+    m = run_split_4bins(files, Path(args.output_dir), Split4BinsConfig(n_output_shards=args.n_output_shards))
+    c = m.counters
+    log.info("%d rows -> 128: %d, 256: %d, 384: %d, 512: %d (%d empty shards) in %s", c["rows"], c["rows_128"],
+             c["rows_256"], c["rows_384"], c["rows_512"], c["empty_shards"], args.output_dir)
+    return 0
