@@ -1,0 +1,125 @@
+"""Padded MLPerf HDF5 -> the packed (unpadded, variable-length) HDF5 NVIDIA's MLPerf BERT reads.
+
+Reference: NVIDIA MLPerf v1.1 ``convert_fixed2variable.py`` (also ``chop_hdf5_files_to_varlength.py``,
+``pick_eval_samples_varlength.py``; spec §10). Per row::
+
+    input_ids[i]           = input_ids[i, :sum(input_mask[i])]                      vlen int16
+    segment_ids[i]         = segment_ids[i, :sum(input_mask[i])]                    vlen int8
+    masked_lm_positions[i] = masked_lm_positions[i, :sum(masked_lm_positions[i] != 0)]  vlen int16
+    masked_lm_ids[i]       = masked_lm_ids[i, :sum(masked_lm_positions[i] != 0)]        vlen int16
+    next_sentence_labels[i]                                                         int8
+
+no input_mask. The NVIDIA scripts sum an int8 row with Python's ``sum()``: under NumPy >= 2 that
+sum stays int8 and wraps (512 -> 0), silently truncating sequences. Lengths here are summed in
+int64. Rows are converted and written in chunks (memory bounded by ``chunk_rows``); the content
+equals the NVIDIA script's under NumPy 1.x (golden/nvidia_varlength), the byte layout differs
+(the script writes row by row).
+
+    bertpipe pack-varlength --input eval_10k.hdf5 --output eval_varlength/part_eval_10k.hdf5
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from preprocessing.errors import InputError
+from preprocessing.hdf5_io import (
+    atomic_path,
+    chunks,
+    open_padded,
+    sequence_lengths,
+    stage_file,
+    verify_inputs,
+)
+from preprocessing.manifest import Manifest, StageOutput
+from preprocessing.progress import progress
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+#: (name, element dtype of the vlen dataset, which length truncates it), in NVIDIA's creation order.
+VARLEN_DATASETS = (
+    ("input_ids", "int16", "seq"),
+    ("segment_ids", "int8", "seq"),
+    ("masked_lm_positions", "int16", "pred"),
+    ("masked_lm_ids", "int16", "pred"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    """Parameters of the padded -> packed conversion."""
+
+    max_seq_length: int = 512  # width of the padded input (checked)
+    max_predictions_per_seq: int = 76
+    chunk_rows: int = 4096  # rows read, converted and written at once
+
+
+def _ragged(values: np.ndarray, lengths: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
+    """An object array of per-row truncated arrays, refusing values that do not fit ``dtype``."""
+    info = np.iinfo(dtype)
+    if values.size and (values.min() < info.min or values.max() > info.max):
+        row = int(np.flatnonzero(((values < info.min) | (values > info.max)).any(axis=1))[0])
+        raise InputError(f"{path}: row {first + row}: {name} holds a value outside {dtype}, which NVIDIA's packed "
+                         "format stores (a vocabulary over 32,767 entries does not fit)")
+    cast = values.astype(dtype)
+    out = np.empty(len(values), dtype=object)
+    for i, n in enumerate(lengths.tolist()):
+        out[i] = cast[i, :n]
+    return out
+
+
+def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackConfig()) -> int:
+    """Write the packed form of ``input_hdf5`` to ``output_hdf5``; returns the row count.
+
+    Raises:
+        InputError: the input misses a dataset, has the wrong shape, or values overflow int16.
+    """
+    import h5py
+
+    input_hdf5 = Path(input_hdf5)
+    with open_padded(input_hdf5, max_seq_length=cfg.max_seq_length,
+                     max_predictions_per_seq=cfg.max_predictions_per_seq) as src, \
+            h5py.File(output_hdf5, "w") as dst:
+        n = src["input_ids"].shape[0]
+        out = {name: dst.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)))
+               for name, dt, _ in VARLEN_DATASETS}
+        nsl = dst.create_dataset("next_sentence_labels", data=np.zeros(n, dtype="i1"), dtype="i1")
+        with progress(total=n, desc=input_hdf5.name, unit="row") as bar:
+            for a, b in chunks(n, cfg.chunk_rows):
+                lengths = {"seq": sequence_lengths(src["input_mask"][a:b]),
+                           "pred": (src["masked_lm_positions"][a:b] != 0).sum(axis=1, dtype=np.int64)}
+                for name, dt, kind in VARLEN_DATASETS:
+                    out[name][a:b] = _ragged(src[name][a:b], lengths[kind], dt, name, input_hdf5, a)
+                nsl[a:b] = src["next_sentence_labels"][a:b].astype("i1")
+                bar.update(b - a)
+    return n
+
+
+def run_pack_varlength(input_files: Sequence[Path], out_dir: Path, cfg: PackConfig = PackConfig(), *,
+                       output_names: Sequence[str] | None = None, upstream: Sequence[Manifest] = ()) -> Manifest:
+    """Stage function: one packed HDF5 per input in ``out_dir`` (same file names unless ``output_names``)."""
+    files = [Path(p) for p in input_files]
+    names = list(output_names) if output_names is not None else [p.name for p in files]
+    if len(names) != len(files):
+        raise InputError(f"{len(files)} inputs but {len(names)} output names")
+    verify_inputs(files, upstream)
+    with StageOutput(out_dir, "pack_varlength", params=asdict(cfg), upstream=upstream,
+                     code_version=STAGE_VERSION) as out:
+        for src, name in zip(files, names, strict=True):
+            with stage_file(out, name) as tmp:
+                out.count("rows", pack_varlength(src, tmp, cfg))
+            out.count("files", 1)
+    return out.manifest
+
+
+def pack_varlength_file(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackConfig()) -> int:
+    """The CLI's file form: write ``output_hdf5`` atomically, without a manifest."""
+    with atomic_path(Path(output_hdf5)) as tmp:
+        return pack_varlength(Path(input_hdf5), tmp, cfg)
