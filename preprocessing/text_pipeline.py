@@ -112,7 +112,7 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
     jobs = [(f, k, len(files), cfg) for k, f in enumerate(files)]
     with StageOutput(out_dir, "text", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:
         results = ordered_map(process_file, jobs, cfg.workers or default_workers())
-        bar = progress(total=sum(f.stat().st_size for f in files) / 2**20, desc="text", unit="MB")
+        bar = progress(total=sum(f.stat().st_size for f in files), desc="text", unit="B", unit_scale=True)
         writer = PartWriter(out, cfg.gather())
         try:
             with out.open_text("eval.txt") as ev, out.open_text("eval.md5") as md5s:
@@ -125,7 +125,7 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
                         md5s.write(eval_md5_line(article))
                     writer.add(res.raw_size, gather_content(res.train, f"{name}.4"))
                     _count(out, res)
-                    bar.update(res.raw_size / 2**20)
+                    bar.update(res.raw_size)
         except BaseException as exc:
             writer.close(exc)
             raise

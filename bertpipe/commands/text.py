@@ -1,0 +1,88 @@
+"""Text stages end to end: an extractor output folder (or a dump) -> part files + eval.txt + eval.md5.
+
+  bertpipe text --extracted text --out results --num_test_articles=10000 --block_size=26.92
+  bertpipe text --dump enwiki-20200101-pages-articles-multistream.xml.bz2 --out results
+  bertpipe text --dump https://.../dump.xml.bz2 --md5 <md5> --out results
+
+With --dump, a URL is downloaded (resumable, md5-verified) and the dump extracted (WikiExtractor)
+into <out>/_work/ first; a local dump file is read in place. The output is byte-identical to the
+MLPerf reference scripts (cleanup_file.py, clean.sh, nltk 3.4.5 segmentation, seperate_test_set.py,
+do_gather.py) run on the same extractor output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from bertpipe.commands._common import flag
+from bertpipe.commands.text_stages import block_size_flag
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--extracted", type=Path, help="WikiExtractor output folder (AA/wiki_00, ...)")
+    src.add_argument("--dump", metavar="FILE_OR_URL",
+                     help="a MediaWiki dump (.xml.bz2 or .xml): local path, file:// or https:// URL, or a "
+                     "download preset such as enwiki-latest")
+    p.add_argument("--out", type=Path, required=True, help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
+    flag(p, "num_test_articles", type=int, default=10000, help="articles withheld for eval (default: 10000)")
+    block_size_flag(p)
+    flag(p, "seed", type=int, default=12345, help="eval selection seed (default: 12345)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU; "
+                   "the output does not depend on it)")
+    flag(p, "keep_intermediate", action="store_true",
+         help="also write the reference's per-file intermediates to <out>/text/AA/wiki_00.{1,2,3,4}")
+    g = p.add_argument_group("with --dump")
+    g.add_argument("--md5", default=None, help="expected md5 of a downloaded dump")
+    flag(g, "current_time", default=None, metavar="ISO",
+         help="the time {{CURRENTYEAR}} & co. expand to, e.g. 2020-01-01T00:00:00 (default: now)")
+    p.add_argument("--work", type=Path, default=None, help="folder for download/extract with --dump "
+                   "(default: <out>/_work)")
+
+
+def _extract_dump(args: argparse.Namespace) -> tuple[Path, list]:
+    """Download (URLs only) and extract the dump; returns the extractor folder and its manifest."""
+    from preprocessing.extract import ExtractConfig, run_extract
+
+    work = args.work or args.out / "_work"
+    upstream: list = []
+    local = Path(args.dump)
+    if not local.is_file():  # a URL or a download preset (run_download names a missing local path)
+        from preprocessing.download import run_download
+
+        dl = run_download(args.dump, work / "download", md5=args.md5)
+        local = work / "download" / dl.files[0].name
+        upstream = [dl]
+    cfg = ExtractConfig(processes=args.workers or _cpus(), current_time=args.current_time)
+    m = run_extract(local, work / "extract", cfg, upstream=upstream)
+    return work / "extract", [m]
+
+
+def _cpus() -> int:
+    from preprocessing.textio import default_workers
+
+    return default_workers()
+
+
+def run(args: argparse.Namespace) -> int:
+    from preprocessing.text_pipeline import TextConfig, run_text_stages
+
+    t0 = time.perf_counter()
+    cfg = TextConfig(num_test_articles=args.num_test_articles, block_size_mb=args.block_size_mb, seed=args.seed,
+                     workers=args.workers, keep_intermediate=args.keep_intermediate)
+    if args.dump:
+        extracted, upstream = _extract_dump(args)
+    else:
+        extracted, upstream = args.extracted, []
+    m = run_text_stages(extracted, args.out, cfg, upstream=upstream)
+    c = m.counters
+    parts = sum(1 for f in m.files if f.name.startswith("part-"))
+    print(f"text: {c['files']} files, {c['articles']} articles + {c['eval_articles']} eval, "
+          f"{c['bytes_in'] / 1e6:.2f} MB in -> {parts} part file(s), eval.txt, eval.md5 in {args.out}, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0
