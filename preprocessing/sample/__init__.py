@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 SAMPLE_NAME = "sample-wiki.xml.bz2"
+SAMPLE_MD5 = "7feec221ac818a85c20b476bf6121f5f"  # of the packaged file; update with make_sample.py (a test checks)
 
 
 def sample_dump_path() -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import hashlib
 import random
 import sys
 from pathlib import Path
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out}: {'up to date' if same else 'DIFFERS from make_sample.py output'}")
         return 0 if same else 1
     args.out.write_bytes(data)
+    print(f"md5 {hashlib.md5(data).hexdigest()}: put it in SAMPLE_MD5 (preprocessing/sample/__init__.py)")
     print(f"wrote {args.out}: {len(data)} bytes ({len(sample_xml().encode()):,} bytes of XML, {len(ARTICLES)} articles)")
     return 0
 
