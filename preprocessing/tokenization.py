@@ -100,7 +100,11 @@ def _is_punctuation(char: str) -> bool:
 
 
 def _is_chinese_char(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+    if cp < 0x3400:  # fast exit for most text; the ranges are _CJK_RANGES
+        return False
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
+            or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF
+            or 0x2F800 <= cp <= 0x2FA1F)
 
 
 class BasicTokenizer:
@@ -192,8 +196,13 @@ class WordpieceTokenizer:
 class FullTokenizer:
     """BasicTokenizer then WordPiece, with the reference's vocab loading."""
 
-    def __init__(self, vocab_file: str | os.PathLike, do_lower_case: bool = True) -> None:
-        self.vocab = load_vocab(vocab_file)
+    def __init__(self, vocab_file: str | os.PathLike | None = None, do_lower_case: bool = True, *,
+                 vocab: dict[str, int] | None = None) -> None:
+        if vocab is None:
+            if vocab_file is None:
+                raise ValueError("FullTokenizer needs vocab_file or vocab")
+            vocab = load_vocab(vocab_file)
+        self.vocab = vocab
         self.inv_vocab = {v: k for k, v in self.vocab.items()}
         self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
         self.wordpiece_tokenizer = WordpieceTokenizer(vocab=self.vocab)

@@ -1,0 +1,180 @@
+/* Instance creation for cpd.c: spec §8.3, draw for draw (see create_instances_from_document and
+ * create_masked_lm_predictions in preprocessing/create_pretraining_data.py, the oracle). */
+#ifndef BERTPIPE_CPD_INSTANCES_H
+#define BERTPIPE_CPD_INSTANCES_H
+
+typedef struct {
+    I32Vec a, b, cand, pos, lab;
+} Scratch;
+
+static int append_seg(Engine *e, I32Vec *v, const Seg *s) {
+    if (i32_reserve(v, (size_t)s->len) < 0) return -1;
+    memcpy(v->v + v->n, e->ids.v + s->start, (size_t)s->len * sizeof(int32_t));
+    v->n += (size_t)s->len;
+    return 0;
+}
+
+static void shuffle_u32(MT *m, uint32_t *x, size_t n) {
+    for (size_t i = n; i-- > 1;) {
+        uint32_t j = mt_below(m, (uint32_t)(i + 1));
+        uint32_t t = x[i]; x[i] = x[j]; x[j] = t;
+    }
+}
+
+/* [CLS] A [SEP] B [SEP], masked, appended to the instance pools. */
+static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, size_t blo, size_t bhi,
+                         int is_random, double mlm) {
+    size_t la = ahi - alo, lb = bhi - blo, n = la + lb + 3;
+    if (i32_reserve(&e->itok, n) < 0 || i32_reserve(&s->cand, n) < 0) return -1;
+    int32_t *tok = e->itok.v + e->itok.n;
+    tok[0] = e->cls;
+    memcpy(tok + 1, s->a.v + alo, la * sizeof(int32_t));
+    tok[la + 1] = e->sep;
+    memcpy(tok + la + 2, s->b.v + blo, lb * sizeof(int32_t));
+    tok[n - 1] = e->sep;
+
+    uint32_t *cand = (uint32_t *)s->cand.v;
+    size_t nc = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] != e->cls && tok[i] != e->sep) cand[nc++] = (uint32_t)i;
+    shuffle_u32(m, cand, nc);
+    long ntp = (long)rint((double)n * mlm); /* round half to even, like Python 3 round() */
+    if (ntp < 1) ntp = 1;
+    if (ntp > e->P) ntp = e->P;
+    int32_t *pos = s->pos.v, *lab = s->lab.v;
+    int nm = 0;
+    for (size_t k = 0; k < nc && nm < ntp; k++) {
+        uint32_t idx = cand[k];
+        int32_t orig = tok[idx], out;
+        if (mt_random(m) < 0.8) out = e->msk;
+        else if (mt_random(m) < 0.5) out = orig;
+        else out = (int32_t)mt_below(m, (uint32_t)e->vocab_size);
+        tok[idx] = out;
+        int j = nm++;
+        while (j > 0 && pos[j - 1] > (int32_t)idx) { pos[j] = pos[j - 1]; lab[j] = lab[j - 1]; j--; }
+        pos[j] = (int32_t)idx; lab[j] = orig;
+    }
+    if (i32_reserve(&e->imask, 2 * (size_t)nm) < 0) return -1;
+    if (e->ninst == e->instcap) {
+        size_t cap = e->instcap ? e->instcap * 2 : 4096;
+        Inst *x = realloc(e->insts, cap * sizeof(Inst));
+        if (!x) { PyErr_NoMemory(); return -1; }
+        e->insts = x; e->instcap = cap;
+    }
+    e->insts[e->ninst++] = (Inst){(int64_t)e->itok.n, (int64_t)e->imask.n, (int32_t)n, (int32_t)la, nm, is_random};
+    e->itok.n += n;
+    for (int j = 0; j < nm; j++) { e->imask.v[e->imask.n++] = pos[j]; e->imask.v[e->imask.n++] = lab[j]; }
+    return 0;
+}
+
+static int instances_from_document(Engine *e, MT *m, Scratch *s, const Doc *all, size_t ndocs, size_t d,
+                                   double mlm, double ssp) {
+    const Doc doc = all[d];
+    const int64_t max_num = e->L - 3;
+    int64_t target = max_num;
+    if (mt_random(m) < ssp) target = 2 + mt_below(m, (uint32_t)(max_num - 1));
+    int64_t i = 0, chunk_start = 0, chunk_n = 0, cur_len = 0;
+    while (i < doc.nseg) {
+        if (chunk_n == 0) chunk_start = i;
+        chunk_n++;
+        cur_len += e->segs[doc.first + i].len;
+        if (i == doc.nseg - 1 || cur_len >= target) {
+            int64_t a_end = 1;
+            if (chunk_n >= 2) a_end = 1 + mt_below(m, (uint32_t)(chunk_n - 1));
+            s->a.n = s->b.n = 0;
+            for (int64_t j = 0; j < a_end; j++)
+                if (append_seg(e, &s->a, &e->segs[doc.first + chunk_start + j]) < 0) return -1;
+            int is_random;
+            if (chunk_n == 1 || mt_random(m) < 0.5) {
+                is_random = 1;
+                int64_t target_b = target - (int64_t)s->a.n;
+                uint32_t rdi = 0;
+                for (int t = 0; t < 10; t++) {
+                    rdi = mt_below(m, (uint32_t)ndocs);
+                    if (rdi != d) break;
+                }
+                const Doc rd = all[rdi];
+                for (int64_t j = mt_below(m, (uint32_t)rd.nseg); j < rd.nseg; j++) {
+                    if (append_seg(e, &s->b, &e->segs[rd.first + j]) < 0) return -1;
+                    if ((int64_t)s->b.n >= target_b) break;
+                }
+                i -= chunk_n - a_end; /* unused segments are revisited */
+            } else {
+                is_random = 0;
+                for (int64_t j = a_end; j < chunk_n; j++)
+                    if (append_seg(e, &s->b, &e->segs[doc.first + chunk_start + j]) < 0) return -1;
+            }
+            size_t alo = 0, ahi = s->a.n, blo = 0, bhi = s->b.n;
+            while ((ahi - alo) + (bhi - blo) > (size_t)max_num) { /* longer side; ties trim B */
+                int front = mt_random(m) < 0.5;
+                if (ahi - alo > bhi - blo) { if (front) alo++; else ahi--; }
+                else { if (front) blo++; else bhi--; }
+            }
+            if (make_instance(e, m, s, alo, ahi, blo, bhi, is_random, mlm) < 0) return -1;
+            chunk_n = 0;
+            cur_len = 0;
+        }
+        i++;
+    }
+    return 0;
+}
+
+static PyObject *eng_create(Engine *e, PyObject *args) {
+    PyObject *state;
+    int dupe;
+    double mlm, ssp;
+    if (!PyArg_ParseTuple(args, "O!iiidd", &PyTuple_Type, &state, &e->L, &e->P, &dupe, &mlm, &ssp)) return NULL;
+    if (e->created) { PyErr_SetString(PyExc_RuntimeError, "create() already called"); return NULL; }
+    if (PyTuple_GET_SIZE(state) != 625 || e->L < 5 || e->P < 1 || dupe < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad MT state or parameters"); return NULL;
+    }
+    MT m;
+    for (int i = 0; i < 624; i++) m.mt[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, i));
+    m.index = (int)PyLong_AsLong(PyTuple_GET_ITEM(state, 624));
+    if (PyErr_Occurred()) return NULL;
+    if (end_document(e) < 0) return NULL;
+    e->created = 1;
+    size_t nd = e->ndocs;
+    if (nd == 0 || nd >= 0xFFFFFFFFu) { PyErr_SetString(PyExc_ValueError, "no documents"); return NULL; }
+    uint32_t *perm = malloc(nd * sizeof(uint32_t));
+    Doc *all = malloc(nd * sizeof(Doc));
+    Scratch s = {0};
+    int rc = -1;
+    if (!perm || !all) { PyErr_NoMemory(); goto done; }
+    for (size_t i = 0; i < nd; i++) perm[i] = (uint32_t)i;
+    shuffle_u32(&m, perm, nd);
+    for (size_t i = 0; i < nd; i++) all[i] = e->docs[perm[i]];
+    if (i32_reserve(&s.pos, (size_t)e->P) < 0 || i32_reserve(&s.lab, (size_t)e->P) < 0) goto done;
+    for (int r = 0; r < dupe; r++)
+        for (size_t d = 0; d < nd; d++)
+            if (instances_from_document(e, &m, &s, all, nd, d, mlm, ssp) < 0) goto done;
+    if (e->ninst >= 0xFFFFFFFFu) { PyErr_SetString(PyExc_OverflowError, "too many instances"); goto done; }
+    e->order = malloc((e->ninst ? e->ninst : 1) * sizeof(uint32_t));
+    if (!e->order) { PyErr_NoMemory(); goto done; }
+    for (size_t i = 0; i < e->ninst; i++) e->order[i] = (uint32_t)i;
+    shuffle_u32(&m, e->order, e->ninst);
+    rc = 0;
+done:
+    free(perm); free(all); free(s.a.v); free(s.b.v); free(s.cand.v); free(s.pos.v); free(s.lab.v);
+    if (rc < 0) return NULL;
+    /* the segments are no longer needed: give their memory back before writing */
+    free(e->ids.v); e->ids = (I32Vec){0};
+    return PyLong_FromSize_t(e->ninst);
+}
+
+static PyObject *eng_instance(Engine *e, PyObject *args) {
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "n", &k)) return NULL;
+    if (!e->order || k < 0 || (size_t)k >= e->ninst) { PyErr_SetString(PyExc_IndexError, "no such instance"); return NULL; }
+    const Inst *in = &e->insts[e->order[k]];
+    PyObject *tok = PyList_New(in->ntok), *pos = PyList_New(in->nmask), *lab = PyList_New(in->nmask);
+    if (!tok || !pos || !lab) { Py_XDECREF(tok); Py_XDECREF(pos); Py_XDECREF(lab); return NULL; }
+    for (int i = 0; i < in->ntok; i++) PyList_SET_ITEM(tok, i, PyLong_FromLong(e->itok.v[in->tok_off + i]));
+    for (int i = 0; i < in->nmask; i++) {
+        PyList_SET_ITEM(pos, i, PyLong_FromLong(e->imask.v[in->mask_off + 2 * i]));
+        PyList_SET_ITEM(lab, i, PyLong_FromLong(e->imask.v[in->mask_off + 2 * i + 1]));
+    }
+    return Py_BuildValue("(NiNNO)", tok, in->lena, pos, lab, in->is_random ? Py_True : Py_False);
+}
+
+#endif /* BERTPIPE_CPD_INSTANCES_H */

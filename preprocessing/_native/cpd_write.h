@@ -1,0 +1,129 @@
+/* Canonical tf.train.Example encoding and TFRecord framing for cpd.c (spec §8.4; the Python
+ * equivalent is preprocessing.tfrecord.encode_mlperf_example + frame). */
+#ifndef BERTPIPE_CPD_WRITE_H
+#define BERTPIPE_CPD_WRITE_H
+
+static size_t vlen(uint64_t v) { size_t n = 1; while (v >= 0x80) { v >>= 7; n++; } return n; }
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) { *p++ = (uint8_t)(v | 0x80); v >>= 7; }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static const char *const FEATURE_NAMES[7] = {"input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                                             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"};
+
+/* Sizes of the nested messages of one feature map entry whose packed values take `packed` bytes. */
+typedef struct { size_t packed, list, feature, entry; } FeatSize;
+static FeatSize feat_size(size_t name_len, size_t packed) {
+    FeatSize f;
+    f.packed = packed;
+    f.list = packed ? 1 + vlen(packed) + packed : 0;             /* Int64List/FloatList.value, packed */
+    f.feature = 1 + vlen(f.list) + f.list;                       /* Feature.int64_list / float_list */
+    f.entry = 1 + vlen(name_len) + name_len + 1 + vlen(f.feature) + f.feature; /* map entry key, value */
+    return f;
+}
+
+/* Encode the payload of one instance into out (reserved by the caller). Returns its length. */
+static size_t encode_instance(const Engine *e, const Inst *in, uint8_t *out) {
+    const int32_t *tok = e->itok.v + in->tok_off, *mk = e->imask.v + in->mask_off;
+    const int L = e->L, P = e->P, n = in->ntok, nm = in->nmask;
+    size_t packed[7];
+    size_t s = (size_t)(L - n);
+    for (int i = 0; i < n; i++) s += vlen((uint32_t)tok[i]);
+    packed[0] = s;
+    packed[1] = packed[2] = (size_t)L;
+    s = (size_t)(P - nm);
+    size_t s2 = s;
+    for (int i = 0; i < nm; i++) { s += vlen((uint32_t)mk[2 * i]); s2 += vlen((uint32_t)mk[2 * i + 1]); }
+    packed[3] = s; packed[4] = s2;
+    packed[5] = 4 * (size_t)P;
+    packed[6] = 1;
+    FeatSize fs[7];
+    size_t feats = 0;
+    for (int f = 0; f < 7; f++) {
+        fs[f] = feat_size(strlen(FEATURE_NAMES[f]), packed[f]);
+        feats += 1 + vlen(fs[f].entry) + fs[f].entry;
+    }
+    uint8_t *p = out;
+    *p++ = 0x0A; p = put_varint(p, feats); /* Example.features */
+    for (int f = 0; f < 7; f++) {
+        size_t nl = strlen(FEATURE_NAMES[f]);
+        *p++ = 0x0A; p = put_varint(p, fs[f].entry);            /* Features.feature (map entry) */
+        *p++ = 0x0A; p = put_varint(p, nl); memcpy(p, FEATURE_NAMES[f], nl); p += nl;
+        *p++ = 0x12; p = put_varint(p, fs[f].feature);
+        *p++ = f == 5 ? 0x12 : 0x1A; p = put_varint(p, fs[f].list);
+        *p++ = 0x0A; p = put_varint(p, fs[f].packed);
+        switch (f) {
+        case 0:
+            for (int i = 0; i < n; i++) p = put_varint(p, (uint32_t)tok[i]);
+            memset(p, 0, (size_t)(L - n)); p += L - n;
+            break;
+        case 1:
+            memset(p, 1, (size_t)n); memset(p + n, 0, (size_t)(L - n)); p += L;
+            break;
+        case 2:
+            memset(p, 0, (size_t)in->lena + 2); memset(p + in->lena + 2, 1, (size_t)(n - in->lena - 2));
+            memset(p + n, 0, (size_t)(L - n)); p += L;
+            break;
+        case 3: case 4:
+            for (int i = 0; i < nm; i++) p = put_varint(p, (uint32_t)mk[2 * i + (f == 4)]);
+            memset(p, 0, (size_t)(P - nm)); p += P - nm;
+            break;
+        case 5:
+            for (int i = 0; i < P; i++) {
+                static const uint8_t one[4] = {0x00, 0x00, 0x80, 0x3F};
+                if (i < nm) memcpy(p, one, 4); else memset(p, 0, 4);
+                p += 4;
+            }
+            break;
+        default:
+            *p++ = in->is_random ? 1 : 0;
+        }
+    }
+    return (size_t)(p - out);
+}
+
+static void put_u32le(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int flush_to(PyObject *file, ByteVec *b) {
+    if (!b->n) return 0;
+    PyObject *r = PyObject_CallMethod(file, "write", "y#", (const char *)b->v, (Py_ssize_t)b->n);
+    if (!r) return -1;
+    Py_DECREF(r);
+    b->n = 0;
+    return 0;
+}
+
+static PyObject *eng_write(Engine *e, PyObject *args) {
+    PyObject *files;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &files)) return NULL;
+    Py_ssize_t nf = PyList_GET_SIZE(files);
+    if (!e->order || nf < 1) { PyErr_SetString(PyExc_ValueError, "nothing created or no files"); return NULL; }
+    ByteVec *bufs = calloc((size_t)nf, sizeof(ByteVec));
+    if (!bufs) return PyErr_NoMemory();
+    /* an upper bound of one record: 10 bytes per value plus the headers */
+    size_t bound = 10 * (3 * (size_t)e->L + 3 * (size_t)e->P + 1) + 512;
+    int rc = 0;
+    for (size_t k = 0; k < e->ninst && rc == 0; k++) {
+        ByteVec *b = &bufs[k % (size_t)nf];
+        if (bytes_reserve(b, bound + 16) < 0) { rc = -1; break; }
+        uint8_t *rec = b->v + b->n;
+        size_t len = encode_instance(e, &e->insts[e->order[k]], rec + 12);
+        uint64_t len64 = len;
+        for (int i = 0; i < 8; i++) rec[i] = (uint8_t)(len64 >> (8 * i));
+        put_u32le(rec + 8, masked_crc32c(rec, 8));
+        put_u32le(rec + 12 + len, masked_crc32c(rec + 12, len));
+        b->n += len + 16;
+        if (b->n >= (1u << 20)) rc = flush_to(PyList_GET_ITEM(files, (Py_ssize_t)(k % (size_t)nf)), b);
+    }
+    for (Py_ssize_t f = 0; f < nf && rc == 0; f++) rc = flush_to(PyList_GET_ITEM(files, f), &bufs[f]);
+    for (Py_ssize_t f = 0; f < nf; f++) free(bufs[f].v);
+    free(bufs);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+#endif /* BERTPIPE_CPD_WRITE_H */

@@ -1,0 +1,224 @@
+"""The fast create_pretraining_data: same bytes as the plain implementation, ~40x faster.
+
+What it uses, and why:
+
+* a small C extension, ``preprocessing._cpd_native`` (sources in ``preprocessing/_native/``), built
+  by ``pip install`` (setup.py) or, when the installed copy is missing or stale, compiled on first use
+  with the system C compiler into ``$XDG_CACHE_HOME/bertpipe/native/`` (``BERTPIPE_NATIVE_CACHE``
+  overrides the folder). It reads and tokenizes every pure-ASCII line (92 % of MLPerf lines) with the
+  reference's exact algorithm, replays CPython's MT19937 from ``random.Random(seed).getstate()`` so
+  it draws exactly the reference's stream, creates and masks the instances, and writes canonical
+  TFRecords with CRC32C (the SSE4.2 instruction when the CPU has it);
+* the plain Python tokenizer for the other lines, with a cache per whitespace-separated chunk (the
+  tokens of a chunk do not depend on its neighbours unless the line holds one of the few characters
+  that ``str.split`` treats as whitespace but the reference deletes; such lines are tokenized whole).
+
+No TensorFlow, numpy or numba is imported: start-up is the Python interpreter plus this module.
+Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the plain implementation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import random
+import re
+import subprocess
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import BinaryIO
+
+from preprocessing.create_pretraining_data import (
+    CreatePretrainingDataConfig,
+    Instance,
+    Stats,
+    check_documents,
+    decode_line,
+    instance_features,
+    log_example,
+)
+from preprocessing.tokenization import FullTokenizer, check_vocab, load_vocab
+
+log = logging.getLogger(__name__)
+
+ABI = 1  # must equal the extension's ABI constant; bump both when the C interface changes
+NATIVE_DIR = Path(__file__).with_name("_native")
+_module: ModuleType | None = None
+_reason = ""
+# Characters that str.split() splits on but the reference's _clean_text deletes (they join words).
+_JOINERS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
+
+
+def _sources_digest() -> str:
+    h = hashlib.md5()
+    for p in sorted(NATIVE_DIR.glob("*.[ch]")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("BERTPIPE_NATIVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bertpipe", "native")
+    return Path(base)
+
+
+def _compile(target: Path) -> None:
+    """Build the extension with the C compiler Python was built with (or $CC / cc)."""
+    cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
+    include = sysconfig.get_paths()["include"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load_file(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader("preprocessing._cpd_native", str(path))
+    spec = importlib.util.spec_from_file_location("preprocessing._cpd_native", path, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _is_current(mod: ModuleType) -> bool:
+    """An installed extension is used when its ABI matches and it is not older than the sources."""
+    if getattr(mod, "ABI", None) != ABI:
+        return False
+    sources = list(NATIVE_DIR.glob("*.[ch]"))
+    so = getattr(mod, "__file__", None)
+    return not sources or not so or os.path.getmtime(so) >= max(p.stat().st_mtime for p in sources)
+
+
+def load() -> ModuleType | None:
+    """The extension module, building it into the cache on first use if needed; None if impossible."""
+    global _module, _reason
+    if _module is not None or _reason:
+        return _module
+    if os.environ.get("BERTPIPE_NATIVE", "1").lower() in ("0", "false", "no"):
+        _reason = "disabled by BERTPIPE_NATIVE=0"
+        return None
+    try:
+        from preprocessing import _cpd_native as installed  # built by pip install (setup.py)
+    except ImportError:
+        installed = None
+    if installed is not None and _is_current(installed):
+        _module = installed
+        return installed
+    if not NATIVE_DIR.is_dir():
+        _reason = "the extension is not installed and its C sources are absent"
+        return None
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    target = _cache_dir() / f"_cpd_native-{_sources_digest()}{suffix}"
+    try:
+        if not target.exists():
+            log.info("compiling the create_pretraining_data C core into %s", target.parent)
+            _compile(target)
+        mod = _load_file(target)
+        if getattr(mod, "ABI", None) != ABI:
+            raise ImportError(f"{target} has ABI {getattr(mod, 'ABI', None)}, expected {ABI}")
+    except (OSError, ImportError, subprocess.SubprocessError) as exc:
+        _reason = f"could not build or load the C extension: {exc}"
+        log.debug(_reason)
+        return None
+    _module = mod
+    return mod
+
+
+def available() -> bool:
+    """True when the fast path can run (the extension is importable or was just compiled)."""
+    return load() is not None
+
+
+def unavailable_reason() -> str:
+    load()
+    return _reason or "available"
+
+
+class _LineTokenizer:
+    """Callback of the C reader for lines that are not pure ASCII: exact Python tokenization."""
+
+    def __init__(self, tokenizer: FullTokenizer, skip_invalid_utf8: bool) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = tokenizer.vocab
+        self.skip = skip_invalid_utf8
+        self.cache: dict[str, list[int]] = {}
+        self.skipped = 0
+        self.path = Path()
+        self.data = b""
+
+    def ids(self, text: str) -> list[int]:
+        vocab = self.vocab
+        return [vocab[t] for t in self.tokenizer.tokenize(text)]
+
+    def __call__(self, raw: bytes, offset: int) -> list[int] | None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            if self.skip:
+                self.skipped += 1
+                return []
+            decode_line(raw, self.path, self.data, offset)  # raises InputError with file, line, offset
+            raise
+        line = line.strip()
+        if not line:
+            return None
+        if _JOINERS.search(line):
+            return self.ids(line)
+        out: list[int] = []
+        cache = self.cache
+        for chunk in line.split():
+            ids = cache.get(chunk)
+            if ids is None:
+                ids = cache[chunk] = self.ids(chunk)
+            out += ids
+        return out
+
+
+def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[BinaryIO],
+                                 cfg: CreatePretrainingDataConfig, log_examples: int = 20) -> Stats:
+    """One reference invocation on the C engine; same bytes as create_pretraining_data_plain."""
+    native = load()
+    if native is None:
+        raise RuntimeError(f"the C extension is not available: {_reason}")
+    vocab = load_vocab(cfg.vocab_file)
+    check_vocab(vocab, cfg.vocab_file)
+    tokenizer = FullTokenizer(vocab=vocab, do_lower_case=cfg.do_lower_case)
+    engine = native.Engine(list(vocab), cfg.do_lower_case, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
+                           vocab["[MASK]"])
+    fallback = _LineTokenizer(tokenizer, cfg.skip_invalid_utf8)
+    nbytes = 0
+    for path in input_files:
+        data = Path(path).read_bytes()
+        nbytes += len(data)
+        fallback.path, fallback.data = Path(path), data
+        engine.add_file(data, fallback)
+        fallback.data = b""
+        del data
+    n_docs = engine.num_documents()
+    check_documents([None] * n_docs, input_files, fallback.skipped)
+    state = random.Random(cfg.random_seed).getstate()[1]
+    n = engine.create(state, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dupe_factor,
+                      cfg.masked_lm_prob, cfg.short_seq_prob)
+    engine.write(list(outputs))
+    words = list(vocab)
+    for k in range(min(n, log_examples)):
+        tokens, len_a, positions, labels, is_random = engine.instance(k)
+        segment_ids = [0] * (len_a + 2) + [1] * (len(tokens) - len_a - 2)
+        inst = Instance(tokens, segment_ids, positions, labels, is_random)
+        log_example(instance_features(inst, cfg.max_seq_length, cfg.max_predictions_per_seq), words)
+    return Stats(n_docs, n, nbytes, fallback.skipped, "fast")
