@@ -38,7 +38,7 @@ WORD_RE = re.compile(
     rf"|(?={_WORD_START})\S+?(?=\s|$|{_NON_WORD}|{_MULTI_CHAR}|,(?=$|\s|{_NON_WORD}|{_MULTI_CHAR}))"
     r"|\S"
 )
-PERIOD_CONTEXT_RE = re.compile(rf"\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
+PERIOD_CONTEXT_RE = re.compile(rf"(?<!\S)\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
 REALIGN_RE = re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.M)
 _NUMERIC_RE = re.compile(r"^-?[.,]?\d[\d,.-]*\.?$")
 _ELLIPSIS_RE = re.compile(r"\.\.+$")
@@ -193,3 +193,21 @@ class Punkt345:
             end = len(text.rstrip())
             return [text[:end]] if end else []
         return [text[s:e] for s, e in self.span_tokenize(text)]
+
+
+def nltk_tokenizer(model: PunktModel | None = None):  # noqa: ANN201 - nltk is optional
+    """nltk's own (installed version) ``PunktSentenceTokenizer`` with the same parameters.
+
+    For comparisons and benchmarks only (``pip install nltk``); no pickle or download involved.
+    """
+    from collections import defaultdict
+
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    model = model or english_model()
+    params = PunktParameters()
+    params.abbrev_types = set(model.abbrev_types)
+    params.collocations = set(model.collocations)
+    params.sent_starters = set(model.sent_starters)
+    params.ortho_context = defaultdict(int, model.ortho_context)
+    return PunktSentenceTokenizer(params)
