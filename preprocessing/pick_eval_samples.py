@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from preprocessing.errors import InputError
+from preprocessing.errors import InputError, RecordError
 from preprocessing.hdf5_io import atomic_path, verify_inputs
 from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.mlperf_records import RecordShape, decode_batch
@@ -80,7 +80,12 @@ def pick_eval_samples(input_tfrecord: Path, out: BinaryIO, cfg: PickEvalConfig) 
     pending: list[tuple[int, bytes]] = []
 
     def flush() -> None:
-        decode_batch([p for _, p in pending], shape, path=input_tfrecord, first_index=pending[0][0])
+        try:
+            decode_batch([p for _, p in pending], shape, path=input_tfrecord, first_index=pending[0][0])
+        except RecordError:  # the batch is not consecutive: find the record to name its true index
+            for index, payload in pending:
+                decode_batch([payload], shape, path=input_tfrecord, first_index=index)
+            raise
         for index, payload in pending:
             out.write(frame(payload) * picks_of[index])
         pending.clear()
