@@ -189,9 +189,9 @@ def md5_from_checksum_text(text: str, name: str, *, sidecar: bool) -> str | None
     for digest, listed in parse_md5sums(text):
         if listed == name:
             return digest
-    first = text.strip().split()[:1]
-    if sidecar and first and _MD5.match(first[0].lower()) and len(text.split()) <= 2:
-        return first[0].lower()
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    if sidecar and len(lines) == 1 and len(lines[0]) <= 2 and _MD5.match(lines[0][0].lower()):
+        return lines[0][0].lower()  # "<md5>" or "<md5>  <any name>": a sidecar is about one file
     return None
 
 
