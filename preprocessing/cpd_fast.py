@@ -152,11 +152,13 @@ def unavailable_reason() -> str:
 class _LineTokenizer:
     """Callback of the C reader for lines that are not pure ASCII: exact Python tokenization."""
 
-    def __init__(self, tokenizer: FullTokenizer, skip_invalid_utf8: bool) -> None:
+    def __init__(self, tokenizer: FullTokenizer, skip_invalid_utf8: bool, ascii_line=None) -> None:
         self.tokenizer = tokenizer
+        self.ascii_line = ascii_line  # the engine's C tokenizer for pure-ASCII text
         self.vocab = tokenizer.vocab
         self.skip = skip_invalid_utf8
         self.cache: dict[str, list[int]] = {}
+        self.byte_cache: dict[bytes, list[int]] = {}
         self.skipped = 0
         self.path = Path()
         self.data = b""
@@ -184,9 +186,20 @@ class _LineTokenizer:
         for chunk in line.split():
             ids = cache.get(chunk)
             if ids is None:
-                ids = cache[chunk] = self.ids(chunk)
+                if self.ascii_line is not None and chunk.isascii():
+                    ids = self.ascii_line(chunk.encode())
+                else:
+                    ids = self.ids(chunk)
+                cache[chunk] = ids
             out += ids
         return out
+
+    def chunk(self, raw: bytes) -> list[int]:
+        """Ids of one whitespace-free, non-ASCII, valid UTF-8 chunk of a line (cached)."""
+        ids = self.byte_cache.get(raw)
+        if ids is None:
+            ids = self.byte_cache[raw] = self.ids(raw.decode("utf-8"))
+        return ids
 
 
 def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[BinaryIO],
@@ -200,13 +213,13 @@ def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[
     tokenizer = FullTokenizer(vocab=vocab, do_lower_case=cfg.do_lower_case)
     engine = native.Engine(list(vocab), cfg.do_lower_case, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
                            vocab["[MASK]"])
-    fallback = _LineTokenizer(tokenizer, cfg.skip_invalid_utf8)
+    fallback = _LineTokenizer(tokenizer, cfg.skip_invalid_utf8, engine.tokenize_line)
     nbytes = 0
     for path in input_files:
         data = Path(path).read_bytes()
         nbytes += len(data)
         fallback.path, fallback.data = Path(path), data
-        engine.add_file(data, fallback)
+        engine.add_file(data, fallback, fallback.chunk)
         fallback.data = b""
         del data
     n_docs = engine.num_documents()

@@ -58,12 +58,20 @@ def load_vocab(vocab_file: str | os.PathLike) -> dict[str, int]:
             data = f.read()
     except FileNotFoundError:
         raise InputError(f"vocab file {vocab_file} does not exist; pass --vocab_file with a BERT vocab.txt") from None
+    try:  # the whole file at once (fast); the line loop below only runs to name a bad line
+        lines = data.replace(b"\r", b"").decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        for lineno, _, raw in iter_gfile_lines(data):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"vocab file {vocab_file} line {lineno} is not valid UTF-8 ({exc.reason})") from None
+        raise
+    if lines and not lines[-1]:
+        lines.pop()  # what follows the last \n is end of file when empty
     vocab: dict[str, int] = {}
-    for lineno, _, raw in iter_gfile_lines(data):
-        try:
-            token = raw.decode("utf-8").strip()
-        except UnicodeDecodeError as exc:
-            raise InputError(f"vocab file {vocab_file} line {lineno} is not valid UTF-8 ({exc.reason})") from None
+    for line in lines:
+        token = line.strip()
         if token not in vocab:
             vocab[token] = len(vocab)
     return vocab

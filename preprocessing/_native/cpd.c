@@ -2,8 +2,10 @@
  *
  * One Engine per reference invocation (per part file):
  *   Engine(vocab_words, do_lower_case, unk_id, cls_id, sep_id, mask_id)
- *   .add_file(data, fallback)  read one file's bytes; fallback(line_bytes, offset) -> list[int] | None
- *                              handles every non-ASCII line (None = blank line)
+ *   .add_file(data, line_fb, chunk_fb)  read one file's bytes. ASCII lines are tokenized here; other
+ *                              lines are split into str.split() chunks, ASCII chunks tokenized here,
+ *                              the rest by chunk_fb(bytes) -> list[int]; lines that are not UTF-8 or
+ *                              need the full rules go to line_fb(line_bytes, offset) -> list | None
  *   .create(mt_state, max_seq_length, max_predictions, dupe_factor, masked_lm_prob, short_seq_prob)
  *                              -> number of instances (documents shuffled, instances made, shuffled)
  *   .write(files)              canonical TFRecords, round-robin over the file objects (.write(bytes))
@@ -88,6 +90,21 @@ static int ascii_line(Engine *e, const uint8_t *p, size_t n, I32Vec *out) {
     return 0;
 }
 
+static int append_ids(Engine *e, PyObject *r) {
+    if (!PyList_Check(r)) { PyErr_SetString(PyExc_TypeError, "a tokenizer callback must return a list"); return -1; }
+    Py_ssize_t m = PyList_GET_SIZE(r);
+    if (i32_reserve(&e->ids, (size_t)m) < 0) return -1;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        long v = PyLong_AsLong(PyList_GET_ITEM(r, j));
+        if (v < 0 || v >= e->vocab_size) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a tokenizer callback returned an id outside the vocab");
+            return -1;
+        }
+        e->ids.v[e->ids.n++] = (int32_t)v;
+    }
+    return 0;
+}
+
 static int end_document(Engine *e) {
     if (e->cur_nseg == 0) return 0;
     if (e->ndocs == e->doccap) {
@@ -115,34 +132,89 @@ static int add_segment(Engine *e, size_t start) {
     return 0;
 }
 
-static int python_line(Engine *e, PyObject *fallback, const uint8_t *p, size_t n, size_t offset, ByteVec *tmp) {
-    tmp->n = 0;
-    if (bytes_reserve(tmp, n) < 0) return -1;
-    for (size_t i = 0; i < n; i++) if (p[i] != '\r') tmp->v[tmp->n++] = p[i];
-    PyObject *r = PyObject_CallFunction(fallback, "y#n", (const char *)tmp->v, (Py_ssize_t)tmp->n, (Py_ssize_t)offset);
+/* Hand a whole line (without its \r) to Python: invalid UTF-8, or characters that need the full rules. */
+static int python_line(Engine *e, PyObject *fallback, const uint8_t *p, size_t n, size_t offset) {
+    PyObject *r = PyObject_CallFunction(fallback, "y#n", (const char *)p, (Py_ssize_t)n, (Py_ssize_t)offset);
     if (!r) return -1;
     if (r == Py_None) { Py_DECREF(r); return end_document(e); }
-    if (!PyList_Check(r)) { Py_DECREF(r); PyErr_SetString(PyExc_TypeError, "fallback must return a list or None"); return -1; }
     size_t start = e->ids.n;
-    Py_ssize_t m = PyList_GET_SIZE(r);
-    if (i32_reserve(&e->ids, (size_t)m) < 0) { Py_DECREF(r); return -1; }
-    for (Py_ssize_t j = 0; j < m; j++) {
-        long v = PyLong_AsLong(PyList_GET_ITEM(r, j));
-        if (v < 0 || v >= e->vocab_size) {
-            Py_DECREF(r);
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fallback returned an id outside the vocab");
-            return -1;
-        }
-        e->ids.v[e->ids.n++] = (int32_t)v;
-    }
+    int rc = append_ids(e, r);
     Py_DECREF(r);
+    return rc < 0 ? -1 : add_segment(e, start);
+}
+
+/* Length of the UTF-8 sequence at p (strict, like Python's decoder), 0 when invalid. Sets *cp. */
+static size_t utf8_char(const uint8_t *p, size_t n, uint32_t *cp) {
+    uint8_t c = p[0];
+    if (c < 0x80) { *cp = c; return 1; }
+    size_t len;
+    uint32_t v, min;
+    if (c >= 0xC2 && c <= 0xDF) { len = 2; v = c & 0x1F; min = 0x80; }
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; v = c & 0x0F; min = 0x800; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; v = c & 0x07; min = 0x10000; }
+    else return 0;
+    if (n < len) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (p[i] & 0x3F);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
+/* Python's str.isspace() for code points >= 0x80 (U+0085 is handled as a joiner before this). */
+static int unicode_space(uint32_t cp) {
+    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+/* A line with non-ASCII characters: the reference's tokens are those of its str.split() chunks, each
+ * tokenized alone (unless the line holds a character that split() treats as whitespace but _clean_text
+ * deletes: \v \f \x1c-\x1f U+0085; then Python takes the whole line). ASCII chunks are tokenized here,
+ * the others by chunk_fallback(bytes) -> list[int] (cached on the Python side). */
+static int unicode_line(Engine *e, PyObject *line_fb, PyObject *chunk_fb, const uint8_t *p, size_t n,
+                        size_t offset) {
+    size_t i = 0, start = e->ids.n;
+    uint32_t cp;
+    int any = 0;
+    while (i < n) {
+        size_t l = utf8_char(p + i, n - i, &cp);
+        if (l == 0 || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1F) || cp == 0x85)
+            return python_line(e, line_fb, p, n, offset);
+        i += l;
+    }
+    i = 0;
+    while (i < n) {
+        size_t l = utf8_char(p + i, n - i, &cp);
+        if (cp == ' ' || cp == '\t' || cp == '\r' || unicode_space(cp)) { i += l; continue; }
+        size_t c0 = i;
+        int ascii = 1;
+        while (i < n) {
+            l = utf8_char(p + i, n - i, &cp);
+            if (cp == ' ' || cp == '\t' || cp == '\r' || unicode_space(cp)) break;
+            if (cp >= 0x80) ascii = 0;
+            i += l;
+        }
+        any = 1;
+        if (ascii) {
+            if (ascii_line(e, p + c0, i - c0, &e->ids) < 0) return -1;
+        } else {
+            PyObject *r = PyObject_CallFunction(chunk_fb, "y#", (const char *)(p + c0), (Py_ssize_t)(i - c0));
+            if (!r) return -1;
+            int rc = append_ids(e, r);
+            Py_DECREF(r);
+            if (rc < 0) return -1;
+        }
+    }
+    if (!any) return end_document(e);
     return add_segment(e, start);
 }
 
 static PyObject *eng_add_file(Engine *e, PyObject *args) {
     Py_buffer buf;
-    PyObject *fallback;
-    if (!PyArg_ParseTuple(args, "y*O", &buf, &fallback)) return NULL;
+    PyObject *fallback, *chunk_fb;
+    if (!PyArg_ParseTuple(args, "y*OO", &buf, &fallback, &chunk_fb)) return NULL;
     if (e->created) { PyBuffer_Release(&buf); PyErr_SetString(PyExc_RuntimeError, "instances already created"); return NULL; }
     const uint8_t *d = buf.buf;
     size_t n = (size_t)buf.len, pos = 0;
@@ -164,7 +236,10 @@ static PyObject *eng_add_file(Engine *e, PyObject *args) {
             int blank = ascii_line(e, p, len, &e->ids);
             rc = blank < 0 ? -1 : blank ? end_document(e) : add_segment(e, start);
         } else {
-            rc = python_line(e, fallback, p, len, pos, &tmp);
+            tmp.n = 0;
+            if (bytes_reserve(&tmp, len) < 0) { rc = -1; break; }
+            for (size_t i = 0; i < len; i++) if (p[i] != '\r') tmp.v[tmp.n++] = p[i];
+            rc = unicode_line(e, fallback, chunk_fb, tmp.v, tmp.n, pos);
         }
         pos = end + 1;
     }

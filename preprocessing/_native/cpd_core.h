@@ -105,24 +105,27 @@ static int vocab_build(Vocab *v, PyObject *words) {
 /* CPython's MT19937 (Modules/_randommodule.c semantics)                                       */
 typedef struct { uint32_t mt[624]; int index; } MT;
 
-static uint32_t mt_next(MT *m) {
+static void mt_regen(MT *m) {
     static const uint32_t mag01[2] = {0x0U, 0x9908b0dfU};
     uint32_t y;
-    if (m->index >= 624) {
-        int kk;
-        for (kk = 0; kk < 624 - 397; kk++) {
-            y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
-            m->mt[kk] = m->mt[kk + 397] ^ (y >> 1) ^ mag01[y & 1U];
-        }
-        for (; kk < 623; kk++) {
-            y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
-            m->mt[kk] = m->mt[kk + (397 - 624)] ^ (y >> 1) ^ mag01[y & 1U];
-        }
-        y = (m->mt[623] & 0x80000000U) | (m->mt[0] & 0x7fffffffU);
-        m->mt[623] = m->mt[396] ^ (y >> 1) ^ mag01[y & 1U];
-        m->index = 0;
+    int kk;
+    for (kk = 0; kk < 624 - 397; kk++) {
+        y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
+        m->mt[kk] = m->mt[kk + 397] ^ (y >> 1) ^ mag01[y & 1U];
     }
-    y = m->mt[m->index++];
+    for (; kk < 623; kk++) {
+        y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
+        m->mt[kk] = m->mt[kk + (397 - 624)] ^ (y >> 1) ^ mag01[y & 1U];
+    }
+    y = (m->mt[623] & 0x80000000U) | (m->mt[0] & 0x7fffffffU);
+    m->mt[623] = m->mt[396] ^ (y >> 1) ^ mag01[y & 1U];
+    m->index = 0;
+}
+
+/* genrand_uint32 */
+static inline __attribute__((always_inline)) uint32_t mt_next(MT *m) {
+    if (__builtin_expect(m->index >= 624, 0)) mt_regen(m);
+    uint32_t y = m->mt[m->index++];
     y ^= (y >> 11);
     y ^= (y << 7) & 0x9d2c5680U;
     y ^= (y << 15) & 0xefc60000U;
@@ -130,12 +133,12 @@ static uint32_t mt_next(MT *m) {
     return y;
 }
 /* random.random(): 53-bit float from two outputs */
-static double mt_random(MT *m) {
+static inline double mt_random(MT *m) {
     uint32_t a = mt_next(m) >> 5, b = mt_next(m) >> 6;
     return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
 }
 /* random._randbelow(n) for 1 <= n < 2**32: k = n.bit_length(); getrandbits(k) until < n */
-static uint32_t mt_below(MT *m, uint32_t n) {
+static inline uint32_t mt_below(MT *m, uint32_t n) {
     int k = 32 - __builtin_clz(n);
     uint32_t r;
     do { r = mt_next(m) >> (32 - k); } while (r >= n);
