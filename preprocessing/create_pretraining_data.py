@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from preprocessing.errors import InputError
+from preprocessing.errors import InputError, ManifestError
+from preprocessing.manifest import Manifest, StageOutput, md5_file, verify_file
 from preprocessing.tfrecord import FEATURES, encode_mlperf_example, frame
 from preprocessing.tokenization import FullTokenizer, check_vocab, iter_gfile_lines
 
@@ -324,3 +326,52 @@ def create_pretraining_data(input_files: Sequence[Path], outputs: Sequence[Binar
         elif cfg.impl == "fast":
             raise InputError(f"impl=fast: the C extension is not available ({cpd_fast.unavailable_reason()})")
     return impl(list(map(Path, input_files)), outputs, cfg, log_examples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage entry point (DAG): one invocation, one TFRecord, written through StageOutput.
+def _verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
+    """Check every input (and nothing else) against the upstream manifests that list its name."""
+    entries = {}
+    for m in upstream:
+        for f in m.files:
+            entries.setdefault(Path(f.name).name, (m, f))
+    for p in paths:
+        hit = entries.get(Path(p).name)
+        if hit is None:
+            raise ManifestError(f"input {p} is not listed in the upstream manifest(s) "
+                                f"({', '.join(m.stage for m in upstream)}); re-run the upstream stage")
+        m, f = hit
+        verify_file(p, f.md5, f.bytes, what=f"listed in the {m.stage} manifest")
+
+
+def run_create_pretraining_data(input_files: Sequence[Path], out_dir: Path,
+                                cfg: CreatePretrainingDataConfig = CreatePretrainingDataConfig(), *,
+                                output_name: str, upstream: Sequence[Manifest] = ()) -> Manifest:
+    """The stage: ``out_dir/output_name`` from ``input_files`` (one RNG), plus ``_manifest.json``.
+
+    Counters: documents, instances, input_bytes, skipped_invalid_utf8_lines; "impl" says which
+    implementation ran. Returns the Manifest.
+    """
+    cfg.validate()
+    inputs = [Path(p) for p in input_files]
+    if upstream:
+        _verify_inputs(inputs, upstream)
+    if not os.path.isfile(cfg.vocab_file):
+        raise InputError(f"vocab file {cfg.vocab_file} does not exist")
+    params = cfg.output_params()
+    params.update(vocab_file=Path(cfg.vocab_file).name, vocab_md5=md5_file(cfg.vocab_file),
+                  inputs=[p.name for p in inputs])
+    t0 = time.perf_counter()
+    with StageOutput(out_dir, STAGE, params=params, upstream=upstream, code_version=STAGE_VERSION) as out:
+        with out.open(output_name) as f:
+            stats = create_pretraining_data(inputs, [f], cfg)
+        out.count("documents", stats.documents)
+        out.count("instances", stats.instances)
+        out.count("input_bytes", stats.input_bytes)
+        out.count("skipped_invalid_utf8_lines", stats.skipped_lines)
+        out.manifest.counters["impl"] = stats.impl
+    secs = time.perf_counter() - t0
+    log.info("%s: %d documents, %d instances in %.2f s (%.2f MB/s of text, %s)", output_name, stats.documents,
+             stats.instances, secs, stats.input_bytes / 1e6 / max(secs, 1e-9), stats.impl)
+    return out.manifest

@@ -1,0 +1,97 @@
+"""Tokenize, build next-sentence pairs, mask and write TFRecords, byte-exact to the MLPerf reference.
+
+The reference's flags work in both spellings (``--max_seq_length=512`` or ``--max-seq-length 512``)
+and with its defaults (max_seq_length 128, max_predictions_per_seq 20, dupe_factor 10, ...).
+
+MLPerf training data, one part file (what the reference's README runs for each of the 500 parts):
+  bertpipe create-pretraining-data --input_file=results/part-00000-of-00500 \\
+      --output_file=tfrecord/part-00000-of-00500 --vocab_file=vocab.txt --do_lower_case=True \\
+      --max_seq_length=512 --max_predictions_per_seq=76 --masked_lm_prob=0.15 --random_seed=12345 \\
+      --dupe_factor=10
+
+All part files, one output per input, 8 processes (each file gets its own random.Random(12345), so
+the bytes do not depend on --workers):
+  bertpipe create-pretraining-data --input_file='results/part-*' --output-dir tfrecord --workers 8 \\
+      --vocab_file=vocab.txt --max_seq_length=512 --max_predictions_per_seq=76
+
+--impl picks the implementation: auto (the C fast path when it is built, else plain Python), fast
+(fail if it is not built) or plain. Both write the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from bertpipe.commands._common import bool_flag, flag
+
+log = logging.getLogger("bertpipe.create_pretraining_data")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flag(p, "input_file", required=True, metavar="GLOBS",
+         help="input text (one sentence per line, blank line between documents); comma-separated globs")
+    out = p.add_mutually_exclusive_group(required=True)
+    flag(out, "output_file", metavar="FILES",
+         help="output TFRecord(s); comma-separated: instances are written round-robin, as the reference does")
+    flag(out, "output_dir", metavar="DIR",
+         help="one output per input file (DIR/<input name><suffix>), each its own invocation; runs in parallel")
+    flag(p, "output_suffix", default=".tfrecord", help="suffix of --output_dir outputs (default: .tfrecord)")
+    flag(p, "vocab_file", required=True, help="BERT vocab.txt (the MLPerf vocab for MLPerf data)")
+    bool_flag(p, "do_lower_case", True, "lower-case and strip accents (uncased vocab)")
+    flag(p, "max_seq_length", type=int, default=128, help="maximum sequence length (default: 128; MLPerf: 512)")
+    flag(p, "max_predictions_per_seq", type=int, default=20,
+         help="maximum masked LM predictions per sequence (default: 20; MLPerf: 76)")
+    flag(p, "random_seed", type=int, default=12345, help="random seed (default: 12345)")
+    flag(p, "dupe_factor", type=int, default=10, help="passes over the input, each with other masks (default: 10)")
+    flag(p, "masked_lm_prob", type=float, default=0.15, help="masked LM probability (default: 0.15)")
+    flag(p, "short_seq_prob", type=float, default=0.1,
+         help="probability of a shorter target sequence length (default: 0.1)")
+    flag(p, "impl", choices=("auto", "fast", "plain"), default="auto",
+         help="implementation: auto (fast when built), fast, plain; same bytes (default: auto)")
+    flag(p, "workers", type=int, default=0,
+         help="processes for --output_dir (default: 0 = one per CPU, at most one per input file)")
+    flag(p, "skip_invalid_utf8", action="store_true",
+         help="skip lines that are not valid UTF-8 (counted in the summary) instead of stopping with an error")
+
+
+def _config(args: argparse.Namespace):
+    from preprocessing.create_pretraining_data import CreatePretrainingDataConfig
+
+    return CreatePretrainingDataConfig(
+        vocab_file=args.vocab_file, do_lower_case=args.do_lower_case, max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq, random_seed=args.random_seed,
+        dupe_factor=args.dupe_factor, masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+        skip_invalid_utf8=args.skip_invalid_utf8, impl=args.impl)
+
+
+def run(args: argparse.Namespace) -> int:
+    from preprocessing.cpd_run import Job, expand_inputs, summary, timed_jobs
+
+    t0 = time.perf_counter()
+    cfg = _config(args)
+    cfg.validate()
+    inputs = expand_inputs(args.input_file)
+    if args.output_dir:
+        out_dir = Path(args.output_dir)
+        names = [p.name for p in inputs]
+        if len(set(names)) != len(names):
+            from preprocessing.errors import InputError
+
+            raise InputError("--output_dir needs input files with distinct names; use --output_file instead")
+        jobs = [Job((p,), (out_dir / f"{p.name}{args.output_suffix}",)) for p in inputs]
+    else:
+        jobs = [Job(tuple(inputs), tuple(Path(o.strip()) for o in args.output_file.split(",") if o.strip()))]
+    log.info("*** Reading from input files ***")
+    for p in inputs:
+        log.info("  %s", p)
+    log.info("*** Writing to output files ***")
+    for job in jobs:
+        for o in job.outputs:
+            log.info("  %s", o)
+    stats, _ = timed_jobs(jobs, cfg, args.workers)
+    log.info("Wrote %d total instances", sum(s.instances for s in stats))
+    log.info("%s", summary(stats, time.perf_counter() - t0))
+    return 0
