@@ -1,0 +1,43 @@
+"""Pre-train BERT: print the exact DeepSpeed (or torchrun) launcher command, then run it.
+
+Examples:
+  bertpipe train --train-dir work/4bins --eval-file work/eval_10k.hdf5 --model tiny --max-steps 50 \\
+      --nproc 2 --output-dir results/tiny              # 2 CPU ranks (DS_ACCELERATOR=cpu is set for you)
+  bertpipe train ... --model 1.5b --deepspeed-config deployments/ds_config_bert_1.5b.json --nproc 8
+  bertpipe train ... --hostfile hostsfile --num-nodes 4 --nproc 8 --master-addr 10.10.100.101
+  bertpipe train ... --resume                          # continue from OUTPUT_DIR/checkpoints/latest
+
+Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from pretrain.train_config import add_train_arguments
+
+    g = p.add_argument_group("launch")
+    g.add_argument("--nproc", "--nproc-per-node", "--num-gpus", dest="nproc", type=int, default=1,
+                   help="ranks per node (GPUs, Gaudi cards or CPU processes) (default: 1)")
+    g.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed",
+                   help="process launcher (default: deepspeed)")
+    g.add_argument("--hostfile", default="", help="DeepSpeed hostfile for multi-node runs ('host slots=8' lines)")
+    g.add_argument("--num-nodes", "--num_nodes", dest="num_nodes", type=int, default=0,
+                   help="nodes to use from the hostfile (0: all)")
+    g.add_argument("--master-addr", "--master_addr", dest="master_addr", default="",
+                   help="address of the first node (multi-node)")
+    g.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
+                   help="rendezvous port (0: a free port for local runs, 29500 for multi-node)")
+    g.add_argument("--dry-run", action="store_true", help="check the inputs and print the command only")
+    add_train_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pretrain.launch import launch
+    from pretrain.train_config import from_args
+
+    return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
+                  num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
+                  dry_run=args.dry_run)

@@ -1,0 +1,90 @@
+"""Checkpoints: DeepSpeed's own files plus what exact resume needs and DeepSpeed does not keep.
+
+Layout under ``OUTPUT_DIR/checkpoints/``::
+
+    latest                          tag of the newest complete checkpoint (written last, by DeepSpeed)
+    <step>/mp_rank_00_model_states.pt, *_optim_states.pt    DeepSpeed (weights, ZeRO fp32 partitions,
+                                                            optimizer moments, lr scheduler)
+    <step>/bertpipe_config.json     model config + run settings; a resume with another model is refused
+    <step>/bertpipe_rank<r>.pt      per rank: RNG states and the data sampler's position (plain tensors
+                                    and ints, read back with ``torch.load(weights_only=True)``)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from preprocessing.errors import InputError
+
+CONFIG_NAME = "bertpipe_config.json"
+STATE_VERSION = 1
+
+
+def checkpoint_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def latest_tag(output_dir: str | Path) -> str | None:
+    """The tag in ``checkpoints/latest``, or None when there is no complete checkpoint."""
+    f = checkpoint_dir(output_dir) / "latest"
+    if not f.is_file():
+        return None
+    tag = f.read_text().strip()
+    return tag or None
+
+
+def rank_state_path(output_dir: str | Path, tag: str, rank: int) -> Path:
+    return checkpoint_dir(output_dir) / tag / f"bertpipe_rank{rank}.pt"
+
+
+def write_run_config(output_dir: str | Path, tag: str, model_cfg: dict[str, Any], run: dict[str, Any]) -> None:
+    """Rank 0: the model config and run settings next to DeepSpeed's files."""
+    d = checkpoint_dir(output_dir) / tag
+    d.mkdir(parents=True, exist_ok=True)
+    (d / CONFIG_NAME).write_text(json.dumps({"model": model_cfg, "run": run}, indent=2, sort_keys=True))
+
+
+def check_model_config(output_dir: str | Path, tag: str, model_cfg: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint written for another model shape.
+
+    Raises:
+        InputError: naming the checkpoint and the differing fields.
+    """
+    path = checkpoint_dir(output_dir) / tag / CONFIG_NAME
+    try:
+        saved = json.loads(path.read_text())["model"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"checkpoint {path.parent} has no readable {CONFIG_NAME} ({exc}); it was not "
+                         "written by bertpipe train or is incomplete: remove it or use another --output-dir") from exc
+    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs this run {model_cfg.get(k)!r}"
+             for k in sorted(set(saved) | set(model_cfg)) if saved.get(k) != model_cfg.get(k)]
+    if diffs:
+        raise InputError(f"checkpoint {path.parent} was written for another model config ({'; '.join(diffs)}); "
+                         "resume it with the same --model/--model-config, or use another --output-dir")
+
+
+def save_rank_state(output_dir: str | Path, tag: str, rank: int, step: int, rng: dict, data: dict) -> None:
+    """Per-rank RNG + data position (``torch.save`` of plain tensors, ints and strings)."""
+    import torch
+
+    path = rank_state_path(output_dir, tag, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"version": STATE_VERSION, "step": int(step), "rng": rng, "data": data}, tmp)
+    tmp.replace(path)
+
+
+def load_rank_state(output_dir: str | Path, tag: str, rank: int) -> dict[str, Any]:
+    """Read what :func:`save_rank_state` wrote, with ``weights_only=True``."""
+    import torch
+
+    path = rank_state_path(output_dir, tag, rank)
+    if not path.is_file():
+        raise InputError(f"{path} is missing: the checkpoint was written by fewer ranks or is incomplete; "
+                         "resume with the same number of ranks")
+    state = torch.load(path, weights_only=True)
+    if state.get("version") != STATE_VERSION:
+        raise InputError(f"{path}: unknown state version {state.get('version')!r} (expected {STATE_VERSION})")
+    return state

@@ -1,0 +1,159 @@
+"""Build, print and run the launcher command of a training run (``bertpipe train`` and the Prefect task).
+
+    from pretrain.launch import launch
+    from pretrain.train_config import TrainConfig
+    rc = launch(TrainConfig(train_dir="work/4bins", eval_file="work/eval_10k.hdf5", output_dir="results/run1"),
+                nproc=2)
+
+The command is DeepSpeed's launcher (``deepspeed --num_gpus N [--hostfile F --num_nodes M] pretrain/train.py
+...``) or ``torchrun --nproc_per_node N pretrain/train.py ...``. On a CPU host ``--num_gpus`` is the number
+of CPU ranks (DeepSpeed 0.19.8 accepts it with ``DS_ACCELERATOR=cpu``) and each rank gets
+``OMP_NUM_THREADS = cores // ranks`` unless set. Bad inputs (missing/corrupt shard, eval file, vocab,
+checkpoint of another model) are caught here, before any rank starts, by :func:`preflight`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from pretrain.train_config import TrainConfig, to_argv
+
+log = logging.getLogger(__name__)
+
+TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
+LAUNCHERS = ("deepspeed", "torchrun")
+
+
+def _tool(name: str) -> str:
+    """The launcher executable next to this Python (a venv), else the bare name on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host (avoids clashes between concurrent local runs)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_command(cfg: TrainConfig, nproc: int, *, launcher: str = "deepspeed", hostfile: str = "",
+                  num_nodes: int = 0, master_addr: str = "", master_port: int = 0) -> list[str]:
+    """The exact argv that starts ``nproc`` ranks per node of ``pretrain/train.py`` with ``cfg``."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if launcher == "deepspeed":
+        cmd = [_tool("deepspeed")]
+        if hostfile:
+            cmd += ["--hostfile", hostfile]
+        if num_nodes:
+            cmd += ["--num_nodes", str(num_nodes)]
+        cmd += ["--num_gpus", str(nproc)]
+        if master_addr:
+            cmd += ["--master_addr", master_addr]
+        if master_port:
+            cmd += ["--master_port", str(master_port)]
+    else:
+        if hostfile:
+            raise ValueError("--hostfile needs the deepspeed launcher (torchrun takes --nnodes/--rdzv-endpoint)")
+        cmd = [_tool("torchrun"), "--nproc_per_node", str(nproc)]
+        if num_nodes:
+            cmd += ["--nnodes", str(num_nodes)]
+        if master_addr:
+            cmd += ["--master_addr", master_addr]
+        if master_port:
+            cmd += ["--master_port", str(master_port)]
+    return cmd + [str(TRAIN_SCRIPT)] + to_argv(cfg)
+
+
+def launch_env(cfg: TrainConfig, nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment additions for the ranks: DS_ACCELERATOR for an explicit device, CPU thread counts."""
+    base = dict(os.environ) if base is None else base
+    extra: dict[str, str] = {}
+    device = cfg.device if cfg.device != "auto" else base.get("DS_ACCELERATOR", "auto")
+    if device == "auto":  # resolve here so DeepSpeed in the ranks picks the same device (HPU > CUDA > CPU)
+        from pretrain.devices import select_device
+
+        device = select_device("auto", env=base).accelerator
+    if "DS_ACCELERATOR" not in base:
+        extra["DS_ACCELERATOR"] = device
+    if device == "cpu" and "OMP_NUM_THREADS" not in base:
+        extra["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    return extra
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Check data, eval file, vocab and resume checkpoint before spending minutes on start-up.
+
+    Raises:
+        InputError: naming the bad file and what to do.
+    """
+    from preprocessing.errors import InputError
+    from pretrain import checkpoint as ckpt
+    from pretrain.data import _open_h5, check_vocab, discover_shards, inspect_shard
+    from pretrain.train import model_config_for
+
+    if not cfg.train_dir:
+        raise InputError("--train-dir is required (the split-4bins output or a folder of HDF5 files)")
+    try:
+        mcfg = model_config_for(cfg)
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"bad model config ({cfg.model!r}, {cfg.model_config!r}): {exc}") from exc
+    bins = discover_shards(cfg.train_dir)
+    files = [next(s for s in shards if s.rows) for shards in bins.values() if any(s.rows for s in shards)]
+    if cfg.eval_file:
+        if not Path(cfg.eval_file).is_file():
+            raise InputError(f"eval file {cfg.eval_file} does not exist")
+        files.append(inspect_shard(Path(cfg.eval_file), None))
+    for shard in files:  # a sample of rows per bin: the full check runs on every batch during training
+        with _open_h5(shard.path) as h:
+            check_vocab({k: h[k][:256] for k in ("input_ids", "masked_lm_ids")}, mcfg.vocab_size, str(shard.path))
+    tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
+    if tag:
+        ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
+
+
+def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",
+           num_nodes: int = 0, master_addr: str = "", master_port: int = 0, dry_run: bool = False,
+           check: bool = True) -> int:
+    """Print the launcher command, run it, and return its exit code (0 when ``dry_run``).
+
+    SIGTERM/SIGINT received here are forwarded to the launcher's process group, so the ranks write a
+    checkpoint and exit (see pretrain/train.py).
+    """
+    if check:
+        preflight(cfg)
+    if not master_port and not hostfile:
+        master_port = free_port()
+    cmd = build_command(cfg, nproc, launcher=launcher, hostfile=hostfile, num_nodes=num_nodes,
+                        master_addr=master_addr, master_port=master_port)
+    extra = launch_env(cfg, nproc)
+    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd),
+          flush=True)
+    if dry_run:
+        return 0
+    proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True)
+
+    def forward(signum, frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    main = threading.current_thread() is threading.main_thread()  # Prefect may call from a worker thread
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,313 @@
+"""BERT pre-training with DeepSpeed: the program each rank runs (launched by ``deepspeed`` or ``torchrun``).
+
+Runbook (from the repository root; ``bertpipe train ...`` prints and runs the same commands):
+
+  # 2 CPU ranks, tiny model, golden 4-bin sample (what the tests do; ~2 s/step)
+  DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 deepspeed --num_gpus 2 pretrain/train.py \\
+      --train-dir ../shared/data/golden/4bins --eval-file ../shared/data/golden/eval_100.hdf5 \\
+      --model tiny --max-steps 50 --output-dir results/tiny --eval-interval-steps 25
+  # the same with torchrun (no DeepSpeed launcher)
+  DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 pretrain/train.py --train-dir ... --output-dir ...
+
+  # 8 Gaudi cards, BERT-1.5B, Habana's recipe (ZeRO-1, bf16, LANS, lr 0.0015, warm-up 5 %, constant 25 %)
+  PT_HPU_LAZY_MODE=0 deepspeed --num_nodes 1 --num_gpus 8 pretrain/train.py --model 1.5b \\
+      --deepspeed-config deployments/ds_config_bert_1.5b.json --optimizer lans --learning-rate 0.0015 \\
+      --warmup-proportion 0.05 --constant-proportion 0.25 --max-steps 155000 --checkpoint-interval 200 \\
+      --train-dir $DATA/4bins --eval-file $DATA/eval_10k.hdf5 --output-dir $RESULTS --resume --compile
+
+  # multi-node (BERT-5B, 4 x 8 cards): a hostfile with one line per node, "10.10.100.101 slots=8", and
+  # ~/.deepspeed_env on every node holding the environment the ranks need, one VAR=value per line
+  # (e.g. PT_HPU_LAZY_MODE=0, PYTHONPATH=/path/to/bertpipe, NCCL_SOCKET_IFNAME=eth0); DeepSpeed's
+  # launcher exports those lines over pdsh/ssh (passwordless ssh between nodes required).
+  deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --master_addr 10.10.100.101 pretrain/train.py \\
+      --model 5b --deepspeed-config deployments/ds_config_bert_5b.json --max-steps 75000 ...
+
+  # resume after a stop / SIGTERM (SIGTERM writes a checkpoint and exits 0): add --resume, same flags.
+
+Outputs in OUTPUT_DIR: config.json (resolved), metrics.jsonl (rank 0, one record per log step and per
+eval), tensorboard/, checkpoints/<step>/, summary.json (training_sequences_per_second, e2e_time, final eval
+masked-LM accuracy vs the MLPerf 0.720 target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by the launcher: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pretrain import checkpoint as ckpt  # noqa: E402
+from pretrain.train_config import TrainConfig, add_train_arguments, from_args, load_ds_config  # noqa: E402
+
+log = logging.getLogger("pretrain.train")
+START = time.time()
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss of a micro-batch is NaN/inf: training stops before the optimizer step."""
+
+
+def model_config_for(cfg: TrainConfig):
+    """The BertConfig of the run: preset, then the JSON overrides, then --vocab-size."""
+    from pretrain.config import BertConfig, model_config
+
+    overrides = {}
+    if cfg.model_config:
+        known = {f for f in BertConfig.__dataclass_fields__}
+        overrides = {k: v for k, v in json.loads(Path(cfg.model_config).read_text()).items() if k in known}
+    if cfg.vocab_size:
+        overrides["vocab_size"] = cfg.vocab_size
+    return model_config(cfg.model, **overrides)
+
+
+def to_tensors(arrays: dict, device) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in arrays.items()}
+
+
+def check_finite(value: float, step: int, micro: int, gas: int, where: str) -> None:
+    """Raise :class:`NonFiniteLossError` naming the step and batch when ``value`` is NaN or inf."""
+    if not math.isfinite(value):
+        raise NonFiniteLossError(
+            f"non-finite loss {value} at step {step} (micro-step {micro + 1} of {gas}), {where}; stopped before "
+            "the optimizer step. Lower --learning-rate, check this batch's data, or resume from the last checkpoint")
+
+
+def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[str, float]:
+    """One optimizer step = ``gas`` micro-batches; returns this rank's mean losses and samples."""
+    totals = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0}
+    samples = 0
+    for micro in range(gas):
+        batch = sampler.next_batch()
+        out = engine(**to_tensors(batch.arrays, device))
+        loss_value = float(out.loss.detach())
+        check_finite(loss_value, step, micro, gas, batch.describe())
+        engine.backward(out.loss)
+        mark_step()
+        engine.step()
+        mark_step()
+        totals["loss"] += loss_value / gas
+        totals["mlm_loss"] += float(out.mlm_loss.detach()) / gas
+        totals["nsp_loss"] += float(out.nsp_loss.detach()) / gas
+        samples += len(batch.arrays["input_ids"])
+    return {**totals, "samples": samples}
+
+
+def run_eval(model, eval_set, device) -> dict[str, float]:
+    """Masked-LM accuracy of ``model`` over ``eval_set``, summed over all ranks."""
+    import torch
+
+    from pretrain.evaluate import evaluate
+
+    def forward(arrays):
+        out = model(**to_tensors(arrays, device))
+        return float(out.mlm_correct), float(out.mlm_count), float(out.mlm_loss)
+
+    def all_reduce(x):
+        t = torch.tensor(x, dtype=torch.float64, device=device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t)
+        return t.cpu().numpy()
+
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        result = evaluate(forward, eval_set, all_reduce)
+    model.train(was_training)
+    return {**result, "eval_time": time.perf_counter() - t0}
+
+
+def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
+    import torch
+
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+        t /= torch.distributed.get_world_size()
+    return dict(zip(keys, t.cpu().tolist(), strict=True))
+
+
+class StopFlag:
+    """SIGTERM sets the flag; ranks agree (all-reduce MAX) at each step boundary to stop together."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self, device) -> bool:
+        import torch
+
+        t = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+
+def setup(cfg: TrainConfig):
+    """Device, process group, determinism, data, model and the DeepSpeed engine."""
+    from pretrain.devices import init_runtime, select_device
+
+    choice = select_device(cfg.device)
+    os.environ.setdefault("DS_ACCELERATOR", choice.accelerator)
+    import deepspeed
+    import torch
+
+    from pretrain.data import BinnedSampler, discover_shards
+    from pretrain.determinism import set_determinism
+    from pretrain.evaluate import EvalSet
+    from pretrain.model import BertForPreTraining
+    from pretrain.optim import build_optimizer
+    from pretrain.schedule import PolyWarmUpScheduler
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    runtime = init_runtime(choice, local_rank)
+    deepspeed.init_distributed(dist_backend=choice.backend)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    set_determinism(cfg.seed, rank, cfg.deterministic, choice.kind)
+    mcfg = model_config_for(cfg)
+    ds_cfg = load_ds_config(cfg, world)
+    micro = ds_cfg["train_micro_batch_size_per_gpu"]
+    sampler = BinnedSampler(discover_shards(cfg.train_dir), micro, rank, world, cfg.seed, mcfg.vocab_size)
+    eval_set = None
+    if cfg.eval_file:
+        eval_set = EvalSet(cfg.eval_file, cfg.eval_batch_size, rank, world, mcfg.vocab_size,
+                           cfg.max_eval_samples or None)
+    tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
+    if tag:
+        ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
+    with torch.random.fork_rng():  # identical initial weights on every rank, whatever the rank seed
+        torch.manual_seed(cfg.seed)
+        model = BertForPreTraining(mcfg)
+    zero = ds_cfg.get("zero_optimization", {}).get("stage", 0) > 0
+    opt = build_optimizer(cfg.optimizer, model.param_groups(cfg.weight_decay), cfg.learning_rate,
+                          zero_enabled=zero)
+    sched = PolyWarmUpScheduler(opt, cfg.warmup_proportion, cfg.max_steps, cfg.scheduler_degree,
+                                cfg.constant_proportion)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
+    return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) training; returns the summary (every rank; rank 0 writes it)."""
+    from pretrain.determinism import rng_state, set_rng_state
+    from pretrain.devices import maybe_compile
+    from pretrain.metrics import MetricsWriter, write_summary
+    from pretrain.schedule import is_eval_step, mlperf_eval_interval_samples
+
+    choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world = setup(cfg)
+    stop = StopFlag()
+    out_dir, device = Path(cfg.output_dir), engine.device
+    gas, global_batch = engine.gradient_accumulation_steps(), ds_cfg["train_batch_size"]
+    step = 0
+    if tag:
+        engine.load_checkpoint(str(ckpt.checkpoint_dir(out_dir)), tag)
+        state = ckpt.load_rank_state(out_dir, tag, rank)
+        set_rng_state(state["rng"], choice.kind)
+        sampler.load_state_dict(state["data"])
+        step = state["step"]
+        log.info("resumed from checkpoint %s at step %d", tag, step)
+    maybe_compile(engine, choice, cfg.compile)
+    metrics = MetricsWriter(out_dir, enabled=rank == 0, tensorboard=cfg.tensorboard)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(
+            {"train": cfg.to_dict(), "model": mcfg.to_dict(), "deepspeed": ds_cfg, "world_size": world,
+             "device": choice.kind}, indent=2))
+    interval = mlperf_eval_interval_samples(global_batch)
+    log.info("rank %d/%d on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
+             rank, world, choice.kind, global_batch, ds_cfg["train_micro_batch_size_per_gpu"], world, gas,
+             f"{cfg.eval_interval_steps} steps" if cfg.eval_interval_steps else f"{interval} samples")
+
+    def save(at: int) -> None:
+        t = str(at)
+        ckpt.save_rank_state(out_dir, t, rank, at, rng_state(choice.kind), sampler.state_dict())
+        if rank == 0:
+            ckpt.write_run_config(out_dir, t, mcfg.to_dict(), {"optimizer": cfg.optimizer, "world_size": world})
+        engine.save_checkpoint(str(ckpt.checkpoint_dir(out_dir)), tag=t, client_state={"step": at})
+
+    def eval_now(at: int) -> dict:
+        if eval_set is None:
+            return {}
+        r = run_eval(engine.module, eval_set, device)
+        metrics.write({"step": at, **r})
+        if rank == 0:
+            log.info("step %d: eval masked-LM accuracy %.4f (target %.3f)", at, r["eval_mlm_accuracy"],
+                     r["eval_target"])
+        return r
+
+    last_target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, step + cfg.steps_this_run)
+    train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
+    engine.train()
+    while step < last_target:
+        lr = engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
+        t0 = time.perf_counter()
+        r = train_step(engine, sampler, gas, step + 1, device, runtime.mark_step)
+        dt = time.perf_counter() - t0
+        step, steps_done, train_time = step + 1, steps_done + 1, train_time + dt
+        if step % cfg.log_interval == 0 or step == last_target:
+            last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, device)
+            metrics.write({"step": step, **last, "lr": lr, "seq_per_s": global_batch / dt, "step_time": dt,
+                           "epoch": sampler.epoch, "samples": step * global_batch})
+        evaluated = False
+        if (cfg.eval_interval_steps and step % cfg.eval_interval_steps == 0) or (
+                not cfg.eval_interval_steps and is_eval_step(step, global_batch, interval)):
+            last_eval, evaluated = eval_now(step), True
+        if stop.agreed(device):
+            stopped_by = "sigterm"
+            break
+        if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < last_target:
+            save(step)
+    if step == cfg.max_steps and not evaluated:
+        last_eval = eval_now(step) or last_eval
+    if stopped_by != "sigterm" and step < cfg.max_steps:
+        stopped_by = "steps_this_run"
+    save(step)
+    summary = {"model": cfg.model, "device": choice.kind, "world_size": world, "global_batch": global_batch,
+               "steps": step, "steps_this_run": steps_done, "stopped_by": stopped_by,
+               "final_loss": last.get("loss"), "raw_train_time": train_time,
+               "training_sequences_per_second": global_batch * steps_done / train_time if train_time else 0.0,
+               "e2e_time": time.time() - START,
+               "final_eval_mlm_accuracy": last_eval.get("eval_mlm_accuracy"),
+               "eval_target": 0.720,
+               "reached_target": bool(last_eval) and last_eval["eval_mlm_accuracy"] >= 0.720}
+    if rank == 0:
+        write_summary(out_dir, summary)
+    metrics.close()
+    sampler.close()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="BERT pre-training with DeepSpeed (see the module docstring).")
+    add_train_arguments(p)
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from preprocessing.errors import BertpipeError
+
+    try:
+        train(from_args(args))
+    except (BertpipeError, NonFiniteLossError) as exc:
+        print(f"pretrain/train.py [rank {rank}]: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

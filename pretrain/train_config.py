@@ -1,0 +1,168 @@
+"""The training run's configuration: one frozen dataclass, its command-line flags and its argv.
+
+Every field is a flag of ``pretrain/train.py`` and of ``bertpipe train`` (``--max-steps`` and
+``--max_steps`` both work). :func:`to_argv` turns a config back into flags so that the launcher command
+printed by ``bertpipe train`` is exactly what each rank parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DS_CONFIG = Path(__file__).resolve().parents[1] / "deployments" / "ds_config_zero1_bf16.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One pre-training run (defaults: a short CPU run of the tiny model)."""
+
+    train_dir: str = ""
+    """4-bin folder (``{128,256,384,512}/part_<k>_of_<N>.hdf5``), a folder of padded HDF5 files or one file."""
+    eval_file: str = ""
+    """Eval HDF5 (eval_10k.hdf5); empty: no evaluation."""
+    output_dir: str = "results/pretrain"
+    """Checkpoints, metrics.jsonl, summary.json, config.json, tensorboard/."""
+    model: str = "tiny"
+    """Model preset: tiny, large, 1.5b, 5b."""
+    model_config: str = ""
+    """Optional JSON (bert_config.json style) whose fields override the preset."""
+    vocab_size: int = 0
+    """Override the preset's vocab_size (0: keep it)."""
+    deepspeed_config: str = str(DEFAULT_DS_CONFIG)
+    """DeepSpeed JSON (ZeRO stage, bf16, clipping, batch sizes); the flags below override its batch fields."""
+    micro_batch: int = 0
+    """train_micro_batch_size_per_gpu (0: from the DeepSpeed JSON)."""
+    global_batch: int = 0
+    """train_batch_size over all ranks and accumulation steps (0: from the JSON, else micro x ranks)."""
+    zero_stage: int = -1
+    """ZeRO stage 0/1/2 (-1: from the JSON)."""
+    max_steps: int = 100
+    """Optimizer steps of the whole run (the schedule's length)."""
+    steps_this_run: int = -1
+    """Stop (with a checkpoint) after this many steps of this invocation (-1: run to max_steps)."""
+    optimizer: str = "lans"
+    """lans, lamb or adamw."""
+    learning_rate: float = 1e-3
+    """Peak learning rate (Habana BERT-1.5B: 0.0015)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (not on biases and LayerNorm)."""
+    warmup_proportion: float = 0.05
+    """PolyWarmUp warm-up fraction."""
+    constant_proportion: float = 0.0
+    """PolyWarmUp constant fraction after warm-up (Habana: 0.25)."""
+    scheduler_degree: float = 1.0
+    """PolyWarmUp decay degree."""
+    seed: int = 12439
+    """Base seed; rank r uses seed + r for dropout; the data order uses (seed, epoch)."""
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms and friends (exact resume, golden loss curves)."""
+    device: str = "auto"
+    """auto (HPU > CUDA > CPU), hpu, cuda or cpu."""
+    compile: bool = False
+    """torch.compile the engine (HPU eager mode or CUDA)."""
+    log_interval: int = 1
+    """Write a metrics record every N optimizer steps."""
+    checkpoint_interval: int = 200
+    """Save a checkpoint every N optimizer steps (0: only at the end / on SIGTERM)."""
+    resume: bool = False
+    """Continue from OUTPUT_DIR/checkpoints/latest when it exists."""
+    eval_interval_steps: int = 0
+    """Evaluate every N steps (0: at the MLPerf interval in samples, spec §12), and always at the end."""
+    eval_batch_size: int = 16
+    """Eval micro-batch per rank."""
+    max_eval_samples: int = 0
+    """Use only the first N eval samples (0: all)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to OUTPUT_DIR/tensorboard (rank 0)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_of(f: dataclasses.Field) -> type:
+    return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+
+
+def add_train_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--dashed``/``--under_scored`` flag per TrainConfig field."""
+    docs = _field_docs()
+    for f in fields(TrainConfig):
+        if f.name in skip:
+            continue
+        names = sorted({"--" + f.name.replace("_", "-"), "--" + f.name})
+        typ = _type_of(f)
+        if typ is bool:
+            p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=docs.get(f.name, ""))
+        else:
+            p.add_argument(*names, dest=f.name, type=typ, default=f.default,
+                           help=f"{docs.get(f.name, '')} (default: {f.default!r})")
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed flags (unknown attributes ignored)."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+
+
+def to_argv(cfg: TrainConfig) -> list[str]:
+    """Flags that reproduce ``cfg`` (only the fields that differ from the defaults)."""
+    argv: list[str] = []
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if value == f.default and f.name not in ("train_dir", "output_dir"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def load_ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON with the flag overrides applied and consistent batch fields.
+
+    DeepSpeed requires train_batch_size = micro x gradient_accumulation_steps x world_size; the
+    accumulation steps are derived (Habana: 12288 / (32 x 8 cards) = 48).
+    """
+    path = Path(cfg.deepspeed_config)
+    try:
+        ds = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        from preprocessing.errors import InputError
+
+        raise InputError(f"cannot read DeepSpeed config {path}: {exc}") from exc
+    micro = cfg.micro_batch or int(ds.get("train_micro_batch_size_per_gpu", 8))
+    gas = int(ds.get("gradient_accumulation_steps", 1))
+    total = cfg.global_batch or int(ds.get("train_batch_size", micro * gas * world_size))
+    if total % (micro * world_size):
+        from preprocessing.errors import InputError
+
+        raise InputError(f"global batch {total} is not a multiple of micro-batch {micro} x {world_size} ranks")
+    ds.update(train_batch_size=total, train_micro_batch_size_per_gpu=micro,
+              gradient_accumulation_steps=total // (micro * world_size))
+    ds.setdefault("zero_allow_untested_optimizer", True)
+    if cfg.zero_stage >= 0:
+        ds.setdefault("zero_optimization", {})["stage"] = cfg.zero_stage
+    ds.pop("optimizer", None)  # built in the script (our LAMB/LANS/AdamW) and passed to initialize
+    ds.pop("scheduler", None)
+    return ds
+
+
+def _field_docs() -> dict[str, str]:
+    """Field docstrings (the string literal under each field), for --help."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:], strict=False):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs[a.target.id] = str(b.value.value).strip()
+    return docs
