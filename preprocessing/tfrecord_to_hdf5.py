@@ -27,9 +27,8 @@ import numpy as np
 from preprocessing.errors import RecordError
 from preprocessing.hdf5_io import MLPERF_DATASETS, atomic_path, row_shape, stage_file, verify_inputs
 from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.mlperf_records import RecordShape, iter_batches
+from preprocessing.mlperf_records import RecordShape, count_records_fast, iter_batches
 from preprocessing.progress import progress
-from preprocessing.tfrecord import count_records
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ def convert_tfrecord_to_hdf5(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5C
     import h5py
 
     input_tfrecord = Path(input_tfrecord)
-    n = count_records(input_tfrecord)  # pass 1, as the reference: the datasets get their final shape
+    n = count_records_fast(input_tfrecord)  # pass 1, as the reference: the datasets get their final shape
     shape = RecordShape(max_seq_length=cfg.max_seq_length, max_predictions_per_seq=cfg.max_predictions_per_seq)
     done = 0
     with h5py.File(output_hdf5, "w") as f, progress(total=n, desc=input_tfrecord.name, unit="rec") as bar:
