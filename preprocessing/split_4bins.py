@@ -170,6 +170,10 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
     verify_inputs(files, upstream)
     counts = _count(files, cfg)  # pass 1
     log.info("rows per bin %s: %s", "/".join(map(str, BINS)), counts)
+    for b, c in zip(BINS, counts, strict=True):
+        if c < n:  # the reference crashes (0 < c < n) or leaves empty files (c == 0) here
+            log.warning("bin %d has %d rows for %d shards: %d shard(s) will be empty HDF5 files (no datasets)",
+                        b, c, n, n - c)
     widths = {name: {"seq": (512,), "pred": (cfg.max_predictions_per_seq,), "": ()}[kind]
               for name, _, kind in MLPERF_DATASETS}
     with StageOutput(out_dir, "split_4bins", params=asdict(cfg), upstream=upstream,

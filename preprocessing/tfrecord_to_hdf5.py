@@ -41,7 +41,7 @@ class HDF5Config:
 
     max_seq_length: int = 512  # width of input_ids / input_mask / segment_ids (Samsung: hard-coded 512)
     max_predictions_per_seq: int = 76  # width of masked_lm_positions / masked_lm_ids (Samsung: 76)
-    batch_size: int = 2048  # records decoded and written at once: ~6 KB each -> ~12 MB of arrays
+    batch_size: int = 1024  # records decoded and written at once (~60 MB of transient arrays)
 
 
 def _checked(values: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
