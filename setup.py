@@ -12,6 +12,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 SOURCES = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.c"))
+HEADERS = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.h"))
 
 
 class OptionalBuildExt(build_ext):
@@ -36,6 +37,7 @@ if SOURCES:
         Extension(
             "preprocessing._cpd_native",
             sources=SOURCES,
+            depends=HEADERS,  # rebuild when a header changes
             extra_compile_args=["-O3", "-std=c11"],
         )
     )
