@@ -12,9 +12,10 @@ Spec: ../shared/spec/reference-pipeline.md §3 (cleanup_file.py, ``wiki_nn`` -> 
   next stage (universal newlines again) reads as a line break.
 
 The substitutions are applied one after another, exactly in the reference order: merging two of them
-into one pass is not equivalent in general (deleting one tag can create another), so instead each
-regex runs only when its literal prefix occurs in the text (a C-speed ``in`` test), and plain
-deletions use ``str.replace`` (identical to ``s/literal//g``).
+into one pass is not equivalent in general (deleting one tag can create another). Speed comes from
+elsewhere: only the lines a step can touch (~2% of Wikipedia text) go through the chain, each regex
+runs only when its literal prefix occurs (a C-speed ``in`` test), and plain deletions use
+``str.replace`` (identical to ``s/literal//g``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from preprocessing.progress import progress
 from preprocessing.textio import (
     check_output_dir,
     default_workers,
-    iter_lines,
     list_wiki_files,
     ordered_map,
     read_utf8,
@@ -46,26 +46,31 @@ STAGE_VERSION = "1"
 
 def cleanup_file_text(text: str) -> str:
     """``cleanup_file.py`` on one extractor file's decoded text (before newline translation)."""
+    lines = universal_newlines(text).split("\n")
+    tail = lines.pop()  # a last line without "\n" ("" when the text ends with one)
     out: list[str] = []
     keep_next_line = True
-    for line in iter_lines(universal_newlines(text)):
+    for line in lines:  # each line without its "\n": len(line) == 1 in the reference <=> line == ""
         if not keep_next_line:
             keep_next_line = True
-            continue
-        if "<doc" in line:
+        elif "<doc" in line:
             keep_next_line = False
-            out.append("\n")
-            continue
-        if "</doc>" in line or len(line) == 1:
-            continue
-        out.append(line)
-    return "".join(out)
+            out.append("")
+        elif line and "</doc>" not in line:
+            out.append(line)
+    result = "\n".join(out) + "\n" if out else ""
+    if tail and keep_next_line:
+        if "<doc" in tail:
+            result += "\n"
+        elif len(tail) > 1 and "</doc>" not in tail:
+            result += tail
+    return result
 
 
 # -- clean.sh ----------------------------------------------------------------------------------
 
-# grep -v '^<doc [^>]*>$'
-_GREP_DOC = re.compile(r"^<doc [^>\n]*>\n", re.M)
+# grep -v '^<doc [^>]*>$' (matched against one line)
+_GREP_DOC = re.compile(r"<doc [^>\n]*>")
 # grep -vE '\[\[Category:[^][]*\]\]'
 _CATEGORY = re.compile(r"\[\[Category:[^\]\[\n]*\]\]")
 
@@ -134,26 +139,58 @@ SED_STEPS: tuple[Step, ...] = (
 )
 
 
-def _drop_category_lines(text: str) -> str:
-    if "[[Category:" not in text:
-        return text
-    return "".join(line for line in iter_lines(text) if not _CATEGORY.search(line))
-
-
-def clean_sh_text(text: str) -> str:
-    """``clean.sh`` on the text of a ``.1`` file (only ``\\n`` line ends, as cleanup_file writes)."""
-    if text and not text.endswith("\n"):
-        text += "\n"  # grep terminates the last line
-    if "<doc " in text:
-        text = _GREP_DOC.sub("", text)
-    text = _drop_category_lines(text)
+def _apply_seds(text: str) -> str:
     for guard, step in SED_STEPS:
         if guard in text:
             text = step(text)
     return text
 
 
-# -- files -------------------------------------------------------------------------------------
+def _touched_lines(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every line that a grep or sed step can act on: all their patterns start with
+    '[', '<' or 'alt='. ``text`` ends with "\\n"; ``end`` is the index of the line's "\\n"."""
+    spans: set[tuple[int, int]] = set()
+    for needle in ("[", "<", "alt="):
+        i = text.find(needle)
+        while i != -1:
+            start, end = text.rfind("\n", 0, i) + 1, text.find("\n", i)
+            spans.add((start, end))
+            i = text.find(needle, end)
+    return sorted(spans)
+
+
+def _grep_drops(line: str) -> bool:
+    return _GREP_DOC.fullmatch(line) is not None or _CATEGORY.search(line) is not None
+
+
+def clean_sh_text(text: str) -> str:
+    """``clean.sh`` on the text of a ``.1`` file (only ``\\n`` line ends, as cleanup_file writes).
+
+    grep and sed work line by line and no step adds or removes a ``\\n``, so only the few lines a
+    step can touch (~2% of Wikipedia text) are filtered and run through the seds (joined by
+    ``\\n``); every other line is provably unchanged.
+    """
+    if text and not text.endswith("\n"):
+        text += "\n"  # grep terminates the last line
+    spans = [(s, e) for s, e in _touched_lines(text)]
+    if not spans:
+        return text
+    drop = {(s, e) for s, e in spans if _grep_drops(text[s:e])}
+    kept = [(s, e) for s, e in spans if (s, e) not in drop]
+    new = iter(_apply_seds("\n".join(text[s:e] for s, e in kept)).split("\n")) if kept else iter(())
+    pieces: list[str] = []
+    pos = 0
+    for s, e in spans:
+        pieces.append(text[pos:s])
+        if (s, e) in drop:
+            pos = e + 1  # the line and its newline go
+        else:
+            pieces.append(next(new))
+            pos = e
+    pieces.append(text[pos:])
+    if next(new, None) is not None:  # pragma: no cover - invariant
+        raise AssertionError("a sed step changed the number of lines")
+    return "".join(pieces)
 
 
 def clean_text(raw: str) -> tuple[str, str]:
