@@ -24,6 +24,7 @@ manifest only once its md5 verifies.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import json
@@ -38,9 +39,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.errors import ChecksumError, InputError
+from preprocessing.errors import ChecksumError, DiskFullError, InputError
 from preprocessing.manifest import Manifest, StageOutput, md5_file
 from preprocessing.progress import progress
+from preprocessing.textio import check_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename
     if md5 is not None and not _MD5.match(md5.lower()):
         raise InputError(f"--md5 {md5!r} is not a 32-digit hex md5")
     opener = _Opener(_ca_bundle(cfg), cfg.timeout_s)
+    check_output_dir(out_dir)
     res = resolve(source, md5=md5, filename=filename, cfg=cfg, opener=opener)
     if res.md5 is None:
         msg = (f"no md5 given or published for {source} (looked for .md5/md5sums files next to it); "
@@ -123,7 +126,13 @@ def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename
             log.info("%s is already here and verifies; not downloading again", final)
             actual = md5_file(final)
         else:
-            actual = _fetch(res, part, cfg, opener, out)
+            try:
+                actual = _fetch(res, part, cfg, opener, out)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise DiskFullError(exc.errno, f"no space left while writing {part}; the bytes fetched so "
+                                        "far are kept: free space and run the download again to resume") from exc
+                raise
             _verify(part, res)
             os.replace(part, final)
         out.add_file(res.name, md5=actual)

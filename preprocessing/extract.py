@@ -40,6 +40,7 @@ from typing import Any
 from preprocessing.errors import InputError
 from preprocessing.manifest import Manifest, StageOutput, verify_file
 from preprocessing.progress import progress
+from preprocessing.textio import check_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
     dump, out_dir = Path(dump), Path(out_dir)
     _check_dump(dump, upstream)
     clock = clock_values(cfg.current_time)
+    check_output_dir(out_dir)
     t0 = time.perf_counter()
     info = _scan(dump, cfg)  # whole first pass: validates the stream, collects templates
     try:

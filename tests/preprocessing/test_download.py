@@ -276,3 +276,9 @@ def test_parse_md5sums_forms():
     assert dl.md5_from_checksum_text(f"{DATA_MD5}\n", "x", sidecar=True) == DATA_MD5
     assert dl.md5_from_checksum_text(f"{DATA_MD5}\n{DATA_MD5}\n", "x", sidecar=True) is None
     assert dl.md5_from_checksum_text(f"{DATA_MD5}\n", "x", sidecar=False) is None
+
+
+def test_unusable_output_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "afile").write_bytes(DATA)
+    with pytest.raises(InputError, match="afile"):
+        run_download(str(tmp_path / "afile"), tmp_path / "afile" / "out")

@@ -210,3 +210,9 @@ def test_bad_dumps_raise_one_clear_error_and_write_no_manifest(kind, tmp_path):
         run_extract(d, out, ExtractConfig(current_time=T0))
     assert str(d) in str(e.value)
     assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*/wiki_*"))
+
+
+def test_unusable_output_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError, match="afile"):
+        run_extract(sample_dump_path(), tmp_path / "afile" / "out", ExtractConfig(current_time=T0))

@@ -1,0 +1,82 @@
+"""Throughput of the extract stage (wikiextractor 3.1.0) and its scaling from 1 to 2 worker processes.
+
+  .venv/bin/python bench/bench_extract.py [--repeat 3] [--dump PATH] [--processes 1 2]
+
+Input: the real, shortened enwiki dump (../shared/data/enwiki-latest-pages-articles1.xml-...-shortened.bz2,
+1.7 MB bz2, 106 articles) or --dump. MB/s is of the uncompressed XML (MB = 10^6 bytes), best of --repeat runs
+of ``run_extract`` (both passes: template scan + extraction). Baseline in the same run: plain bz2 decompression
+of the same file (a floor: the stage reads the dump twice). Scaling = MB/s(N workers) / MB/s(1 worker); the
+outputs of all runs are checked to be byte-identical. Peak RSS: this process and its (worker) children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from preprocessing.extract import ExtractConfig, run_extract  # noqa: E402
+
+REAL = "data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+def best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), result
+
+
+def decompress(dump: Path) -> int:
+    n = 0
+    with bz2.open(dump, "rb") as f:
+        while block := f.read(1 << 20):
+            n += len(block)
+    return n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    p.add_argument("--dump", type=Path, default=None)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    args = p.parse_args()
+    dump = args.dump or args.shared / REAL
+    if not dump.is_file():
+        print(f"{dump} not found (pass --dump or --shared)", file=sys.stderr)
+        return 2
+    secs, xml_bytes = best(lambda: decompress(dump), args.repeat)
+    mb = xml_bytes / 1e6
+    print(f"dump: {dump.name}: {dump.stat().st_size / 1e6:.2f} MB bz2, {mb:.2f} MB XML")
+    print(f"{'what':<28}{'seconds':>9}{'MB/s (XML)':>12}{'ratio':>8}")
+    print(f"{'baseline: bz2 decompress':<28}{secs:>9.3f}{mb / secs:>12.2f}{'':>8}")
+    first, digests = None, set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.processes:
+            cfg = ExtractConfig(processes=n, current_time="2026-01-01T00:00:00")
+            out = Path(tmp) / f"p{n}"
+            secs, m = best(lambda cfg=cfg, out=out: run_extract(dump, out, cfg), args.repeat)
+            digests.add(tuple((f.name, f.md5) for f in m.files))
+            first = first or mb / secs
+            print(f"{f'extract, {n} worker(s)':<28}{secs:>9.3f}{mb / secs:>12.2f}{(mb / secs) / first:>7.2f}x"
+                  f"   ({m.counters['articles']} articles, {m.counters['files']} files)")
+    self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak RSS: {self_rss:.0f} MiB (main), {child_rss:.0f} MiB (largest worker)")
+    print(f"outputs identical across worker counts: {len(digests) == 1}")
+    return 0 if len(digests) == 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
