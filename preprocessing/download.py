@@ -110,8 +110,8 @@ def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename
     if md5 is not None and not _MD5.match(md5.lower()):
         raise InputError(f"--md5 {md5!r} is not a 32-digit hex md5")
     opener = _Opener(_ca_bundle(cfg), cfg.timeout_s)
-    check_output_dir(out_dir)
     res = resolve(source, md5=md5, filename=filename, cfg=cfg, opener=opener)
+    check_output_dir(out_dir)
     if res.md5 is None:
         msg = (f"no md5 given or published for {source} (looked for .md5/md5sums files next to it); "
                "the file is recorded but not verified. Pass --md5 to verify it")
