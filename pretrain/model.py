@@ -37,6 +37,7 @@ class PretrainingOutput:
     mlm_loss: Tensor | None
     nsp_loss: Tensor | None
     mlm_logits: Tensor  # [N_valid, vocab_size], the valid masked positions of all rows, row-major
+    #                     ([B*P, vocab_size], all slots, when the model was built with static_mlm=True)
     nsp_logits: Tensor  # [B, 2]
     mlm_correct: Tensor  # scalar int64: valid masked tokens whose argmax equals the label (0 without labels)
     mlm_count: Tensor  # scalar int64: valid masked tokens
@@ -153,9 +154,19 @@ def valid_mask(masked_lm_positions: Tensor) -> Tensor:
 class BertForPreTraining(nn.Module):
     """BERT encoder + MLM head (masked positions only) + NSP head; see the module docstring."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, *, static_mlm: bool = False) -> None:
+        """Build and initialise the model.
+
+        Args:
+            config: shapes and dropout.
+            static_mlm: run the MLM head on all B x P prediction slots instead of only the valid ones, so that
+                no shape depends on the data (no host sync; HPU lazy mode and torch.compile(dynamic=False)).
+                Losses, mlm_correct and mlm_count are unchanged; mlm_logits then has B*P rows, the invalid
+                ones being padding (select them with valid_mask(masked_lm_positions).flatten()).
+        """
         super().__init__()
         self.config = config
+        self.static_mlm = static_mlm
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
@@ -204,8 +215,11 @@ class BertForPreTraining(nn.Module):
         seq, pooled = self.encode(input_ids, segment_ids, input_mask)
         b, s, h = seq.shape
         valid = valid_mask(masked_lm_positions)
-        rows = torch.arange(b, device=seq.device)[:, None] * s
-        flat_index = (rows + masked_lm_positions.long())[valid]  # [N_valid]
+        flat_index = torch.arange(b, device=seq.device)[:, None] * s + masked_lm_positions.long()
+        if self.static_mlm:  # all slots; invalid ones gather [CLS] and are ignored below
+            valid, flat_index = valid.flatten(), flat_index.flatten()
+        else:  # boolean indexing: N_valid is data-dependent (one host sync)
+            flat_index = flat_index[valid]
         mlm_logits = self.mlm_scores(seq.reshape(b * s, h).index_select(0, flat_index))
         nsp_logits = self.nsp_head(pooled)
         mlm_count = valid.sum()
@@ -213,9 +227,13 @@ class BertForPreTraining(nn.Module):
         mlm_loss = nsp_loss = loss = None
         mlm_correct = torch.zeros((), dtype=torch.int64, device=seq.device)
         if masked_lm_ids is not None:
-            labels = masked_lm_ids.long()[valid]
+            if self.static_mlm:
+                labels = torch.where(valid, masked_lm_ids.long().flatten(), -100)
+            else:
+                labels = masked_lm_ids.long()[valid]
             # sum / max(count, 1): the mean over valid tokens, and 0 (not NaN) for a batch without any
-            mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="sum") / mlm_count.clamp(min=1)
+            mlm_loss = F.cross_entropy(mlm_logits.float(), labels, reduction="sum", ignore_index=-100
+                                       ) / mlm_count.clamp(min=1)
             with torch.no_grad():
                 mlm_correct = (mlm_logits.argmax(dim=-1) == labels).sum()
             loss = mlm_loss

@@ -113,7 +113,7 @@ def test_batch_without_masked_tokens_has_finite_zero_mlm_loss():
     batch["masked_lm_positions"].zero_()
     out = tiny_model()(**batch)
     assert out.mlm_logits.shape == (0, 30522) and int(out.mlm_count) == 0
-    assert float(out.mlm_loss) == 0.0 and torch.isfinite(out.loss)
+    assert out.mlm_loss.item() == 0.0 and torch.isfinite(out.loss)
 
 
 def test_without_labels_no_loss():
@@ -193,3 +193,18 @@ def test_config_round_trip_and_errors(tmp_path):
         BertConfig(hidden_size=100, num_attention_heads=3)
     with pytest.raises(ValueError, match="unknown model"):
         model_config("huge")
+
+
+def test_static_mlm_shapes_give_the_same_losses_and_valid_logits():
+    dynamic = tiny_model()
+    static = BertForPreTraining(TINY, static_mlm=True).eval()
+    static.load_state_dict(dynamic.state_dict())
+    batch = make_batch([128, 60, 33, 120, 90], 128)
+    with torch.no_grad():
+        a, b = dynamic(**batch), static(**batch)
+    assert b.mlm_logits.shape == (5 * 20, 30522)
+    keep = valid_mask(batch["masked_lm_positions"]).flatten()
+    torch.testing.assert_close(b.mlm_logits[keep], a.mlm_logits, rtol=1e-5, atol=1e-5)
+    for field in ("loss", "mlm_loss", "nsp_loss"):
+        torch.testing.assert_close(getattr(b, field), getattr(a, field))
+    assert int(b.mlm_count) == int(a.mlm_count) and int(b.mlm_correct) == int(a.mlm_correct)
