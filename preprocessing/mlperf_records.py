@@ -11,12 +11,12 @@ is unusual (unpacked repeated fields, extra fields) fall back to the slow, gener
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -309,28 +309,30 @@ def _wrong_length(path: str | os.PathLike, index: int, name: str, got: float, wa
     raise RecordError(f"{path}: record {index}: feature {name!r} has {got:g} values, expected {want}{hint}")
 
 
-def _open_map(path: Path) -> tuple[mmap.mmap | bytes, int]:
+_BLOCK = 8 << 20  # bytes read at once: memory stays flat however large the file (no mmap: its pages count as RSS)
+
+
+def _open(path: Path) -> BinaryIO:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            return (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""), size
+        return open(path, "rb")  # noqa: SIM115 - closed by the callers
     except FileNotFoundError:
         raise RecordError(f"TFRecord file {path} does not exist") from None
 
 
 def count_records_fast(path: str | os.PathLike) -> int:
-    """Number of records, walking the length headers in memory (no CRC check; truncation detected)."""
+    """Number of records, walking the length headers block by block (no CRC check; truncation detected)."""
     path = Path(path)
-    mm, size = _open_map(path)
-    n = pos = 0
     unpack = struct.Struct("<Q").unpack_from
-    try:
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        n = pos = block_start = 0
+        block = b""
         while pos + 8 <= size:
-            pos += 16 + unpack(mm, pos)[0]
+            if pos + 8 > block_start + len(block):
+                f.seek(pos)
+                block, block_start = f.read(_BLOCK), pos
+            pos += 16 + unpack(block, pos - block_start)[0]
             n += 1
-    finally:
-        if isinstance(mm, mmap.mmap):
-            mm.close()
     if pos != size:
         raise RecordError(f"{path}: record {n - (pos > size)} is truncated; the file was cut off - re-create it")
     return n
@@ -339,41 +341,44 @@ def count_records_fast(path: str | os.PathLike) -> int:
 def iter_payload_batches(path: str | os.PathLike, batch_size: int) -> Iterator[tuple[int, list[bytes]]]:
     """``(index of the first record, payloads)`` per batch, both CRCs of every record checked.
 
-    Same checks and messages as :func:`preprocessing.tfrecord.iter_records`, over a memory map
+    Same checks and messages as :func:`preprocessing.tfrecord.iter_records`, reading 8 MB blocks
     (~4x faster: no read() per record).
     """
     path = Path(path)
-    mm, size = _open_map(path)
-    try:
-        yield from _batches(path, mm, size, batch_size)
-    finally:
-        if isinstance(mm, mmap.mmap):
-            mm.close()
+    with _open(path) as f:
+        yield from _batches(path, f, batch_size)
 
 
-def _batches(path: Path, mm: mmap.mmap | bytes, size: int, batch_size: int) -> Iterator[tuple[int, list[bytes]]]:
+def _batches(path: Path, f: BinaryIO, batch_size: int) -> Iterator[tuple[int, list[bytes]]]:
     header = struct.Struct("<QI").unpack_from
     footer = struct.Struct("<I").unpack_from
-    index = pos = first = 0
+    index = offset = first = p = 0
+    buf = b""
     batch: list[bytes] = []
-    while pos < size:
-        if pos + 12 > size:
-            raise RecordError(f"{path}: record {index} at byte {pos} is truncated (header has {size - pos} of 12 "
-                              "bytes); the file was cut off - re-create it")
-        length, len_crc = header(mm, pos)
-        if masked_crc(mm[pos:pos + 8]) != len_crc:
-            raise RecordError(f"{path}: record {index} at byte {pos}: length CRC mismatch (corrupt header); "
+    while True:
+        if len(buf) - p < 12:
+            buf, p = buf[p:] + f.read(_BLOCK), 0
+            if not buf:
+                break
+            if len(buf) < 12:
+                raise RecordError(f"{path}: record {index} at byte {offset} is truncated (header has {len(buf)} "
+                                  "of 12 bytes); the file was cut off - re-create it")
+        length, len_crc = header(buf, p)
+        if masked_crc(buf[p:p + 8]) != len_crc:
+            raise RecordError(f"{path}: record {index} at byte {offset}: length CRC mismatch (corrupt header); "
                               "the file is damaged - re-create it")
-        end = pos + 12 + length
-        if end + 4 > size:
-            raise RecordError(f"{path}: record {index} at byte {pos} is truncated ({size - pos - 12} of "
-                              f"{length + 4} bytes); the file was cut off - re-create it")
-        payload = mm[pos + 12:end]
-        if masked_crc(payload) != footer(mm, end)[0]:
-            raise RecordError(f"{path}: record {index} at byte {pos}: data CRC mismatch (corrupt payload); "
+        total = 16 + length
+        if len(buf) - p < total:
+            buf, p = buf[p:] + f.read(max(_BLOCK, total - (len(buf) - p))), 0
+            if len(buf) < total:
+                raise RecordError(f"{path}: record {index} at byte {offset} is truncated ({len(buf) - 12} of "
+                                  f"{length + 4} bytes); the file was cut off - re-create it")
+        payload = buf[p + 12:p + 12 + length]
+        if masked_crc(payload) != footer(buf, p + 12 + length)[0]:
+            raise RecordError(f"{path}: record {index} at byte {offset}: data CRC mismatch (corrupt payload); "
                               "the file is damaged - re-create it")
         batch.append(payload)
-        index, pos = index + 1, end + 4
+        index, offset, p = index + 1, offset + total, p + total
         if len(batch) == batch_size:
             yield first, batch
             first, batch = index, []
