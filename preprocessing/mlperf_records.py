@@ -256,8 +256,10 @@ def _decode_feature(name: str, buf: np.ndarray, starts: np.ndarray, ends: np.nda
         if bad.size:
             _wrong_length(path, first_index + int(bad[0]), name, int(lengths[bad[0]]) / 4, want)
         return buf[starts[:, None] + np.arange(4 * want)].view("<f4").reshape(n, want)
-    if (lengths == want).all():  # every value one byte (masks, segment ids, labels): no decoding
-        return buf[starts[:, None] + np.arange(want)]
+    if (lengths == want).all():  # want bytes for want values: all one-byte varints (masks, labels)?
+        raw = buf[starts[:, None] + np.arange(want)]
+        if int(raw.max(initial=0)) < 0x80:
+            return raw
     bad = np.flatnonzero(lengths == 0)
     if bad.size:
         _wrong_length(path, first_index + int(bad[0]), name, 0, want)

@@ -170,3 +170,13 @@ def test_garbage_payload(tmp_path: Path) -> None:
     payloads[1] = struct.pack("<4I", 7, 8, 9, 10)
     with pytest.raises(RecordError, match=r"bad\.tfrecord: record 1 "):
         convert_tfrecord_to_hdf5(_write(tmp_path, payloads), tmp_path / "o.hdf5", CFG)
+
+
+def test_multibyte_value_in_a_one_byte_feature(tmp_path: Path) -> None:
+    """As many bytes as values expected, but one value takes 2 bytes: one value too few."""
+    payloads = _good()
+    ex = example(random.Random(8))
+    ex["input_mask"] = [200] + ex["input_mask"][:-2]
+    payloads[4] = encode(ex)
+    with pytest.raises(RecordError, match=r"record 4: feature 'input_mask' has 15 values, expected 16"):
+        convert_tfrecord_to_hdf5(_write(tmp_path, payloads), tmp_path / "o.hdf5", CFG)
