@@ -184,3 +184,29 @@ def test_pick_validates_picked_records(golden: Path, tmp_path: Path) -> None:
     run_pick_eval_samples(tmp_path / "t.tfrecord", tmp_path / "ok", PickEvalConfig(num_examples_to_pick=3))  # 0 3 6
     with pytest.raises(RecordError, match=r"t\.tfrecord: record 5 has no feature 'segment_ids'"):
         run_pick_eval_samples(tmp_path / "t.tfrecord", tmp_path / "bad", PickEvalConfig(num_examples_to_pick=2))
+
+
+# -- stage chaining: inputs verified against the upstream manifest --------------------------------
+def test_chained_stages_verify_upstream(golden: Path, tmp_path: Path) -> None:
+    from preprocessing.errors import ChecksumError, ManifestError
+    from preprocessing.pack_varlength import run_pack_varlength
+    from preprocessing.tfrecord_to_hdf5 import run_tfrecord_to_hdf5
+
+    picked = run_pick_eval_samples(golden / "sample.tfrecord", tmp_path / "pick", PickEvalConfig(num_examples_to_pick=50),
+                                   output_name="eval.tfrecord")
+    h5 = run_tfrecord_to_hdf5(tmp_path / "pick" / "eval.tfrecord", tmp_path / "h5", output_name="part-0.hdf5",
+                              upstream=[picked])
+    assert h5.upstream == {f"pick_eval_samples:{picked.key}": picked.digest}
+    split = run_split_4bins([tmp_path / "h5" / "part-0.hdf5"], tmp_path / "bins", Split4BinsConfig(n_output_shards=1),
+                            upstream=[h5])
+    assert split.counters["rows"] == 50
+    packed = run_pack_varlength([tmp_path / "h5" / "part-0.hdf5"], tmp_path / "var", upstream=[h5])
+    assert packed.counters["rows"] == 50
+    with pytest.raises(ManifestError, match="not listed in the upstream"):
+        run_pack_varlength([golden / "eval_100.hdf5"], tmp_path / "var2", upstream=[h5])
+    data = bytearray((tmp_path / "pick" / "eval.tfrecord").read_bytes())
+    data[100] ^= 1
+    (tmp_path / "pick" / "eval.tfrecord").write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match="eval.tfrecord"):
+        run_tfrecord_to_hdf5(tmp_path / "pick" / "eval.tfrecord", tmp_path / "h5", output_name="part-0.hdf5",
+                             upstream=[picked])
