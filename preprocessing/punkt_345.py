@@ -38,7 +38,13 @@ WORD_RE = re.compile(
     rf"|(?={_WORD_START})\S+?(?=\s|$|{_NON_WORD}|{_MULTI_CHAR}|,(?=$|\s|{_NON_WORD}|{_MULTI_CHAR}))"
     r"|\S"
 )
-PERIOD_CONTEXT_RE = re.compile(rf"(?<!\S)\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
+# nltk 3.4.5 finds candidates with finditer(r"\S*[.?!](?=(?P<after_tok>NW|\s+(?P<next_tok>\S+)))"), which
+# is slow (quadratic in the length of a non-space run). Its matches are: for each non-space run that
+# holds a "valid end" (a mark followed by a non-word char, or by whitespace and a token), the run's
+# start up to its last valid end. _candidates() computes exactly that from the valid ends alone.
+PERIOD_CONTEXT_RE = re.compile(rf"\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
+_VALID_END_RE = re.compile(rf"[.?!](?={_NON_WORD}|\s+(\S+))")
+_UP_TO_LAST_SPACE_RE = re.compile(r".*\s", re.S)
 REALIGN_RE = re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.M)
 _NUMERIC_RE = re.compile(r"^-?[.,]?\d[\d,.-]*\.?$")
 _ELLIPSIS_RE = re.compile(r"\.\.+$")
@@ -88,6 +94,35 @@ def _words(context: str) -> list[str]:
     if "\n" not in context:
         return WORD_RE.findall(context)
     return [w for line in context.split("\n") if line.strip() for w in WORD_RE.findall(line)]
+
+
+def _run_start(text: str, end: int) -> int:
+    """Start of the non-space run that ends a candidate at ``end``."""
+    j = text.rfind(" ", 0, end) + 1
+    if not text[j:end].isprintable():  # maybe other whitespace (tab, no-break space, ...): be exact
+        m = _UP_TO_LAST_SPACE_RE.match(text, j, end)
+        if m is not None:
+            j = m.end()
+    return j
+
+
+def candidates(text: str) -> Iterator[tuple[int, int, str, int | None]]:
+    """The matches of nltk 3.4.5's period-context regex: (start, end, after_tok, next_tok start),
+    computed in linear time from the valid ends."""
+    found = [(m.end(), m.start(1), m.end(1)) for m in _VALID_END_RE.finditer(text)]
+    i, n = 0, len(found)
+    while i < n:
+        end, next_start, next_end = found[i]
+        # while the end is followed by a non-word char, a later valid end with no whitespace
+        # in between belongs to the same run, and the greedy \S* reaches it
+        while next_start < 0 and i + 1 < n and text[end:found[i + 1][0]].split(None, 1) == [text[end:found[i + 1][0]]]:
+            i += 1
+            end, next_start, next_end = found[i]
+        i += 1
+        if next_start < 0:
+            yield _run_start(text, end), end, text[end], None
+        else:
+            yield _run_start(text, end), end, text[end:next_end], next_start
 
 
 class Punkt345:
@@ -160,10 +195,10 @@ class Punkt345:
         out: list[tuple[int, int]] = []
         last = 0
         is_break = self.is_break
-        for m in PERIOD_CONTEXT_RE.finditer(text):
-            if is_break(m.group() + m.group("after_tok")):
-                out.append((last, m.end()))
-                last = m.start("next_tok") if m.group("next_tok") else m.end()
+        for start, end, after, next_start in candidates(text):
+            if is_break(text[start:end] + after):
+                out.append((last, end))
+                last = end if next_start is None else next_start
         out.append((last, len(text.rstrip())))
         return out
 
