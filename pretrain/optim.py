@@ -32,22 +32,28 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
     return torch.where(ok, w_norm / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm))
 
 
+def _f32(t: Tensor) -> Tensor:
+    """``t`` in at least fp32 (bf16/fp16 are upcast, fp64 stays fp64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class _Base(torch.optim.Optimizer):
-    """Shared state handling: fp32 moments, a per-param step count."""
+    """Shared state handling: moments in at least fp32, a per-param step count."""
 
     def _state(self, p: Tensor) -> dict:
         st = self.state[p]
         if not st:
+            dtype = torch.promote_types(p.dtype, torch.float32)
             st["step"] = 0
-            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            st["exp_avg"] = torch.zeros_like(p, dtype=dtype)
+            st["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
         return st
 
     @staticmethod
     def _clip_factor(params: list[Tensor], max_grad_norm: float) -> float:
         if max_grad_norm <= 0 or not params:
             return 1.0
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(_f32(p.grad)) for p in params]))
         return max(float(norm) / max_grad_norm, 1.0)
 
     def _params_with_grad(self) -> list[Tensor]:
@@ -92,8 +98,8 @@ class Lamb(_Base):
         st = self._state(p)
         st["step"] += 1
         b1, b2 = group["betas"]
-        g = p.grad.float() / clip
-        w = p.float()
+        g = _f32(p.grad) / clip
+        w = _f32(p)
         st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
         st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
         bc1, bc2 = self._bias_corrections(group, st["step"])
@@ -119,9 +125,9 @@ class Lans(_Base):
         st["step"] += 1
         b1, b2 = group["betas"]
         eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
-        g = p.grad.float() / clip
+        g = _f32(p.grad) / clip
         g_hat = g / (torch.linalg.vector_norm(g) + eps)
-        w = p.float()
+        w = _f32(p)
         st["exp_avg"].mul_(b1).add_(g_hat, alpha=1 - b1)
         st["exp_avg_sq"].mul_(b2).addcmul_(g_hat, g_hat, value=1 - b2)
         bc1, bc2 = self._bias_corrections(group, st["step"], group["adjust_step"])
@@ -146,8 +152,8 @@ class AdamW(_Base):
         st = self._state(p)
         st["step"] += 1
         b1, b2 = group["betas"]
-        g = p.grad.float()
-        w = p.float() * (1 - group["lr"] * group["weight_decay"])
+        g = _f32(p.grad)
+        w = _f32(p) * (1 - group["lr"] * group["weight_decay"])
         st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
         st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
         bc1, bc2 = self._bias_corrections(group, st["step"])

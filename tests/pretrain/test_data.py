@@ -1,0 +1,145 @@
+"""Binned HDF5 batches: layout, rank sharding, bin-bound slicing, resumable order, bad inputs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from preprocessing.errors import InputError
+from pretrain.data import FIELDS, BinnedSampler, discover_shards
+from pretrain.evaluate import EvalSet, evaluate
+
+
+@pytest.fixture(scope="module")
+def bins(golden):
+    return discover_shards(golden / "4bins")
+
+
+def test_discovers_the_golden_4bins(bins):
+    assert sorted(bins) == [128, 256, 384, 512]
+    assert {b: sum(s.rows for s in ss) for b, ss in bins.items()} == {128: 1535, 256: 1200, 384: 663, 512: 9208}
+    assert all(len(ss) == 8 for ss in bins.values())
+
+
+def test_batches_are_sliced_to_their_bin_and_rows_fit(bins):
+    s = BinnedSampler(bins, micro_batch=4, rank=0, world=2, seed=1, vocab_size=30522)
+    seen = set()
+    for _ in range(60):
+        b = s.next_batch()
+        seen.add(b.bound)
+        assert b.arrays["input_ids"].shape == (4, b.bound)
+        lengths = b.arrays["input_mask"].sum(axis=1)
+        assert (lengths <= b.bound).all() and (lengths > b.bound - 128).all()
+        assert b.arrays["masked_lm_positions"].shape == (4, 76)
+    assert seen == {128, 256, 384, 512}
+
+
+def test_ranks_share_the_bin_order_and_split_the_files(bins):
+    r0 = BinnedSampler(bins, 4, rank=0, world=2, seed=7)
+    r1 = BinnedSampler(bins, 4, rank=1, world=2, seed=7)
+    files0, files1 = set(), set()
+    for _ in range(40):
+        a, b = r0.next_batch(), r1.next_batch()
+        assert a.bound == b.bound
+        files0.update(a.files)
+        files1.update(b.files)
+    assert files0.isdisjoint(files1)
+    assert {Path(f).name for f in files0} <= {f"part_{k}_of_8.hdf5" for k in (0, 2, 4, 6)}
+
+
+def test_one_epoch_reads_each_row_once(golden, tmp_path):
+    one = tmp_path / "128"
+    one.mkdir()
+    shutil.copy(golden / "4bins/128/part_0_of_8.hdf5", one / "part_0_of_1.hdf5")
+    s = BinnedSampler(discover_shards(tmp_path), micro_batch=10, rank=0, world=1, seed=3)
+    ids = np.concatenate([s.next_batch().arrays["input_ids"] for _ in range(s.steps_per_epoch)])
+    with h5py.File(one / "part_0_of_1.hdf5") as h:
+        ref = h["input_ids"][:, :128].astype(np.int64)
+    assert len(ids) == 190  # 191 rows, 19 batches of 10: the last row waits for the next epoch
+    assert {r.tobytes() for r in ids} <= {r.tobytes() for r in ref}
+    assert len({r.tobytes() for r in ids}) == len(ids)  # no row twice within the epoch
+    assert s.next_batch().epoch == 1
+
+
+def test_resume_continues_exactly(bins):
+    a = BinnedSampler(bins, 4, rank=1, world=2, seed=5)
+    for _ in range(13):
+        a.next_batch()
+    state = a.state_dict()
+    expected = [a.next_batch().arrays["input_ids"] for _ in range(5)]
+    b = BinnedSampler(bins, 4, rank=1, world=2, seed=5)
+    b.load_state_dict(state)
+    got = [b.next_batch().arrays["input_ids"] for _ in range(5)]
+    assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))
+    c = BinnedSampler(bins, 8, rank=1, world=2, seed=5)
+    with pytest.raises(InputError, match="cannot be resumed"):
+        c.load_state_dict(state)
+
+
+def test_plain_padded_file(golden):
+    bins = discover_shards(golden / "eval_100.hdf5")
+    assert list(bins) == [512] and bins[512][0].rows == 100
+    b = BinnedSampler(bins, 8).next_batch()
+    assert b.arrays["input_ids"].shape == (8, 512)
+
+
+def _copy_bins(golden, tmp_path):
+    dst = tmp_path / "4bins"
+    shutil.copytree(golden / "4bins", dst)
+    return dst
+
+
+def test_missing_shard_is_named(golden, tmp_path):
+    d = _copy_bins(golden, tmp_path)
+    (d / "256/part_3_of_8.hdf5").unlink()
+    with pytest.raises(InputError, match=r"missing HDF5 shard .*256/part_3_of_8\.hdf5"):
+        discover_shards(d)
+
+
+def test_corrupt_shard_is_named(golden, tmp_path):
+    d = _copy_bins(golden, tmp_path)
+    bad = d / "384/part_5_of_8.hdf5"
+    bad.write_bytes(bad.read_bytes()[:1000])
+    with pytest.raises(InputError, match=r"cannot read HDF5 shard .*384/part_5_of_8\.hdf5"):
+        discover_shards(d)
+
+
+def test_shard_without_a_dataset_is_named(golden, tmp_path):
+    d = _copy_bins(golden, tmp_path)
+    with h5py.File(d / "128/part_1_of_8.hdf5", "a") as h:
+        del h["masked_lm_ids"]
+    with pytest.raises(InputError, match=r"part_1_of_8\.hdf5 lacks dataset\(s\) masked_lm_ids"):
+        discover_shards(d)
+
+
+def test_vocab_mismatch_is_refused(bins, golden):
+    s = BinnedSampler(bins, 4, vocab_size=1000)
+    with pytest.raises(InputError, match="is >= the model's vocab_size 1000"):
+        s.next_batch()
+    with pytest.raises(InputError, match="eval_100.hdf5 is >= the model's vocab_size 1000"):
+        EvalSet(golden / "eval_100.hdf5", 8, vocab_size=1000)
+
+
+def test_eval_accuracy_is_a_micro_average(golden):
+    full = EvalSet(golden / "eval_100.hdf5", 16)
+    halves = [EvalSet(golden / "eval_100.hdf5", 16, rank=r, world=2) for r in (0, 1)]
+    assert sum(len(h.data["input_ids"]) for h in halves) == 100
+    # an oracle that gets exactly the masked tokens of odd-numbered batches right
+    calls = []
+
+    def oracle(batch):
+        n = float((batch["masked_lm_positions"] != 0).sum())
+        calls.append(n)
+        return (n if len(calls) % 2 else 0.0), n, 1.0
+
+    r = evaluate(oracle, full)
+    total = float((full.data["masked_lm_positions"] != 0).sum())
+    assert r["eval_masked_tokens"] == total == sum(calls)
+    assert r["eval_mlm_accuracy"] == pytest.approx(sum(calls[0::2]) / total)  # tokens, not batches, averaged
+    assert r["eval_mlm_accuracy"] != pytest.approx(0.5)
+    assert all(set(b) == set(FIELDS) for b in full.batches())
+    assert all(b["input_ids"].shape[1] >= b["input_mask"].sum(axis=1).max() for b in full.batches())
