@@ -151,7 +151,7 @@ def test_large_model_variant_changes_the_function_not_the_parameters():
 def test_decoder_is_tied_and_vocab_padded():
     model = tiny_model()
     assert model.embeddings.word_embeddings.weight.shape[0] == 30528
-    assert float(model.embeddings.word_embeddings.weight[30522:].abs().sum()) == 0.0
+    assert model.embeddings.word_embeddings.weight[30522:].abs().sum().item() == 0.0
     names = [n for n, _ in model.named_parameters()]
     assert not any("decoder" in n for n in names)
 
@@ -208,3 +208,25 @@ def test_static_mlm_shapes_give_the_same_losses_and_valid_logits():
     for field in ("loss", "mlm_loss", "nsp_loss"):
         torch.testing.assert_close(getattr(b, field), getattr(a, field))
     assert int(b.mlm_count) == int(a.mlm_count) and int(b.mlm_correct) == int(a.mlm_correct)
+
+
+def test_gpu_bench_flops_formula_matches_torch_flop_counter():
+    """bench/gpu_bench.py's MFU numerator counts exactly the matmul FLOPs that torch's FlopCounter sees."""
+    import importlib.util
+    from pathlib import Path
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench", path)
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    cfg = model_config("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForPreTraining(cfg, static_mlm=True)
+    for seq in (128, 384):
+        batch = gpu_bench.make_batches(cfg, 2, seq, 1, "cpu")[0]
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # math: countable bmm
+            model(**batch).loss.backward()
+        slots = batch["masked_lm_positions"].shape[1]
+        assert counter.get_total_flops() == 2 * gpu_bench.flops_per_sequence(cfg, seq, slots)
