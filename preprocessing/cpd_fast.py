@@ -19,16 +19,12 @@ Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the pla
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import logging
 import os
 import random
 import re
-import subprocess
-import sysconfig
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -56,6 +52,8 @@ _JOINERS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
 
 
 def _sources_digest() -> str:
+    import hashlib
+
     h = hashlib.md5()
     for p in sorted(NATIVE_DIR.glob("*.[ch]")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
@@ -70,6 +68,10 @@ def _cache_dir() -> Path:
 
 def _compile(target: Path) -> None:
     """Build the extension with the C compiler Python was built with (or $CC / cc)."""
+    import subprocess
+    import sysconfig
+    import tempfile
+
     cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
     include = sysconfig.get_paths()["include"]
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +79,10 @@ def _compile(target: Path) -> None:
     os.close(fd)
     cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired as exc:
+            raise OSError(f"{cc} timed out") from exc
         if res.returncode != 0:
             raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp, target)
@@ -131,7 +136,7 @@ def load() -> ModuleType | None:
         mod = _load_file(target)
         if getattr(mod, "ABI", None) != ABI:
             raise ImportError(f"{target} has ABI {getattr(mod, 'ABI', None)}, expected {ABI}")
-    except (OSError, ImportError, subprocess.SubprocessError) as exc:
+    except (OSError, ImportError, ValueError) as exc:  # subprocess errors are OSError/ValueError
         _reason = f"could not build or load the C extension: {exc}"
         log.debug(_reason)
         return None

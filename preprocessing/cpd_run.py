@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import glob
 import logging
-import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +104,13 @@ def run_jobs(jobs: Sequence[Job], cfg: CreatePretrainingDataConfig, workers: int
     examples = [log_examples if i == 0 else 0 for i in range(len(jobs))]
     if workers <= 1:
         return [_run_job(job, cfg, n) for job, n in zip(jobs, examples, strict=True)]
+    if cfg.impl != "plain":
+        from preprocessing import cpd_fast
+
+        cpd_fast.load()  # build/load the extension once, before the workers fork
+    import multiprocessing  # only here: a single job does not pay for the import
+    from concurrent.futures import ProcessPoolExecutor
+
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:

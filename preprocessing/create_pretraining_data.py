@@ -22,12 +22,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from preprocessing.errors import InputError, ManifestError
-from preprocessing.manifest import Manifest, StageOutput, md5_file, verify_file
-from preprocessing.tfrecord import FEATURES, encode_mlperf_example, frame
 from preprocessing.tokenization import FullTokenizer, check_vocab, iter_gfile_lines
+
+if TYPE_CHECKING:
+    from preprocessing.manifest import Manifest
+
+# Imported where used (manifest, tfrecord): the fast CLI path starts without them.
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
+            "next_sentence_labels")  # = preprocessing.tfrecord.FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +279,8 @@ def log_example(features: dict[str, list], vocab_words: Sequence[str]) -> None:
 def write_instances(instances: Sequence[Instance], outputs: Sequence[BinaryIO], cfg: CreatePretrainingDataConfig,
                     vocab_words: Sequence[str], log_examples: int = LOG_EXAMPLES) -> None:
     """Canonical records in order, round-robin over ``outputs``; the first ones logged in full."""
+    from preprocessing.tfrecord import encode_mlperf_example, frame
+
     for inst_index, inst in enumerate(instances):
         features = instance_features(inst, cfg.max_seq_length, cfg.max_predictions_per_seq)
         outputs[inst_index % len(outputs)].write(frame(encode_mlperf_example(features)))
@@ -332,6 +339,8 @@ def create_pretraining_data(input_files: Sequence[Path], outputs: Sequence[Binar
 # Stage entry point (DAG): one invocation, one TFRecord, written through StageOutput.
 def _verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
     """Check every input (and nothing else) against the upstream manifests that list its name."""
+    from preprocessing.manifest import verify_file
+
     entries = {}
     for m in upstream:
         for f in m.files:
@@ -353,6 +362,8 @@ def run_create_pretraining_data(input_files: Sequence[Path], out_dir: Path,
     Counters: documents, instances, input_bytes, skipped_invalid_utf8_lines; "impl" says which
     implementation ran. Returns the Manifest.
     """
+    from preprocessing.manifest import StageOutput, md5_file
+
     cfg.validate()
     inputs = [Path(p) for p in input_files]
     if upstream:

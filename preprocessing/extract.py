@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from itertools import chain
 from pathlib import Path
@@ -56,11 +56,12 @@ class ExtractConfig:
     expand_templates: bool = True  # WikiExtractor default (the reference passes no --no-templates)
     url_base: str = "https://en.wikipedia.org/wiki"  # <doc url=...> base when the dump has no <siteinfo><base>
     batch_pages: int = 32  # pages per job sent to a worker process (throughput only)
+    multistream: bool = True  # workers decompress a multistream dump's bz2 streams themselves (same output)
 
     def params(self) -> dict[str, Any]:
         """The fields that decide output bytes (the stage key); worker count and batch size do not."""
         d = asdict(self)
-        for k in ("processes", "batch_pages"):
+        for k in ("processes", "batch_pages", "multistream"):
             d.pop(k)
         return d
 
@@ -72,6 +73,7 @@ class _DumpInfo:
     known_namespaces: set[str]
     templates: Any = None  # template_blob owners (shared memory), or None without template expansion
     redirects: Any = None
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # bz2 stream ranges read by workers ([]: serial)
 
 
 def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
@@ -88,6 +90,7 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
     check_output_dir(out_dir)
     t0 = time.perf_counter()
     info = _scan(dump, cfg)  # whole first pass: validates the stream, collects templates
+    readers = "bz2 streams in the workers" if info.chunks else "one reader"
     try:
         with StageOutput(out_dir, "extract", params=cfg.params(), upstream=upstream,
                          code_version=STAGE_VERSION) as out:
@@ -100,11 +103,12 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
                 raise InputError(f"{dump} holds no articles (no main-namespace, non-redirect <page> with text); "
                                  "is it the right dump?")
             out.manifest.counters.update(files=writer.files, current_time=clock["currenttime_iso"],
-                                         processes=cfg.processes, dump_bytes=dump.stat().st_size)
+                                         processes=cfg.processes, dump_bytes=dump.stat().st_size,
+                                         bz2_chunks=len(info.chunks))
     finally:
         _release(info)
-    log.info("extract: %s -> %s: %d articles in %d files, %.1fs", dump, out_dir,
-             out.manifest.counters["articles"], writer.files, time.perf_counter() - t0)
+    log.info("extract: %s -> %s: %d articles in %d files, %.1fs (%d processes, %s)", dump, out_dir,
+             out.manifest.counters["articles"], writer.files, time.perf_counter() - t0, cfg.processes, readers)
     return out.manifest
 
 
@@ -208,19 +212,29 @@ def _scan(dump: Path, cfg: ExtractConfig) -> _DumpInfo:
     from wikiextractor import WikiExtractor as wx
     from wikiextractor import template_blob
 
+    from preprocessing import extract_streams
+
+    builders = (template_blob.StreamingTemplateBlobBuilder(), template_blob.StreamingTemplateBlobBuilder())
     with _open_lines(dump, f"templates {dump.name}") as lines:
         info, rest = _read_siteinfo(lines, dump, cfg)
-        if not cfg.expand_templates:
-            for _ in rest:  # still read to the end: a truncated dump must fail before any output
-                pass
-            return info
-        builder, redirects = template_blob.StreamingTemplateBlobBuilder(), template_blob.StreamingTemplateBlobBuilder()
-        count, _ = wx.load_templates(rest, blob_builder=builder, redirects_blob_builder=redirects,
-                                     template_prefix=info.template_ns + ":")
-    info.templates = template_blob.compact_blobs(*builder.finish())
-    info.redirects = template_blob.compact_blobs(*redirects.finish())
-    log.info("extract: %d templates in %s", count, dump)
+        chunks = extract_streams.plan_chunks(dump, cfg.processes) if cfg.multistream and _is_bz2(dump) else []
+        count = None
+        if chunks:
+            count = extract_streams.scan_templates(dump, chunks, info.template_ns + ":", cfg.processes, builders)
+            info.chunks = chunks if count is not None else []
+        if count is None:
+            count, _ = wx.load_templates(rest, blob_builder=builders[0], redirects_blob_builder=builders[1],
+                                         template_prefix=info.template_ns + ":")
+    if cfg.expand_templates:  # (without, the pass above still proved the dump intact before any output)
+        info.templates = template_blob.compact_blobs(*builders[0].finish())
+        info.redirects = template_blob.compact_blobs(*builders[1].finish())
+        log.info("extract: %d templates in %s", count, dump)
     return info
+
+
+def _is_bz2(dump: Path) -> bool:
+    with open(dump, "rb") as f:
+        return f.read(3) == b"BZh"
 
 
 def _release(info: _DumpInfo) -> None:
@@ -254,6 +268,15 @@ def _extract_pages(dump: Path, info: _DumpInfo, clock: dict[str, str], cfg: Extr
                    out: StageOutput) -> Iterator[str]:
     """Each article's ``<doc>`` text, in dump order, computed by ``cfg.processes`` workers."""
     setup = _worker_setup(info, clock)
+    if info.chunks:
+        from preprocessing.extract_streams import extract_chunks
+
+        try:
+            for texts in extract_chunks(dump, info.chunks, cfg.processes, init_worker, setup):
+                yield from _keep(texts, out)
+        finally:
+            reset_worker()  # (in-process run with 1 worker)
+        return
     batches = _batches(_pages(dump, info), max(1, cfg.batch_pages))
     if cfg.processes <= 1:
         init_worker(*setup)
@@ -351,8 +374,10 @@ def _worker_setup(info: _DumpInfo, clock: dict[str, str]) -> tuple:
 def init_worker(template_names: tuple | None, redirect_names: tuple | None, url_base: str,
                 kwargs: dict[str, Any], clock: dict[str, str]) -> None:
     """Attach to the templates in shared memory and prepare the pinned-clock Extractor."""
+    from wikiextractor import WikiExtractor as wx
     from wikiextractor import template_blob
 
+    wx.templateNamespace = kwargs["templatePrefix"][:-1]  # collect_pages reads this global
     _WORKER.update(
         templates=template_blob.attach(template_names) if template_names else None,
         redirects=template_blob.attach(redirect_names) if redirect_names else None,

@@ -121,10 +121,17 @@ def _locate(p: bytes) -> dict[bytes, tuple[int, int, int]]:
     return out
 
 
-def _canonical(payload: bytes) -> bytes:
+def _canonical(payload: bytes, path: str | os.PathLike, index: int) -> bytes:
     """Re-encode an unusually laid out record in the canonical packed layout (slow path)."""
     ex = decode_example(payload)
-    return encode_mlperf_example({k: ex.get(k, []) for k in FEATURES}) if all(k in ex for k in FEATURES) else payload
+    for k in FEATURES:
+        if k not in ex:
+            raise RecordError(f"{path}: record {index} has no feature {k!r}; expected the 7 MLPerf features "
+                              f"{', '.join(FEATURES)} - was it written by create_pretraining_data?")
+        if not all(isinstance(v, float if k in FLOAT_FEATURES else int) for v in ex[k]):
+            raise RecordError(f"{path}: record {index}: feature {k!r} is not an "
+                              f"{'float' if k in FLOAT_FEATURES else 'int64'} list")
+    return encode_mlperf_example({k: ex[k] for k in FEATURES})
 
 
 def decode_batch(payloads: Sequence[bytes], shape: RecordShape, *, path: str | os.PathLike = "?",
@@ -240,7 +247,7 @@ def _locate_slow(payload: bytes, path: str | os.PathLike, index: int) -> tuple[d
         try:
             return _locate(payload), payload
         except _Unusual:
-            payload = _canonical(payload)
+            payload = _canonical(payload, path, index)
             return _locate(payload), payload
     except (ValueError, IndexError, _Unusual) as exc:
         raise RecordError(f"{path}: record {index} is not a valid tf.train.Example ({exc or 'bad layout'}); "

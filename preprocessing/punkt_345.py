@@ -106,6 +106,10 @@ def _run_start(text: str, end: int) -> int:
     return j
 
 
+def _no_space(s: str) -> bool:
+    return s.split(None, 1) == [s]
+
+
 def candidates(text: str) -> Iterator[tuple[int, int, str, int | None]]:
     """The matches of nltk 3.4.5's period-context regex: (start, end, after_tok, next_tok start),
     computed in linear time from the valid ends."""
@@ -115,7 +119,7 @@ def candidates(text: str) -> Iterator[tuple[int, int, str, int | None]]:
         end, next_start, next_end = found[i]
         # while the end is followed by a non-word char, a later valid end with no whitespace
         # in between belongs to the same run, and the greedy \S* reaches it
-        while next_start < 0 and i + 1 < n and text[end:found[i + 1][0]].split(None, 1) == [text[end:found[i + 1][0]]]:
+        while next_start < 0 and i + 1 < n and _no_space(text[end:found[i + 1][0]]):
             i += 1
             end, next_start, next_end = found[i]
         i += 1
