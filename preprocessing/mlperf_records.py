@@ -129,8 +129,8 @@ def _canonical(payload: bytes, path: str | os.PathLike, index: int) -> bytes:
             raise RecordError(f"{path}: record {index} has no feature {k!r}; expected the 7 MLPerf features "
                               f"{', '.join(FEATURES)} - was it written by create_pretraining_data?")
         if not all(isinstance(v, float if k in FLOAT_FEATURES else int) for v in ex[k]):
-            raise RecordError(f"{path}: record {index}: feature {k!r} is not an "
-                              f"{'float' if k in FLOAT_FEATURES else 'int64'} list")
+            raise RecordError(f"{path}: record {index}: feature {k!r} is not "
+                              f"{'a float' if k in FLOAT_FEATURES else 'an int64'} list")
     return encode_mlperf_example({k: ex[k] for k in FEATURES})
 
 
@@ -163,8 +163,8 @@ def decode_batch(payloads: Sequence[bytes], shape: RecordShape, *, path: str | o
                 raise RecordError(f"{path}: record {first_index + i} has no feature {name!r}; expected the 7 "
                                   f"MLPerf features {', '.join(FEATURES)} - was it written by create_pretraining_data?")
             if kind not in (0, _FLOAT_KIND if name in FLOAT_FEATURES else _INT_KIND):
-                raise RecordError(f"{path}: record {first_index + i}: feature {name!r} is not an "
-                                  f"{'float' if name in FLOAT_FEATURES else 'int64'} list")
+                raise RecordError(f"{path}: record {first_index + i}: feature {name!r} is not "
+                                  f"{'a float' if name in FLOAT_FEATURES else 'an int64'} list")
             starts[fid, i], ends[fid, i] = start + s, start + e
     if extra:
         buf = np.frombuffer(blob + b"".join(extra) + bytes(_PAD), dtype=np.uint8)

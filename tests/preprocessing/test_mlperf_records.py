@@ -180,3 +180,14 @@ def test_multibyte_value_in_a_one_byte_feature(tmp_path: Path) -> None:
     payloads[4] = encode(ex)
     with pytest.raises(RecordError, match=r"record 4: feature 'input_mask' has 15 values, expected 16"):
         convert_tfrecord_to_hdf5(_write(tmp_path, payloads), tmp_path / "o.hdf5", CFG)
+
+
+def test_unusual_record_with_a_wrong_kind(tmp_path: Path) -> None:
+    """masked_lm_weights written as an int64 list (and in another key order): refused, not converted."""
+    payloads = _good()
+    ex = example(random.Random(2))
+    order = list(reversed(FEATURES))
+    payloads[3] = encode_example([(n, [int(v) for v in ex[n]] if n == "masked_lm_weights" else ex[n], False)
+                                  for n in order])
+    with pytest.raises(RecordError, match=r"record 3: feature 'masked_lm_weights' is not a float list"):
+        convert_tfrecord_to_hdf5(_write(tmp_path, payloads), tmp_path / "o.hdf5", CFG)
