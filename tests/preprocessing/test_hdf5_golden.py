@@ -117,3 +117,20 @@ def test_pack_varlength_keeps_full_length_rows(golden: Path, tmp_path: Path) -> 
         full = np.flatnonzero(src["input_mask"][:].sum(axis=1, dtype=np.int64) == 512)
         assert full.size > 10
         assert all(len(dst["input_ids"][i]) == 512 for i in full)
+
+
+def test_tfrecord_to_hdf5_cli_glob_to_directory(golden: Path, tmp_path: Path) -> None:
+    (tmp_path / "tf").mkdir()
+    for name in ("eval_100.tfrecord", "edge.tfrecord", "sample_128.tfrecord"):
+        (tmp_path / "tf" / name).symlink_to(golden / name)
+    out = tmp_path / "h5"
+    assert main(["tfrecord-to-hdf5", "--input", str(tmp_path / "tf" / "e*.tfrecord"), "--output", f"{out}/"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "edge.tfrecord.hdf5", "eval_100.tfrecord.hdf5"]
+    assert md5_file(out / "eval_100.tfrecord.hdf5") == md5_file(golden / "eval_100.hdf5") or not SAME_HDF5
+    with h5py.File(out / "edge.tfrecord.hdf5") as f:
+        assert f["input_ids"].shape == (538, 512)
+    # 128-token records need the matching flags; with them the layout is (N, 128) / (N, 20)
+    assert main(["tfrecord-to-hdf5", "--input", str(tmp_path / "tf" / "sample_128.tfrecord"), "--output",
+                 str(tmp_path / "s128.hdf5"), "--max_seq_length=128", "--max-predictions-per-seq", "20"]) == 0
+    with h5py.File(tmp_path / "s128.hdf5") as f:
+        assert (f["input_ids"].shape, f["masked_lm_ids"].shape) == ((8362, 128), (8362, 20))
