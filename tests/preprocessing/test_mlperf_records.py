@@ -39,12 +39,14 @@ def encode(ex: dict[str, list], order: list[str] | None = None) -> bytes:
     return encode_example([(n, ex[n], n in FLOAT_FEATURES) for n in (order or FEATURES) if n in ex])
 
 
-def test_decoder_agrees_with_the_general_decoder(golden: Path) -> None:
-    ref = list(read_examples(golden / "eval_100.tfrecord"))
-    for first, batch in iter_batches(golden / "eval_100.tfrecord", RecordShape(), batch_size=33):
-        for name in FEATURES:
-            want = np.array([r[name] for r in ref[first:first + len(batch[name])]])
-            np.testing.assert_array_equal(batch[name], want.astype(batch[name].dtype), err_msg=name)
+@pytest.mark.parametrize(("name", "shape"), [("eval_100.tfrecord", RecordShape()), ("edge.tfrecord", RecordShape()),
+                                           ("edge_128.tfrecord", RecordShape(128, 20))])
+def test_decoder_agrees_with_the_general_decoder(golden: Path, name: str, shape: RecordShape) -> None:
+    ref = list(read_examples(golden / name))
+    for first, batch in iter_batches(golden / name, shape, batch_size=33):
+        for feature in FEATURES:
+            want = np.array([r[feature] for r in ref[first:first + len(batch[feature])]])
+            np.testing.assert_array_equal(batch[feature], want.astype(batch[feature].dtype), err_msg=feature)
 
 
 @pytest.mark.parametrize("seed", range(5))
