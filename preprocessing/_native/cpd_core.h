@@ -103,8 +103,20 @@ static int vocab_build(Vocab *v, PyObject *words) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* CPython's MT19937 (Modules/_randommodule.c semantics)                                       */
-typedef struct { uint32_t mt[624]; int index; } MT;
+typedef struct { uint32_t mt[624], out[624]; int index; } MT; /* out: tempered mt */
 
+static void mt_temper_all(MT *m, int from) {
+    for (int i = from; i < 624; i++) {
+        uint32_t y = m->mt[i];
+        y ^= (y >> 11);
+        y ^= (y << 7) & 0x9d2c5680U;
+        y ^= (y << 15) & 0xefc60000U;
+        y ^= (y >> 18);
+        m->out[i] = y;
+    }
+}
+
+/* Regenerate the 624 words and temper them all at once (a loop the compiler vectorizes). */
 static void mt_regen(MT *m) {
     static const uint32_t mag01[2] = {0x0U, 0x9908b0dfU};
     uint32_t y;
@@ -119,18 +131,14 @@ static void mt_regen(MT *m) {
     }
     y = (m->mt[623] & 0x80000000U) | (m->mt[0] & 0x7fffffffU);
     m->mt[623] = m->mt[396] ^ (y >> 1) ^ mag01[y & 1U];
+    mt_temper_all(m, 0);
     m->index = 0;
 }
 
 /* genrand_uint32 */
 static inline __attribute__((always_inline)) uint32_t mt_next(MT *m) {
     if (__builtin_expect(m->index >= 624, 0)) mt_regen(m);
-    uint32_t y = m->mt[m->index++];
-    y ^= (y >> 11);
-    y ^= (y << 7) & 0x9d2c5680U;
-    y ^= (y << 15) & 0xefc60000U;
-    y ^= (y >> 18);
-    return y;
+    return m->out[m->index++];
 }
 /* random.random(): 53-bit float from two outputs */
 static inline double mt_random(MT *m) {

@@ -132,6 +132,8 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     for (int i = 0; i < 624; i++) m.mt[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(state, i));
     m.index = (int)PyLong_AsLong(PyTuple_GET_ITEM(state, 624));
     if (PyErr_Occurred()) return NULL;
+    if (m.index < 0 || m.index > 624) { PyErr_SetString(PyExc_ValueError, "bad MT index"); return NULL; }
+    mt_temper_all(&m, 0); /* words before m.index are never read again */
     if (end_document(e) < 0) return NULL;
     e->created = 1;
     size_t nd = e->ndocs;

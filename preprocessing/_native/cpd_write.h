@@ -24,18 +24,38 @@ static FeatSize feat_size(size_t name_len, size_t packed) {
     return f;
 }
 
-/* Encode the payload of one instance into out (reserved by the caller). Returns its length. */
-static size_t encode_instance(const Engine *e, const Inst *in, uint8_t *out) {
+/* Varint bytes of every value < n packed as b0 | b1 << 8 | b2 << 16 | length << 24 (values < 2**21). */
+static uint32_t *varint_table(size_t n) {
+    uint32_t *t = malloc(n * sizeof(uint32_t));
+    if (!t) return NULL;
+    for (size_t v = 0; v < n; v++) {
+        uint8_t b[10];
+        size_t len = (size_t)(put_varint(b, v) - b);
+        t[v] = (uint32_t)b[0] | (len > 1 ? (uint32_t)b[1] << 8 : 0) | (len > 2 ? (uint32_t)b[2] << 16 : 0) |
+               (uint32_t)len << 24;
+    }
+    return t;
+}
+static inline size_t tvlen(const uint32_t *t, int32_t v) { return t[v] >> 24; }
+static inline uint8_t *tput(uint8_t *p, const uint32_t *t, int32_t v) {
+    uint32_t x = t[v];
+    p[0] = (uint8_t)x; p[1] = (uint8_t)(x >> 8); p[2] = (uint8_t)(x >> 16); /* the caller leaves slack */
+    return p + (x >> 24);
+}
+
+/* Encode the payload of one instance into out (reserved by the caller, with 4 bytes of slack).
+ * vt: varint_table of every value that can occur (ids and positions). Returns the length. */
+static size_t encode_instance(const Engine *e, const Inst *in, const uint32_t *vt, uint8_t *out) {
     const int32_t *tok = e->itok.v + in->tok_off, *mk = e->imask.v + in->mask_off;
     const int L = e->L, P = e->P, n = in->ntok, nm = in->nmask;
     size_t packed[7];
     size_t s = (size_t)(L - n);
-    for (int i = 0; i < n; i++) s += vlen((uint32_t)tok[i]);
+    for (int i = 0; i < n; i++) s += tvlen(vt, tok[i]);
     packed[0] = s;
     packed[1] = packed[2] = (size_t)L;
     s = (size_t)(P - nm);
     size_t s2 = s;
-    for (int i = 0; i < nm; i++) { s += vlen((uint32_t)mk[2 * i]); s2 += vlen((uint32_t)mk[2 * i + 1]); }
+    for (int i = 0; i < nm; i++) { s += tvlen(vt, mk[2 * i]); s2 += tvlen(vt, mk[2 * i + 1]); }
     packed[3] = s; packed[4] = s2;
     packed[5] = 4 * (size_t)P;
     packed[6] = 1;
@@ -56,7 +76,7 @@ static size_t encode_instance(const Engine *e, const Inst *in, uint8_t *out) {
         *p++ = 0x0A; p = put_varint(p, fs[f].packed);
         switch (f) {
         case 0:
-            for (int i = 0; i < n; i++) p = put_varint(p, (uint32_t)tok[i]);
+            for (int i = 0; i < n; i++) p = tput(p, vt, tok[i]);
             memset(p, 0, (size_t)(L - n)); p += L - n;
             break;
         case 1:
@@ -67,7 +87,7 @@ static size_t encode_instance(const Engine *e, const Inst *in, uint8_t *out) {
             memset(p + n, 0, (size_t)(L - n)); p += L;
             break;
         case 3: case 4:
-            for (int i = 0; i < nm; i++) p = put_varint(p, (uint32_t)mk[2 * i + (f == 4)]);
+            for (int i = 0; i < nm; i++) p = tput(p, vt, mk[2 * i + (f == 4)]);
             memset(p, 0, (size_t)(P - nm)); p += P - nm;
             break;
         case 5:
@@ -102,8 +122,11 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &files)) return NULL;
     Py_ssize_t nf = PyList_GET_SIZE(files);
     if (!e->order || nf < 1) { PyErr_SetString(PyExc_ValueError, "nothing created or no files"); return NULL; }
+    size_t nvals = (size_t)(e->vocab_size > e->L ? e->vocab_size : e->L);
+    if (nvals >= (1u << 21)) { PyErr_SetString(PyExc_ValueError, "vocab too large (>= 2**21 entries)"); return NULL; }
+    uint32_t *vt = varint_table(nvals);
     ByteVec *bufs = calloc((size_t)nf, sizeof(ByteVec));
-    if (!bufs) return PyErr_NoMemory();
+    if (!bufs || !vt) { free(vt); free(bufs); return PyErr_NoMemory(); }
     /* an upper bound of one record: 10 bytes per value plus the headers */
     size_t bound = 10 * (3 * (size_t)e->L + 3 * (size_t)e->P + 1) + 512;
     int rc = 0;
@@ -111,7 +134,7 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
         ByteVec *b = &bufs[k % (size_t)nf];
         if (bytes_reserve(b, bound + 16) < 0) { rc = -1; break; }
         uint8_t *rec = b->v + b->n;
-        size_t len = encode_instance(e, &e->insts[e->order[k]], rec + 12);
+        size_t len = encode_instance(e, &e->insts[e->order[k]], vt, rec + 12);
         uint64_t len64 = len;
         for (int i = 0; i < 8; i++) rec[i] = (uint8_t)(len64 >> (8 * i));
         put_u32le(rec + 8, masked_crc32c(rec, 8));
@@ -122,6 +145,7 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
     for (Py_ssize_t f = 0; f < nf && rc == 0; f++) rc = flush_to(PyList_GET_ITEM(files, f), &bufs[f]);
     for (Py_ssize_t f = 0; f < nf; f++) free(bufs[f].v);
     free(bufs);
+    free(vt);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
