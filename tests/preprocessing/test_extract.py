@@ -216,3 +216,59 @@ def test_unusable_output_folder_is_a_clear_error(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(InputError, match="afile"):
         run_extract(sample_dump_path(), tmp_path / "afile" / "out", ExtractConfig(current_time=T0))
+
+
+# -- multistream dumps: the workers decompress their own bz2 streams ----------------------------------
+def test_multistream_dump_gives_the_same_bytes(real, shared_data, tmp_path):
+    from preprocessing.extract_streams import to_multistream
+
+    out, m1 = real
+    multi = tmp_path / "multi.xml.bz2"  # as Wikimedia packs them (10 instead of 100 pages per stream)
+    multi.write_bytes(to_multistream(bz2.decompress((shared_data / REAL).read_bytes()), 10))
+    m2 = run_extract(multi, tmp_path / "m", ExtractConfig(current_time=T0, processes=2))
+    assert m2.counters["bz2_chunks"] > 2
+    assert [(f.name, f.md5) for f in m2.files] == [(f.name, f.md5) for f in m1.files]
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    import preprocessing.extract_streams as es
+
+    monkeypatch.setattr(es, "_MIN_CHUNK", 1)  # the sample is small: one job per stream
+
+
+def _sample_xml() -> bytes:
+    return bz2.decompress(sample_dump_path().read_bytes())
+
+
+def test_multistream_sample_in_process_and_in_workers(tiny_chunks, tmp_path):
+    from preprocessing.extract_streams import to_multistream
+
+    ref = run_extract(sample_dump_path(), tmp_path / "ref", ExtractConfig(current_time=T0, multistream=False))
+    multi = tmp_path / "multi.xml.bz2"
+    multi.write_bytes(to_multistream(_sample_xml(), 4))
+    for n in (1, 2):
+        m = run_extract(multi, tmp_path / f"p{n}", ExtractConfig(current_time=T0, processes=n))
+        assert m.counters["bz2_chunks"] > 4 and m.key == ref.key
+        assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in ref.files]
+
+
+def test_streams_that_split_pages_are_read_serially(tiny_chunks, tmp_path):
+    xml = _sample_xml()  # like pbzip2: fixed-size pieces, cut anywhere
+    dump = tmp_path / "pbzip2.xml.bz2"
+    dump.write_bytes(b"".join(bz2.compress(xml[k:k + 20000]) for k in range(0, len(xml), 20000)))
+    ref = run_extract(sample_dump_path(), tmp_path / "ref", ExtractConfig(current_time=T0))
+    m = run_extract(dump, tmp_path / "p", ExtractConfig(current_time=T0, processes=2))
+    assert m.counters["bz2_chunks"] == 0
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in ref.files]
+
+
+def test_truncated_multistream_dump(tiny_chunks, tmp_path):
+    from preprocessing.extract_streams import to_multistream
+
+    data = to_multistream(_sample_xml(), 4)
+    dump = tmp_path / "cut.xml.bz2"
+    dump.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(InputError, match="truncated") as e:
+        run_extract(dump, tmp_path / "out", ExtractConfig(current_time=T0, processes=2))
+    assert str(dump) in str(e.value) and not (tmp_path / "out" / MANIFEST_NAME).exists()
