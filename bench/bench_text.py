@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from preprocessing import segment  # noqa: E402
 from preprocessing.clean import clean_text  # noqa: E402
 from preprocessing.gather import GatherConfig, gather_into  # noqa: E402
 from preprocessing.manifest import StageOutput  # noqa: E402
@@ -72,6 +73,7 @@ def bench_dataset(name: str, root: Path, repeat: int) -> list[tuple[str, str, fl
     add("gather", mb([tr for tr, _ in splits]), best(gather, repeat), "incl. md5 + fsync")
     for workers in (1, 2):
         def e2e(w: int = workers) -> None:
+            segment._TOKENIZER = None  # start cold, as a fresh worker does
             with tempfile.TemporaryDirectory() as d:
                 run_text_stages(root, Path(d), TextConfig(num_test_articles=20, workers=w))
         add("end to end", sum(sizes) / 1e6, best(e2e, repeat), f"run_text_stages, {workers} worker(s)")

@@ -47,7 +47,6 @@ _VALID_END_RE = re.compile(rf"[.?!](?={_NON_WORD}|\s+(\S+))")
 _UP_TO_LAST_SPACE_RE = re.compile(r".*\s", re.S)
 REALIGN_RE = re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.M)
 _NUMERIC_RE = re.compile(r"^-?[.,]?\d[\d,.-]*\.?$")
-_ELLIPSIS_RE = re.compile(r"\.\.+$")
 _INITIAL_RE = re.compile(r"[^\W\d]\.$")
 
 _SENT_END = (".", "?", "!")
@@ -144,7 +143,7 @@ class Punkt345:
     def _first_pass(self, tok: str) -> int:
         if tok in _SENT_END:
             return _BREAK
-        if _ELLIPSIS_RE.match(tok):
+        if len(tok) > 1 and not tok.strip("."):  # r"\.\.+$": two or more periods only
             return _ELLIPSIS
         if tok.endswith(".") and not tok.endswith(".."):
             stem = tok[:-1].lower()
@@ -188,11 +187,20 @@ class Punkt345:
         return state == _BREAK
 
     def _contains_sentbreak(self, context: str) -> bool:
-        """nltk's ``text_contains_sentbreak``: a break on any token but the last."""
+        """nltk's ``text_contains_sentbreak``: a break on any token but the last.
+
+        Only "?", "!" and tokens ending in "." can be breaks; the others are skipped unexamined.
+        """
         toks = _words(context)
-        states = [self._first_pass(t) for t in toks]
-        return any(self._second_pass(toks[i], states[i], toks[i + 1], states[i + 1])
-                   for i in range(len(toks) - 1))
+        for i in range(len(toks) - 1):
+            tok = toks[i]
+            if tok == "?" or tok == "!":
+                return True  # first pass: break; the second pass only revisits period-final tokens
+            if tok[-1] == ".":
+                nxt = toks[i + 1]
+                if self._second_pass(tok, self._first_pass(tok), nxt, self._first_pass(nxt)):
+                    return True
+        return False
 
     # -- slicing ------------------------------------------------------------------------------
     def _slices(self, text: str) -> list[tuple[int, int]]:

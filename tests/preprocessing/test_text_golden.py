@@ -105,3 +105,18 @@ def test_bertpipe_text_on_mlperf_sample(shared_data: Path, tmp_path: Path) -> No
     pieces = [b[:-1] if b.endswith(b"\n\n") else b for b in pieces]
     assert b"".join(pieces) == (sample / "part-00000-of-00500").read_bytes()
     verify_manifest(out)
+
+
+def test_stage_subcommands_chain(chain: Path, tmp_path: Path) -> None:
+    """clean -> segment -> split-eval -> gather as separate commands (reference flag spellings)."""
+    raw = str(chain / "text")
+    c, s, e, r = (str(tmp_path / n) for n in ("clean", "segment", "split", "results"))
+    assert main(["clean", "--extracted", raw, "--out", c, "--keep-cleanup-output"]) == 0
+    assert main(["segment", "--input", c, "--out", s, "--workers", "2"]) == 0
+    assert main(["split-eval", "--input", s, "--out", e, "--num_test_articles=20", "--seed=12345"]) == 0
+    assert main(["gather", "--input", e, "--extracted", raw, "--out", r, "--block_size=26.92"]) == 0
+    for n in NAMES:
+        _same(tmp_path / "clean" / "AA" / f"{n}.1", chain / "text" / "AA" / f"{n}.1")
+        _same(tmp_path / "segment" / "AA" / f"{n}.3", chain / "text" / "AA" / f"{n}.3")
+    _same(tmp_path / "split" / "eval.md5", chain / "eval.md5")
+    _same(tmp_path / "results" / "part-00000-of-00500", chain / "part-00000-of-00500")
