@@ -45,15 +45,18 @@ class HDF5Config:
 
 
 def _checked(values: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
-    """Cast int64 values to the dataset dtype, refusing values that do not fit (HDF5 would clip them)."""
-    info = np.iinfo(dtype)
-    bad = np.flatnonzero(((values < info.min) | (values > info.max)).reshape(len(values), -1).any(axis=1))
-    if bad.size:
-        row = values[bad[0]].ravel()
-        v = row[(row < info.min) | (row > info.max)][0]
-        raise RecordError(f"{path}: record {first + int(bad[0])}: feature {name!r} value {v} does not fit "
-                          f"the HDF5 dtype {np.dtype(dtype)}; the record is not an MLPerf pre-training example")
-    return values.astype(dtype)
+    """Cast decoded values to the dataset dtype, refusing values that do not fit (HDF5 would clip them)."""
+    target = np.dtype(dtype)
+    if values.dtype == target or not values.size:
+        return values.astype(target, copy=False)
+    info = np.iinfo(target)
+    if values.min() >= info.min and values.max() <= info.max:
+        return values.view(target) if values.dtype.itemsize == target.itemsize else values.astype(target)
+    bad = int(np.flatnonzero(((values < info.min) | (values > info.max)).reshape(len(values), -1).any(axis=1))[0])
+    row = values[bad].ravel()
+    v = row[(row < info.min) | (row > info.max)][0]
+    raise RecordError(f"{path}: record {first + bad}: feature {name!r} value {v} does not fit "
+                      f"the HDF5 dtype {target}; the record is not an MLPerf pre-training example")
 
 
 def convert_tfrecord_to_hdf5(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5Config = HDF5Config()) -> int:
