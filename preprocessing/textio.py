@@ -9,8 +9,10 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +97,28 @@ def relative_name(base: Path, root: Path, suffix: str = "") -> str:
     return Path(base).relative_to(root).as_posix() + suffix
 
 
-def ordered_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> Iterator[Any]:
-    """``map(fn, items)`` in order, on ``workers`` processes (in this process when workers <= 1)."""
+def ordered_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, window: int = 0) -> Iterator[Any]:
+    """``map(fn, items)`` in order, on ``workers`` processes (in this process when workers <= 1).
+
+    At most ``window`` (default 3 x workers) items are in flight, so finished results waiting for a
+    slow earlier item cannot pile up in memory. On an error the items not yet started are cancelled.
+    """
     if workers <= 1 or len(items) <= 1:
         yield from map(fn, items)
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        yield from pool.map(fn, items, chunksize=1)
+    workers = min(workers, len(items))
+    todo = iter(items)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        pending = deque(pool.submit(fn, item) for item in islice(todo, window or 3 * workers))
+        try:
+            while pending:
+                result = pending.popleft().result()
+                for item in islice(todo, 1):
+                    pending.append(pool.submit(fn, item))
+                yield result
+        finally:
+            for fut in pending:
+                fut.cancel()
 
 
 def default_workers() -> int:

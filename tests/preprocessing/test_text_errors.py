@@ -146,3 +146,11 @@ def test_rerun_replaces_outputs(tmp_path: Path) -> None:
     assert m1.digest == m2.digest
     assert md5_file(out / "part-00000-of-00500") == m1.file("part-00000-of-00500").md5
     shutil.rmtree(out)
+
+
+def test_ordered_map_keeps_order_with_a_small_window() -> None:
+    from preprocessing.textio import ordered_map
+
+    items = [-5, 3, -2, 0, 7, -1, 4]
+    assert list(ordered_map(abs, items, workers=2, window=2)) == [abs(x) for x in items]
+    assert list(ordered_map(abs, items, workers=1)) == [abs(x) for x in items]
