@@ -48,12 +48,15 @@ def plan_chunks(dump: Path, processes: int) -> list[tuple[int, int]]:
     return chunks if len(chunks) > 1 else []
 
 
-def stream_offsets(dump: Path, block: int = 16 << 20) -> list[int]:
-    """Offsets of the bz2 stream headers in ``dump`` (candidates: confirmed when decompressed)."""
+def stream_offsets(dump: Path, block: int = 16 << 20, give_up: int = 64 << 20) -> list[int]:
+    """Offsets of the bz2 stream headers in ``dump`` (candidates: confirmed when decompressed).
+
+    Stops after ``give_up`` bytes without a second stream (a single-stream dump is not read twice for this).
+    """
     offsets: list[int] = []
     pos, tail = 0, b""
     with open(dump, "rb") as f:
-        while data := f.read(block):
+        while (len(offsets) > 1 or pos < give_up) and (data := f.read(block)):
             buf, base = tail + data, pos - len(tail)
             for m in _STREAM_START.finditer(buf):
                 if not offsets or base + m.start() > offsets[-1]:
