@@ -19,6 +19,7 @@ Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the pla
 
 from __future__ import annotations
 
+import gc
 import importlib.machinery
 import importlib.util
 import logging
@@ -219,6 +220,17 @@ def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[
     engine = native.Engine(list(vocab), cfg.do_lower_case, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
                            vocab["[MASK]"])
     fallback = _LineTokenizer(tokenizer, cfg.skip_invalid_utf8, engine.tokenize_line)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the Python side creates few, acyclic objects: collections would be pure overhead
+    try:
+        return _run(engine, fallback, vocab, input_files, outputs, cfg, log_examples)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _run(engine, fallback: _LineTokenizer, vocab: dict[str, int], input_files: Sequence[Path],
+         outputs: Sequence[BinaryIO], cfg: CreatePretrainingDataConfig, log_examples: int) -> Stats:
     nbytes = 0
     for path in input_files:
         data = Path(path).read_bytes()

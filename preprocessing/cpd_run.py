@@ -60,7 +60,11 @@ def _tmp(path: Path) -> Path:
 
 def write_pretraining_data(inputs: Sequence[Path], outputs: Sequence[Path], cfg: CreatePretrainingDataConfig,
                            log_examples: int = LOG_EXAMPLES) -> Stats:
-    """One invocation to arbitrary paths; each output appears only complete (temp name + rename)."""
+    """One invocation to arbitrary paths; each output appears only complete (temp name + rename).
+
+    Like the reference, no fsync: a killed run leaves no partial output under a final name, but
+    durability across a power cut is the DAG's job (StageOutput fsyncs).
+    """
     outputs = [Path(o) for o in outputs]
     if not outputs:
         raise InputError("no output file given (--output_file)")
@@ -74,8 +78,6 @@ def write_pretraining_data(inputs: Sequence[Path], outputs: Sequence[Path], cfg:
         files = [open(t, "wb", buffering=1 << 20) for t in tmps]  # noqa: SIM115 - closed below
         stats = create_pretraining_data(list(inputs), files, cfg, log_examples)
         for f in files:
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
         for t, o in zip(tmps, outputs, strict=True):
             os.replace(t, o)

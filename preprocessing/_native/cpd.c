@@ -49,15 +49,19 @@ static void init_tables(void) {
 }
 static int strip_space(uint8_t c) { return c == ' ' || (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f); }
 
-/* WordPiece of one ASCII word (bytes == characters). */
+/* WordPiece of one ASCII word (bytes == characters), n <= 200. FNV-1a folds left to right, so the
+ * hashes of every candidate w[start:end] come from one pass per start (no rehashing per end). */
 static int wordpiece(Engine *e, const uint8_t *w, size_t n, I32Vec *out) {
     if (n > 200) return i32_push(out, e->unk);
+    uint64_t ph[201];
     size_t mark = out->n, start = 0;
     while (start < n) {
+        uint64_t h = start > 0 ? fnv_step(FNV0, (const uint8_t *)"##", 2) : FNV0;
+        for (size_t end = start; end < n; end++) ph[end + 1] = h = (h ^ w[end]) * 1099511628211ULL;
         size_t end = n;
         int id = -1;
         while (start < end) {
-            id = vocab_find(&e->vocab, start > 0, w + start, end - start);
+            id = vocab_find_h(&e->vocab, ph[end], start > 0, w + start, end - start);
             if (id >= 0) break;
             end--;
         }

@@ -58,10 +58,8 @@ static uint64_t fnv_step(uint64_t h, const uint8_t *p, size_t n) {
 }
 #define FNV0 14695981039346656037ULL
 
-static int vocab_find(const Vocab *v, int prefix, const uint8_t *p, size_t n) {
-    uint64_t h = FNV0;
-    if (prefix) h = fnv_step(h, (const uint8_t *)"##", 2);
-    h = fnv_step(h, p, n);
+/* Id of ("##" if prefix) + p[0:n] whose FNV-1a hash is h, or -1. */
+static int vocab_find_h(const Vocab *v, uint64_t h, int prefix, const uint8_t *p, size_t n) {
     size_t len = n + (prefix ? 2 : 0);
     for (size_t i = h & v->mask;; i = (i + 1) & v->mask) {
         const Slot *s = &v->slots[i];
@@ -75,6 +73,12 @@ static int vocab_find(const Vocab *v, int prefix, const uint8_t *p, size_t n) {
             }
         }
     }
+}
+
+static int vocab_find(const Vocab *v, int prefix, const uint8_t *p, size_t n) {
+    uint64_t h = FNV0;
+    if (prefix) h = fnv_step(h, (const uint8_t *)"##", 2);
+    return vocab_find_h(v, fnv_step(h, p, n), prefix, p, n);
 }
 
 static int vocab_build(Vocab *v, PyObject *words) {
