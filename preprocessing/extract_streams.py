@@ -29,7 +29,7 @@ from preprocessing.progress import progress
 log = logging.getLogger(__name__)
 
 _STREAM_START = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic (pi)
-_MIN_CHUNK, _MAX_CHUNK = 256 << 10, 16 << 20  # compressed bytes per job
+_MIN_CHUNK, _MAX_CHUNK = 256 << 10, 4 << 20  # compressed bytes per job (4 MB: ~20 MB of XML)
 
 
 def plan_chunks(dump: Path, processes: int) -> list[tuple[int, int]]:
