@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -284,3 +287,16 @@ def test_fast_equals_plain_on_mlperf_sample(shared_data, vocab):
     plain, s2 = run_bytes([part], cfg(vocab, "plain", **kw))
     assert (s1.documents, s1.instances) == (s2.documents, s2.instances) == (132, 25865)
     assert hashlib.md5(fast).hexdigest() == hashlib.md5(plain).hexdigest()
+
+
+def test_extension_compiles_on_first_use(tmp_path):
+    """Where no up-to-date extension is installed, the C compiler builds one into the cache dir."""
+    _fast_or_skip()
+    code = ("from preprocessing import cpd_fast\n"
+            "cpd_fast._is_current = lambda mod: False  # as if the installed copy were missing or stale\n"
+            "m = cpd_fast.load()\n"
+            "print(m.__file__ if m else 'NONE ' + cpd_fast.unavailable_reason())\n")
+    env = dict(os.environ, BERTPIPE_NATIVE_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    assert out.startswith(str(tmp_path / "cache")) and Path(out).is_file(), out
