@@ -1,4 +1,4 @@
-"""Text stages end to end: an extractor output folder (or a dump) -> part files + eval.txt + eval.md5.
+"""Runs clean, segment, split-eval and gather in one pass, without intermediate files:
 
   bertpipe text --extracted text --out results --num_test_articles=10000 --block_size=26.92
   bertpipe text --dump enwiki-20200101-pages-articles-multistream.xml.bz2 --out results
@@ -25,15 +25,15 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extracted", type=Path, help="WikiExtractor output folder (AA/wiki_00, ...)")
+    src.add_argument("--extracted", type=Path, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
     src.add_argument("--dump", metavar="FILE_OR_URL",
                      help="a MediaWiki dump (.xml.bz2 or .xml): local path, file:// or https:// URL, or a "
                      "download preset such as enwiki-latest")
-    p.add_argument("--out", type=Path, required=True, help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
-    flag(p, "num_test_articles", type=int, default=10000, help="articles withheld for eval (default: 10000)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
+    flag(p, "num_test_articles", type=int, default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
     block_size_flag(p)
-    flag(p, "seed", type=int, default=12345, help="eval selection seed (default: 12345)")
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU; "
+    flag(p, "seed", type=int, default=12345, metavar="N", help="eval selection seed (default: 12345)")
+    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: one per CPU; "
                    "the output does not depend on it)")
     flag(p, "keep_intermediate", action="store_true",
          help="also write the reference's per-file intermediates to <out>/text/AA/wiki_00.{1,2,3,4}")
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--md5", default=None, help="expected md5 of a downloaded dump")
     flag(g, "current_time", default=None, metavar="ISO",
          help="the time {{CURRENTYEAR}} & co. expand to, e.g. 2020-01-01T00:00:00 (default: now)")
-    p.add_argument("--work", type=Path, default=None, help="folder for download/extract with --dump "
+    p.add_argument("--work", type=Path, default=None, metavar="DIR", help="folder for download/extract with --dump "
                    "(default: <out>/_work)")
 
 

@@ -1,4 +1,4 @@
-"""The text stages one at a time, on the reference's file layout (``<dir>/AA/wiki_00<suffix>``).
+"""One text stage at a time, on the reference's file layout (<dir>/AA/wiki_00<suffix>):
 
   bertpipe clean --extracted text --out work/clean            # wiki_00 -> wiki_00.2 (.1 with --keep-cleanup-output)
   bertpipe segment --input work/clean --out work/segment      # .2 -> .3
@@ -24,27 +24,27 @@ def block_size_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _workers(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU; "
+    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: one per CPU; "
                    "the output does not depend on it)")
 
 
 def add_arguments_for(command: str, p: argparse.ArgumentParser) -> None:
     if command == "clean":
-        p.add_argument("--extracted", type=Path, required=True, help="WikiExtractor output folder (AA/wiki_00, ...)")
-        p.add_argument("--out", type=Path, required=True, help="folder for AA/wiki_00.2, ...")
+        p.add_argument("--extracted", type=Path, required=True, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
+        p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for AA/wiki_00.2, ...")
         flag(p, "keep_cleanup_output", action="store_true", help="also write cleanup_file.py's .1 files")
     else:
         suffix = {"segment": ".2", "split-eval": ".3", "gather": ".4"}[command]
-        p.add_argument("--input", type=Path, required=True, help=f"folder holding AA/wiki_00{suffix}, ...")
-        p.add_argument("--out", type=Path, required=True, help="output folder")
+        p.add_argument("--input", type=Path, required=True, metavar="DIR", help=f"folder holding AA/wiki_00{suffix}, ...")
+        p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     if command == "split-eval":
-        flag(p, "num_test_articles", type=int, default=10000, help="articles withheld for eval (default: 10000)")
-        flag(p, "seed", type=int, default=12345, help="selection seed (default: 12345)")
+        flag(p, "num_test_articles", type=int, default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
+        flag(p, "seed", type=int, default=12345, metavar="N", help="selection seed (default: 12345)")
     if command == "gather":
-        p.add_argument("--extracted", type=Path, default=None,
+        p.add_argument("--extracted", type=Path, default=None, metavar="DIR",
                        help="WikiExtractor output folder: parts are sized by its raw files (default: --input)")
         block_size_flag(p)
-        flag(p, "num_outputs", type=int, default=500, help="the N in part-XXXXX-of-N (default: 500)")
+        flag(p, "num_outputs", type=int, default=500, metavar="N", help="the N in part-XXXXX-of-N (default: 500)")
     if command != "gather":
         _workers(p)
 
