@@ -187,6 +187,9 @@ class BertForPreTraining(nn.Module):
 
     def encode(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Sequence output [B, S, H] and pooled output [B, H] (tanh(dense(h[:, 0])))."""
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"batch is padded to {input_ids.shape[1]} tokens, longer than the model's "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
         key_mask = (input_mask != 0)[:, None, None, :]  # [B, 1, 1, S]: True = attend to this key
         x = self.encoder(self.embeddings(input_ids.long(), segment_ids.long()), key_mask)
         return x, torch.tanh(self.pooler(x[:, 0]))

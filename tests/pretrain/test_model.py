@@ -230,3 +230,9 @@ def test_gpu_bench_flops_formula_matches_torch_flop_counter():
             model(**batch).loss.backward()
         slots = batch["masked_lm_positions"].shape[1]
         assert counter.get_total_flops() == 2 * gpu_bench.flops_per_sequence(cfg, seq, slots)
+
+
+def test_sequence_longer_than_position_table_is_refused():
+    model = BertForPreTraining(model_config("tiny", max_position_embeddings=128))
+    with pytest.raises(ValueError, match="max_position_embeddings=128"):
+        model(**make_batch([100, 129], 129))
