@@ -272,3 +272,11 @@ def test_truncated_multistream_dump(tiny_chunks, tmp_path):
     with pytest.raises(InputError, match="truncated") as e:
         run_extract(dump, tmp_path / "out", ExtractConfig(current_time=T0, processes=2))
     assert str(dump) in str(e.value) and not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_uncompressed_xml_dump_gives_the_same_bytes(tmp_path):
+    xml = tmp_path / "sample.xml"
+    xml.write_bytes(_sample_xml())
+    ref = run_extract(sample_dump_path(), tmp_path / "ref", ExtractConfig(current_time=T0))
+    m = run_extract(xml, tmp_path / "x", ExtractConfig(current_time=T0))
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in ref.files]
