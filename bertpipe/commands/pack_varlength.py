@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="a padded HDF5, a glob of them (quote it) or a directory")
+    p.add_argument("--input", required=True, help="a padded HDF5, a glob of them (quote it) or a directory (its *part* files)")
     p.add_argument("--output", required=True, help="the packed HDF5 (one input) or a directory")
     flag(p, "max_seq_length", type=int, default=512, help="width of the padded input (default: 512)")
     flag(p, "max_predictions_per_seq", type=int, default=76, help="width of masked_lm_* (default: 76)")

@@ -4,7 +4,8 @@
   bertpipe tfrecord-to-hdf5 --input 'tfrecords/part-*' --output hdf5/     # hdf5/<name>.hdf5 + _manifest.json
 
 A single input goes to --output as a file unless --output is an existing directory (or ends in
-'/'); several inputs (a glob or a directory) go into the --output directory, with a manifest.
+'/'); several inputs (a glob, or a directory: its files named *part*) go into the --output
+directory as <name>.hdf5, with a manifest.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="a TFRecord, a glob of TFRecords (quote it) or a directory")
+    p.add_argument("--input", required=True, help="a TFRecord, a glob of TFRecords (quote it) or a directory (its *part* files)")
     p.add_argument("--output", required=True, help="the HDF5 file (one input) or a directory")
     flag(p, "max_seq_length", type=int, default=512, help="values per input_ids row (default: 512)")
     flag(p, "max_predictions_per_seq", type=int, default=76, help="values per masked_lm_* row (default: 76)")
 
 
 def expand_inputs(spec: str) -> list[Path]:
-    """A file, a directory (its files, sorted) or a glob (sorted matches)."""
+    """A file, a directory (its files whose name contains "part", sorted, as Samsung's
+    run_trans_tfrecord_to_hdf5.sh) or a glob (sorted matches)."""
     p = Path(spec)
     if p.is_dir():
-        files = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(("_", ".")))
+        files = sorted(x for x in p.iterdir() if x.is_file() and "part" in x.name and not x.name.startswith("."))
     elif p.is_file():
         files = [p]
     else:

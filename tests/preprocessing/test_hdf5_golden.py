@@ -134,3 +134,13 @@ def test_tfrecord_to_hdf5_cli_glob_to_directory(golden: Path, tmp_path: Path) ->
                  str(tmp_path / "s128.hdf5"), "--max_seq_length=128", "--max-predictions-per-seq", "20"]) == 0
     with h5py.File(tmp_path / "s128.hdf5") as f:
         assert (f["input_ids"].shape, f["masked_lm_ids"].shape) == ((8362, 128), (8362, 20))
+
+
+def test_tfrecord_to_hdf5_cli_directory_takes_part_files(golden: Path, tmp_path: Path) -> None:
+    """As Samsung's run_trans_tfrecord_to_hdf5.sh: every file of the directory whose name contains "part"."""
+    (tmp_path / "tf").mkdir()
+    (tmp_path / "tf" / "part-00000-of-00500").symlink_to(golden / "eval_100.tfrecord")
+    (tmp_path / "tf" / "eval.md5").write_text("not a TFRecord\n")
+    assert main(["tfrecord-to-hdf5", "--input", str(tmp_path / "tf"), "--output", str(tmp_path / "h5")]) == 0
+    assert sorted(p.name for p in (tmp_path / "h5").iterdir()) == ["_manifest.json", "part-00000-of-00500.hdf5"]
+    assert_same_content(tmp_path / "h5" / "part-00000-of-00500.hdf5", golden / "eval_100.hdf5", order=MLPERF_ORDER)
