@@ -20,6 +20,7 @@ runs only when its literal prefix occurs (a C-speed ``in`` test), and plain dele
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from preprocessing.textio import (
 )
 
 STAGE_VERSION = "1"
+
+log = logging.getLogger(__name__)
 
 # -- cleanup_file.py ---------------------------------------------------------------------------
 
@@ -199,6 +202,19 @@ def clean_text(raw: str) -> tuple[str, str]:
     return one, clean_sh_text(one)
 
 
+NUL_WARNING = ("{path} contains a NUL character: GNU grep in the reference clean.sh treats such a file as "
+               "binary and drops (some of) its lines, depending on grep's version and buffer size; "
+               "bertpipe keeps them, so this file may differ from the reference's")
+
+
+def warn_nul(path: object, text: str) -> bool:
+    """Log (and return True) when ``text`` holds a NUL: the one input where clean.sh is not reproducible."""
+    if "\x00" not in text:
+        return False
+    log.warning(NUL_WARNING.format(path=path))
+    return True
+
+
 def clean_file(src: Path) -> tuple[bytes, bytes]:
     """Clean one extractor file: returns the ``.1`` and ``.2`` bytes."""
     one, two = clean_text(read_utf8(src))
@@ -226,6 +242,9 @@ def run_clean(extracted_dir: Path, out_dir: Path, cfg: CleanConfig = CleanConfig
             if cfg.keep_cleanup_output:
                 write_bytes(out, name + ".1", one)
             write_bytes(out, name + ".2", two)
+            if b"\x00" in one:
+                warn_nul(base, "\x00")
+                out.count("files_with_nul")
             out.count("files")
             out.count("bytes_in", base.stat().st_size)
             out.count("bytes_out", len(two))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.clean import clean_text
+from preprocessing.clean import clean_text, warn_nul
 from preprocessing.errors import InputError
 from preprocessing.gather import GatherConfig, PartWriter, gather_content
 from preprocessing.manifest import Manifest, StageOutput
@@ -68,6 +68,7 @@ class FileResult:
     train: str  # the .4 text
     tests: list[str]  # eval articles, in file order
     intermediates: dict[str, bytes]  # suffix -> bytes, when keep_intermediate
+    has_nul: bool = False  # the cleaned text holds a NUL (where GNU grep's output is not reproducible)
 
 
 def process_file(job: tuple[Path, int, int, TextConfig]) -> FileResult:
@@ -80,7 +81,7 @@ def process_file(job: tuple[Path, int, int, TextConfig]) -> FileResult:
     inter: dict[str, bytes] = {}
     if cfg.keep_intermediate:
         inter = {".1": one.encode(), ".2": two.encode(), ".3": three.encode(), ".4": train.encode()}
-    return FileResult(raw_path.stat().st_size, train, tests, inter)
+    return FileResult(raw_path.stat().st_size, train, tests, inter, "\x00" in one)
 
 
 def _check_cfg(cfg: TextConfig) -> None:
@@ -124,6 +125,8 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
                         ev.write(article + "\n\n")
                         md5s.write(eval_md5_line(article))
                     writer.add(res.raw_size, gather_content(res.train, f"{name}.4"))
+                    if res.has_nul:
+                        warn_nul(base, "\x00")
                     _count(out, res)
                     bar.update(res.raw_size)
         except BaseException as exc:
@@ -146,3 +149,5 @@ def _count(out: StageOutput, res: FileResult) -> None:
     out.count("articles", sum(1 for a in res.train.split("\n\n") if a.strip()))
     out.count("eval_articles", len(res.tests))
     out.count("eval_empty_articles", sum(1 for a in res.tests if not a.strip()))
+    if res.has_nul:
+        out.count("files_with_nul")

@@ -154,3 +154,12 @@ def test_ordered_map_keeps_order_with_a_small_window() -> None:
     items = [-5, 3, -2, 0, 7, -1, 4]
     assert list(ordered_map(abs, items, workers=2, window=2)) == [abs(x) for x in items]
     assert list(ordered_map(abs, items, workers=1)) == [abs(x) for x in items]
+
+
+def test_nul_character_is_flagged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """GNU grep's binary-file handling makes clean.sh unreproducible on a NUL: kept, but warned and counted."""
+    root = _extracted(tmp_path, {"AA/wiki_00": DOC.replace(b"First sentence", b"First\x00sentence")})
+    with caplog.at_level("WARNING"):
+        m = run_text_stages(root, tmp_path / "out", CFG)
+    assert m.counters["files_with_nul"] == 1
+    assert any("wiki_00 contains a NUL character" in r.getMessage() for r in caplog.records)
