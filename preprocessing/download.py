@@ -154,6 +154,9 @@ def resolve(source: str, *, md5: str | None = None, filename: str | None = None,
         if not _MLCOMMONS_NAME.match(name):
             raise InputError(f"{source}: MLCommons publishes part-XXXXX-of-00500, eval.txt and eval.md5")
         base = cfg.mlcommons_base_url or os.environ.get(MLCOMMONS_BASE_URL_ENV) or MLCOMMONS_PLACEHOLDER_URL
+        if base == MLCOMMONS_PLACEHOLDER_URL:
+            raise InputError(f"{source}: tell bertpipe where MLCommons' results/ folder is (the bucket or mirror "
+                             f"URL MLCommons gives out): --mlcommons-base-url or ${MLCOMMONS_BASE_URL_ENV}")
         url = _check_scheme(base.rstrip("/") + "/" + name)
         if name in MLCOMMONS_PUBLISHED:
             size, digest = MLCOMMONS_PUBLISHED[name]

@@ -253,8 +253,9 @@ def test_enwiki_latest_resolves_to_the_dated_dump_and_its_published_md5(server, 
         resolve("enwiki-20250101", cfg=cfg)
 
 
-def test_mlcommons_results_use_the_published_table(server, tmp_path):
+def test_mlcommons_results_use_the_published_table(server, tmp_path, monkeypatch):
     httpd, base, cfg = server
+    monkeypatch.delenv(dl.MLCOMMONS_BASE_URL_ENV, raising=False)
     mc = DownloadConfig(ca_bundle=cfg.ca_bundle, backoff_s=0, mlcommons_base_url=f"{base}/results/")
     res = resolve("mlcommons:eval.txt", cfg=mc)
     assert res.url == f"{base}/results/eval.txt"
@@ -263,6 +264,8 @@ def test_mlcommons_results_use_the_published_table(server, tmp_path):
     assert resolve("mlcommons:part-00042-of-00500", cfg=mc).md5 is None
     with pytest.raises(InputError, match="MLCommons publishes"):
         resolve("mlcommons:part-1", cfg=mc)
+    with pytest.raises(InputError, match="mlcommons-base-url"):  # no bucket URL configured: fail at once
+        resolve("mlcommons:eval.txt", cfg=DownloadConfig())
     httpd.state.files = {"/results/eval.md5": b"not the published file\n"}
     with pytest.raises(InputError, match="expected 330000"):  # size is checked before the md5
         run_download("mlcommons:eval.md5", tmp_path / "out", cfg=mc)
