@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = PackConfig(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
     inputs = expand_inputs(args.input)
     out = Path(args.output)
-    if len(inputs) == 1 and not (out.is_dir() or args.output.endswith(("/", "\\"))):
+    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
+    if len(inputs) == 1 and not as_dir:
         n = pack_varlength_file(inputs[0], out, cfg)
         log.info("%s -> %s: %d rows", inputs[0], out, n)
     else:

@@ -3,9 +3,9 @@
   bertpipe tfrecord-to-hdf5 --input eval_10k --output eval_10k.hdf5
   bertpipe tfrecord-to-hdf5 --input 'tfrecords/part-*' --output hdf5/     # hdf5/<name>.hdf5 + _manifest.json
 
-A single input goes to --output as a file unless --output is an existing directory (or ends in
-'/'); several inputs (a glob, or a directory: its files named *part*) go into the --output
-directory as <name>.hdf5, with a manifest.
+A single input file goes to --output as a file unless --output is an existing directory (or ends
+in '/'); a glob or a directory (its files named *part*) goes into the --output directory as
+<name>.hdf5, with a manifest.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = HDF5Config(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
     inputs = expand_inputs(args.input)
     out = Path(args.output)
-    as_dir = out.is_dir() or args.output.endswith(("/", "\\"))
+    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
     if len(inputs) == 1 and not as_dir:
         n = tfrecord_to_hdf5_file(inputs[0], out, cfg)
         log.info("%s -> %s: %d records", inputs[0], out, n)
