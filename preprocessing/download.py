@@ -9,7 +9,7 @@ Sources (``run_download(source, ...)``):
 * ``mlcommons:<name>`` with name ``part-XXXXX-of-00500``, ``eval.txt`` or ``eval.md5``: MLCommons'
   already-cleaned ``results/`` text, checked against the sizes and md5s published in the MLPerf README
   (spec §1, :data:`MLCOMMONS_PUBLISHED`). The bucket moves; give its URL with ``mlcommons_base_url``
-  or ``$BERTPIPE_MLCOMMONS_BASE_URL`` (the default is a placeholder that cannot resolve).
+  or ``$BERTPIPE_MLCOMMONS_BASE_URL`` (required: the built-in default is only a placeholder).
 * an ``https://`` URL, a ``file://`` URL, or a local path.
 
 Other schemes (plain ``http``, ``ftp`` ...) are refused. Tests use a local HTTPS server with a
@@ -76,7 +76,7 @@ class DownloadConfig:
     timeout_s: float = 60.0  # socket timeout of one request
     chunk_bytes: int = 1 << 20  # read/write block size
     ca_bundle: str | None = None  # PEM file of trusted CAs (default: $BERTPIPE_CA_BUNDLE, else the system's)
-    mlcommons_base_url: str | None = None  # default: $BERTPIPE_MLCOMMONS_BASE_URL, else a placeholder
+    mlcommons_base_url: str | None = None  # for mlcommons:* sources; default $BERTPIPE_MLCOMMONS_BASE_URL
     require_md5: bool = False  # refuse a source without a given or published md5 (default: warn)
 
 
