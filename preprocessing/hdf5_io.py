@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,15 @@ MLPERF_DATASETS: tuple[tuple[str, str, str], ...] = (
 def row_shape(kind: str, max_seq_length: int, max_predictions_per_seq: int) -> tuple[int, ...]:
     """The shape of one row of a dataset of the given width kind."""
     return {"seq": (max_seq_length,), "pred": (max_predictions_per_seq,), "": ()}[kind]
+
+
+#: Config fields that change how fast a stage runs, never what it writes: kept out of the stage key.
+EXECUTION_ONLY = frozenset({"batch_size", "chunk_rows", "validate_batch"})
+
+
+def stage_params(cfg: object) -> dict:
+    """The config as manifest/cache-key parameters, without :data:`EXECUTION_ONLY` fields."""
+    return {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_ONLY}  # type: ignore[call-overload]
 
 
 def tmp_path(final: Path) -> Path:

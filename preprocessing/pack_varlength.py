@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from preprocessing.hdf5_io import (
     open_padded,
     sequence_lengths,
     stage_file,
+    stage_params,
     verify_inputs,
 )
 from preprocessing.manifest import Manifest, StageOutput
@@ -110,7 +111,7 @@ def run_pack_varlength(input_files: Sequence[Path], out_dir: Path, cfg: PackConf
     if len(names) != len(files):
         raise InputError(f"{len(files)} inputs but {len(names)} output names")
     verify_inputs(files, upstream)
-    with StageOutput(out_dir, "pack_varlength", params=asdict(cfg), upstream=upstream,
+    with StageOutput(out_dir, "pack_varlength", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
         for src, name in zip(files, names, strict=True):
             with stage_file(out, name) as tmp:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from preprocessing.errors import InputError, RecordError
-from preprocessing.hdf5_io import atomic_path, verify_inputs
+from preprocessing.hdf5_io import atomic_path, stage_params, verify_inputs
 from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.mlperf_records import RecordShape, decode_batch
 from preprocessing.tfrecord import count_records, frame, iter_records
@@ -109,8 +109,7 @@ def run_pick_eval_samples(input_tfrecord: Path, out_dir: Path, cfg: PickEvalConf
     """Stage function: ``out_dir/output_name``; counters records_in, requested, picked, kept_all_records."""
     input_tfrecord = Path(input_tfrecord)
     verify_inputs([input_tfrecord], upstream)
-    params = {k: v for k, v in asdict(cfg).items() if k != "validate_batch"}
-    with StageOutput(out_dir, "pick_eval_samples", params=params, upstream=upstream,
+    with StageOutput(out_dir, "pick_eval_samples", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
         with out.open(output_name) as f:
             counters = pick_eval_samples(input_tfrecord, f, cfg)

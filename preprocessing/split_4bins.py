@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ from preprocessing.hdf5_io import (
     open_padded,
     sequence_lengths,
     stage_file,
+    stage_params,
     verify_inputs,
 )
 from preprocessing.manifest import MANIFEST_NAME, Manifest, StageOutput
@@ -176,7 +177,7 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
                         b, c, n, n - c)
     widths = {name: {"seq": (512,), "pred": (cfg.max_predictions_per_seq,), "": ()}[kind]
               for name, _, kind in MLPERF_DATASETS}
-    with StageOutput(out_dir, "split_4bins", params=asdict(cfg), upstream=upstream,
+    with StageOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
         writers = [_BinWriter(out, b, shard_sizes(c, n), widths, cfg.chunk_rows) for b, c in zip(BINS, counts,
                                                                                                    strict=True)]

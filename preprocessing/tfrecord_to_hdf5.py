@@ -19,13 +19,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from preprocessing.errors import RecordError
-from preprocessing.hdf5_io import MLPERF_DATASETS, atomic_path, row_shape, stage_file, verify_inputs
+from preprocessing.hdf5_io import (
+    MLPERF_DATASETS,
+    atomic_path,
+    row_shape,
+    stage_file,
+    stage_params,
+    verify_inputs,
+)
 from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.mlperf_records import RecordShape, count_records_fast, iter_batches
 from preprocessing.progress import progress
@@ -105,7 +112,7 @@ def run_tfrecord_to_hdf5(input_tfrecord: Path, out_dir: Path, cfg: HDF5Config = 
     """Stage function: one padded HDF5 ``out_dir/output_name`` from one TFRecord (counter ``records``)."""
     input_tfrecord = Path(input_tfrecord)
     verify_inputs([input_tfrecord], upstream)
-    with StageOutput(out_dir, "tfrecord_to_hdf5", params=asdict(cfg), upstream=upstream,
+    with StageOutput(out_dir, "tfrecord_to_hdf5", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
         _convert_into(out, [(input_tfrecord, output_name)], cfg)
     return out.manifest
@@ -116,7 +123,7 @@ def run_tfrecord_to_hdf5_many(inputs: Sequence[Path], out_dir: Path, cfg: HDF5Co
     """One ``<input name>.hdf5`` per TFRecord in ``out_dir`` (the Samsung wrapper's naming), one manifest."""
     inputs = [Path(p) for p in inputs]
     verify_inputs(inputs, upstream)
-    with StageOutput(out_dir, "tfrecord_to_hdf5", params=asdict(cfg), upstream=upstream,
+    with StageOutput(out_dir, "tfrecord_to_hdf5", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
         _convert_into(out, [(p, p.name + ".hdf5") for p in inputs], cfg)
     return out.manifest

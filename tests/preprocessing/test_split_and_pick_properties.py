@@ -210,3 +210,13 @@ def test_chained_stages_verify_upstream(golden: Path, tmp_path: Path) -> None:
     with pytest.raises(ChecksumError, match="eval.tfrecord"):
         run_tfrecord_to_hdf5(tmp_path / "pick" / "eval.tfrecord", tmp_path / "h5", output_name="part-0.hdf5",
                              upstream=[picked])
+
+
+def test_stage_key_ignores_execution_only_fields(tmp_path: Path) -> None:
+    write_padded(tmp_path / "part-0.hdf5", [10, 200, 300, 500])
+    keys = [run_split_4bins([tmp_path / "part-0.hdf5"], tmp_path / f"o{i}", cfg).key for i, cfg in enumerate(
+        [Split4BinsConfig(n_output_shards=1, chunk_rows=1), Split4BinsConfig(n_output_shards=1, chunk_rows=99),
+         Split4BinsConfig(n_output_shards=2)])]
+    assert keys[0] == keys[1] != keys[2]
+    assert (tmp_path / "o0" / "512" / "part_0_of_1.hdf5").read_bytes() == (tmp_path / "o1" / "512" /
+                                                                          "part_0_of_1.hdf5").read_bytes()
