@@ -1,9 +1,9 @@
 """Punkt sentence splitting exactly as nltk 3.4.5's ``PunktSentenceTokenizer.tokenize`` does it.
 
 The MLPerf text was segmented with nltk 3.4.5 (spec §5). Later nltk releases changed the algorithm
-(3.6.6 rewrote the candidate search to avoid a slow regex, 3.9+ treats curly quotes and guillemets
-as closing punctuation), so their output differs in a few places, e.g. ``…not cures.” There…`` and
-``.".``. This module is an independent implementation of the 3.4.5 decision procedure:
+(a 3.6.x security fix rewrote the slow candidate search; 3.10 also treats curly quotes and
+guillemets as closing punctuation), so their output differs in a few places, e.g.
+``…not cures.” There…`` and ``.".``. This module is an independent implementation of the 3.4.5 decision procedure:
 
 1. candidates: every match of ``\\S*[.?!]`` followed by either a non-word character or whitespace
    and a token (left-to-right, non-overlapping: the greedy ``\\S*`` eats the word before the mark);
@@ -41,7 +41,7 @@ WORD_RE = re.compile(
 # nltk 3.4.5 finds candidates with finditer(r"\S*[.?!](?=(?P<after_tok>NW|\s+(?P<next_tok>\S+)))"), which
 # is slow (quadratic in the length of a non-space run). Its matches are: for each non-space run that
 # holds a "valid end" (a mark followed by a non-word char, or by whitespace and a token), the run's
-# start up to its last valid end. _candidates() computes exactly that from the valid ends alone.
+# start up to its last valid end. candidates() computes exactly that from the valid ends alone.
 PERIOD_CONTEXT_RE = re.compile(rf"\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
 _VALID_END_RE = re.compile(rf"[.?!](?={_NON_WORD}|\s+(\S+))")
 _UP_TO_LAST_SPACE_RE = re.compile(r".*\s", re.S)
