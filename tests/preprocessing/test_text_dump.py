@@ -58,3 +58,12 @@ def test_dump_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err
     assert str(missing) in err or "no-such-dump" in err
     assert not (tmp_path / "o" / "_manifest.json").exists()
+
+
+def test_dump_url_md5_mismatch(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A URL goes through the download stage: a wrong md5 stops before extraction, nothing is kept."""
+    out = tmp_path / "o"
+    url = (shared_data / DUMP).resolve().as_uri()
+    assert main(["text", "--dump", url, "--md5", "0" * 32, "--out", str(out)]) == 2
+    assert "md5 mismatch" in capsys.readouterr().err
+    assert not (out / "_work" / "extract").exists() and not (out / "_manifest.json").exists()
