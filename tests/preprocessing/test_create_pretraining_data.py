@@ -300,3 +300,20 @@ def test_extension_compiles_on_first_use(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     assert out.startswith(str(tmp_path / "cache")) and Path(out).is_file(), out
+
+
+def test_fast_equals_plain_for_every_unicode_space(tmp_path, vocab):
+    """The C splitter's whitespace table is Python's str.isspace() (and Cc/Cf joiners are handled)."""
+    _fast_or_skip()
+    spaces = [chr(c) for c in range(0x80, 0x110000) if chr(c).isspace()]
+    others = ["\u180e", "\u200b", "\ufeff", "\u2060", "\x00", "\x0b", "\x0c", "\x1c", "\x1f", "\x7f", "\t", "\r"]
+    lines = []
+    for c in spaces + others:  # each character inside words, and alone on a line (a separator if it is space)
+        lines += [f"Word{c}ΣΟΦΙΑ{c}x.{c}ΑΣ y", f"more text {c}é", c, f"ΑΣ{c}b", f" {c}\t", "last one"]
+    p = tmp_path / "spaces.txt"
+    p.write_text("\n".join(lines), encoding="utf-8")
+    kw = {"max_seq_length": 16, "max_predictions_per_seq": 3, "dupe_factor": 2}
+    fast, s1 = run_bytes([p], cfg(vocab, "fast", **kw))
+    plain, s2 = run_bytes([p], cfg(vocab, "plain", **kw))
+    assert len(spaces) >= 17 and s1.instances == s2.instances > 20
+    assert fast == plain
