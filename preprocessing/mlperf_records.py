@@ -185,6 +185,15 @@ for _fid, _name in enumerate(_NAMES):
 _KIND_TAG = np.array([0x12 if f in FLOAT_FEATURES else 0x1A for f in FEATURES] + [0], dtype=np.uint8)
 
 
+def _rows(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """``buf[s:s + width]`` for every s, as one (len(starts), width) array (a row copy each, no index array)."""
+    if len(buf) < width:
+        buf = np.concatenate((buf, np.zeros(width - len(buf), dtype=buf.dtype)))
+    windows = np.lib.stride_tricks.as_strided(buf, shape=(len(buf) - width + 1, width), strides=(1, 1),
+                                              writeable=False)
+    return windows[starts]
+
+
 def _read_len(buf: np.ndarray, pos: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised varint (1-3 bytes) at ``pos`` of every record; longer ones clear ``ok``."""
     b0 = buf[pos].astype(np.int64)
@@ -226,7 +235,7 @@ def _parse_structure(buf: np.ndarray, rec_start: np.ndarray, rec_end: np.ndarray
         fid = _LEN_TO_FID[np.minimum(nlen, 63)]
         ok &= fid >= 0
         fid = np.where(fid >= 0, fid, len(FEATURES))
-        got = buf[np.minimum(pos[:, None] + cols, limit)]
+        got = _rows(buf, np.minimum(pos, limit), _NAME_LEN)
         ok &= ((got == _NAME_TABLE[fid]) | (cols >= nlen[:, None])).all(axis=1)
         vlen, pos = tag(pos + nlen, 0x12)  # entry value (Feature)
         ok &= pos + vlen == eend
@@ -262,9 +271,9 @@ def _decode_feature(name: str, buf: np.ndarray, starts: np.ndarray, ends: np.nda
         bad = np.flatnonzero(lengths != 4 * want)
         if bad.size:
             _wrong_length(path, first_index + int(bad[0]), name, int(lengths[bad[0]]) / 4, want)
-        return buf[starts[:, None] + np.arange(4 * want)].view("<f4").reshape(n, want)
+        return _rows(buf, starts, 4 * want).view("<f4").reshape(n, want)
     if (lengths == want).all():  # want bytes for want values: all one-byte varints (masks, labels)?
-        raw = buf[starts[:, None] + np.arange(want)]
+        raw = _rows(buf, starts, want)
         if int(raw.max(initial=0)) < 0x80:
             return raw
     bad = np.flatnonzero(lengths == 0)
