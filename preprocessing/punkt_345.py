@@ -46,6 +46,7 @@ PERIOD_CONTEXT_RE = re.compile(rf"\S*[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<ne
 _VALID_END_RE = re.compile(rf"[.?!](?={_NON_WORD}|\s+(\S+))")
 _UP_TO_LAST_SPACE_RE = re.compile(r".*\s", re.S)
 REALIGN_RE = re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.M)
+_SIMPLE_CONTEXT_RE = re.compile(r"(\w+\.)\s+(\w+)")
 _NUMERIC_RE = re.compile(r"^-?[.,]?\d[\d,.-]*\.?$")
 _INITIAL_RE = re.compile(r"[^\W\d]\.$")
 
@@ -91,6 +92,9 @@ def _type_no_period(tok: str) -> str:
 def _words(context: str) -> list[str]:
     """Punkt word tokens of a context; lines are tokenized separately, as nltk does."""
     if "\n" not in context:
+        m = _SIMPLE_CONTEXT_RE.fullmatch(context)
+        if m:  # "word. Word", three in four contexts: WORD_RE gives exactly these two tokens
+            return [m.group(1), m.group(2)]
         return WORD_RE.findall(context)
     return [w for line in context.split("\n") if line.strip() for w in WORD_RE.findall(line)]
 

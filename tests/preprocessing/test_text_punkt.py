@@ -99,3 +99,16 @@ def test_segment_text_reference_line_rules(tok: Punkt345) -> None:
     assert segment_text("Hi there.\nX", tok) == "Hi there.\n\nX\n\n"
     # whitespace-only lines vanish (no sentences, length > 1)
     assert segment_text("  \nA b.\n", tok) == "A b.\n\n"
+
+
+def test_word_fast_path_equals_word_regex() -> None:
+    rng = random.Random(3)
+    alphabet = "aZé_9.. \t\xa0-,;:'\"()!?"
+    word = lambda: "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 6)))  # noqa: E731
+    fast = 0
+    for _ in range(20000):
+        ctx = word() + "." + rng.choice([" ", "\t", "\xa0", "  "]) + word()  # the shape of most contexts
+        fast += punkt_345._SIMPLE_CONTEXT_RE.fullmatch(ctx) is not None
+        assert punkt_345._words(ctx) == punkt_345.WORD_RE.findall(ctx), ctx
+    assert fast > 1000
+    assert punkt_345._words("Smith. He") == ["Smith.", "He"]
