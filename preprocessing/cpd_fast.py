@@ -9,9 +9,12 @@ What it uses, and why:
   reference's exact algorithm, replays CPython's MT19937 from ``random.Random(seed).getstate()`` so
   it draws exactly the reference's stream, creates and masks the instances, and writes canonical
   TFRecords with CRC32C (the SSE4.2 instruction when the CPU has it);
-* the plain Python tokenizer for the other lines, with a cache per whitespace-separated chunk (the
-  tokens of a chunk do not depend on its neighbours unless the line holds one of the few characters
-  that ``str.split`` treats as whitespace but the reference deletes; such lines are tokenized whole).
+* lines with other characters are split by the C reader into ``str.split()`` chunks: the tokens of a
+  chunk do not depend on its neighbours (unless the line holds one of the few characters that
+  ``str.split`` treats as whitespace but the reference deletes, \\v \\f \\x1c-\\x1f U+0085: such lines,
+  and lines that are not UTF-8, go whole to Python). ASCII chunks are tokenized in C, the others by
+  the plain Python tokenizer with a cache (Python's ``lower()``/NFD/``unicodedata`` rules stay exact,
+  e.g. the final sigma that HF ``tokenizers`` gets wrong).
 
 No TensorFlow, numpy or numba is imported: start-up is the Python interpreter plus this module.
 Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the plain implementation).
@@ -26,10 +29,10 @@ import logging
 import os
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from preprocessing.create_pretraining_data import (
     CreatePretrainingDataConfig,
@@ -158,7 +161,8 @@ def unavailable_reason() -> str:
 class _LineTokenizer:
     """Callback of the C reader for lines that are not pure ASCII: exact Python tokenization."""
 
-    def __init__(self, tokenizer: FullTokenizer, skip_invalid_utf8: bool, ascii_line=None) -> None:
+    def __init__(self, tokenizer: FullTokenizer, skip_invalid_utf8: bool,
+                 ascii_line: Callable[[bytes], list[int] | None] | None = None) -> None:
         self.tokenizer = tokenizer
         self.ascii_line = ascii_line  # the engine's C tokenizer for pure-ASCII text
         self.vocab = tokenizer.vocab
@@ -229,8 +233,9 @@ def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[
             gc.enable()
 
 
-def _run(engine, fallback: _LineTokenizer, vocab: dict[str, int], input_files: Sequence[Path],
+def _run(engine: Any, fallback: _LineTokenizer, vocab: dict[str, int], input_files: Sequence[Path],
          outputs: Sequence[BinaryIO], cfg: CreatePretrainingDataConfig, log_examples: int) -> Stats:
+    """Read every input into the engine, create the instances, write them, log the first ones."""
     nbytes = 0
     for path in input_files:
         data = Path(path).read_bytes()
