@@ -8,7 +8,7 @@ Every measurement runs in a fresh child process, so its peak RSS (ru_maxrss) is 
   ``parse_single_example`` + one-shot iterator, one ``sess.run`` per record, pass 1 counting, pass 2
   assigning row by row into the six h5py datasets). Samsung measured ~630 records/s on this box.
 * ours: ``preprocessing.tfrecord_to_hdf5.convert_tfrecord_to_hdf5`` (CRC-checked, validated).
-* memory flat as input grows: the same conversion / split on the sample and on the sample 4x over.
+* memory flat as input grows: the same conversion / split on the sample and on the sample 4x and 8x over.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def main() -> None:
     p.add_argument("--baseline-records", type=int, default=3000,
                    help="records the TF baseline converts (0 = all; its rate is per record either way)")
     p.add_argument("--repeat", type=int, default=3, help="runs of ours per size (best time reported)")
+    p.add_argument("--sizes", default="1,4,8", help="input sizes, in copies of the sample (default: 1,4,8)")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -132,33 +133,36 @@ def main() -> None:
         return
     if not args.input.is_file():
         sys.exit(f"{args.input} not found (the golden data lives in ../shared/data/golden)")
+    sizes = [int(x) for x in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench_hdf5_") as tmp:
         t = Path(tmp)
-        big = t / "sample_x4.tfrecord"
-        with open(big, "wb") as f:
-            for _ in range(4):
-                with open(args.input, "rb") as src:
-                    shutil.copyfileobj(src, f)
+        inputs = {}
+        for k in sizes:
+            inputs[k] = args.input if k == 1 else t / f"sample_x{k}.tfrecord"
+            if k != 1:
+                with open(inputs[k], "wb") as f:
+                    for _ in range(k):
+                        with open(args.input, "rb") as src:
+                            shutil.copyfileobj(src, f)
         imports = run_child("imports", args.input, t / "x")
         print(f"interpreter + numpy + h5py + bertpipe modules: peak RSS {imports['rss_mb']:.0f} MB\n")
         base = run_child("samsung", args.input, t / "samsung.hdf5", str(args.baseline_records))
         report("baseline: Samsung per-record TF parse + h5py", base)
-        for label, src in (("tfrecord-to-hdf5 sample", args.input), ("tfrecord-to-hdf5 sample x4", big)):
-            runs = [run_child("ours", src, t / f"{src.stem}.hdf5") for _ in range(args.repeat)]
+        for k, src in inputs.items():
+            runs = [run_child("ours", src, t / f"x{k}.hdf5") for _ in range(args.repeat)]
             best = min(runs, key=lambda r: r["seconds"])
             best["rss_mb"] = max(r["rss_mb"] for r in runs)
-            report(f"{label} ({src.stat().st_size / 1e6:.0f} MB)", best, base)
-        _check_same(t / "samsung.hdf5", t / f"{args.input.stem}.hdf5", base["records"])
+            report(f"tfrecord-to-hdf5 sample x{k} ({src.stat().st_size / 1e6:.0f} MB)", best, base)
+        _check_same(t / "samsung.hdf5", t / f"x{sizes[0]}.hdf5", base["records"])
         print()
-        for label, src in (("split-4bins N=8 sample", t / f"{args.input.stem}.hdf5"),
-                           ("split-4bins N=8 sample x4", t / f"{big.stem}.hdf5")):
-            runs = []
+        for k in sizes:
+            src, runs = t / f"x{k}.hdf5", []
             for i in range(args.repeat):
-                runs.append(run_child("split", src, t / f"split-{src.stem}-{i}"))
-                shutil.rmtree(t / f"split-{src.stem}-{i}")
+                runs.append(run_child("split", src, t / f"split-{k}-{i}"))
+                shutil.rmtree(t / f"split-{k}-{i}")
             best = min(runs, key=lambda r: r["seconds"])
             best["rss_mb"] = max(r["rss_mb"] for r in runs)
-            report(f"{label} ({src.stat().st_size / 1e6:.0f} MB)", best)
+            report(f"split-4bins N=8 sample x{k} ({src.stat().st_size / 1e6:.0f} MB)", best)
 
 
 def _check_same(baseline: Path, ours: Path, n: int) -> None:
