@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("with --dump")
     g.add_argument("--md5", default=None, help="expected md5 of a downloaded dump")
     flag(g, "current_time", default=None, metavar="ISO",
-         help="the time {{CURRENTYEAR}} & co. expand to, e.g. 2020-01-01T00:00:00 (default: now)")
+         help="the time {{CURRENTYEAR}} & co. expand to, e.g. 2020-01-01T00:00:00 (default: now); when "
+         "pinned, a re-run reuses a finished extraction of the same dump")
     p.add_argument("--work", type=Path, default=None, metavar="DIR", help="folder for download/extract with --dump "
                    "(default: <out>/_work)")
 
@@ -59,8 +60,32 @@ def _extract_dump(args: argparse.Namespace) -> tuple[Path, list]:
         local = work / "download" / dl.files[0].name
         upstream = [dl]
     cfg = ExtractConfig(processes=args.workers or _cpus(), current_time=args.current_time)
+    prev = _reusable_extraction(work / "extract", local, cfg.params(), upstream)
+    if prev is not None:
+        log.info("text: reusing the extraction in %s (same dump and settings; delete it to redo)", work / "extract")
+        return work / "extract", [prev]
     m = run_extract(local, work / "extract", cfg, upstream=upstream)
     return work / "extract", [m]
+
+
+def _reusable_extraction(extract_dir: Path, dump: Path, params: dict, upstream: list):  # noqa: ANN202
+    """A finished extraction of the same dump with the same settings (a pinned --current-time), or None.
+
+    The dump is "the same" when it came through a verified download with the same md5, or, for a
+    local file, has the recorded size. The text stages then re-check every extracted file's md5.
+    """
+    from preprocessing.manifest import is_done
+
+    if params.get("current_time") is None:
+        return None  # {{CURRENTYEAR}} & co. follow the clock: extract again
+    prev = is_done(extract_dir, check_md5=False)
+    if prev is None or prev.params != params:
+        return None
+    if prev.upstream != {f"{m.stage}:{m.key}": m.digest for m in upstream}:
+        return None
+    if not upstream and prev.counters.get("dump_bytes") != dump.stat().st_size:
+        return None
+    return prev
 
 
 def _cpus() -> int:

@@ -52,6 +52,19 @@ def test_dump_equals_text_stages_on_its_extraction(dump_run: Path, tmp_path: Pat
     assert params["num_test_articles"] == 20 and params["block_size_mb"] == 26.92
 
 
+def test_dump_rerun_reuses_the_extraction(dump_run: Path, shared_data: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    before = {n: (dump_run / n).read_bytes() for n in FINAL}
+    extract_manifest = (dump_run / "_work" / "extract" / "_manifest.json").read_bytes()
+    with caplog.at_level("INFO"):
+        rc = main(["text", "--dump", str(shared_data / DUMP), "--out", str(dump_run), "--num_test_articles=20",
+                   "--current-time", "2026-01-01T00:00:00", "--workers", "1"])
+    assert rc == 0
+    assert any("reusing the extraction" in r.getMessage() for r in caplog.records)
+    assert (dump_run / "_work" / "extract" / "_manifest.json").read_bytes() == extract_manifest
+    assert {n: (dump_run / n).read_bytes() for n in FINAL} == before
+
+
 def test_dump_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "no-such-dump.xml.bz2"
     assert main(["text", "--dump", str(missing), "--out", str(tmp_path / "o")]) == 2
