@@ -40,8 +40,15 @@ def write_padded(path: Path, lengths: list[int], seed: int = 0) -> dict[str, np.
     return data
 
 
-def read_bins(out: Path, n_shards: int) -> dict[int, list[h5py.File]]:
-    return {b: [h5py.File(out / str(b) / f"part_{k}_of_{n_shards}.hdf5", "r") for k in range(n_shards)] for b in BINS}
+def read_bins(out: Path, n_shards: int) -> dict[int, list[dict[str, np.ndarray]]]:
+    """Every shard's datasets ({} for a shard file without datasets), per bin, in shard order."""
+    shards: dict[int, list[dict[str, np.ndarray]]] = {}
+    for b in BINS:
+        shards[b] = []
+        for k in range(n_shards):
+            with h5py.File(out / str(b) / f"part_{k}_of_{n_shards}.hdf5", "r") as f:
+                shards[b].append({name: f[name][:] for name in f})
+    return shards
 
 
 lengths_st = st.lists(st.one_of(st.integers(1, 512), st.sampled_from([1, 128, 129, 256, 257, 384, 385, 512])),
