@@ -2,7 +2,7 @@
 
 ``preprocessing.tfrecord.decode_example`` decodes one varint at a time in Python (~1k records/s).
 Here the protobuf *structure* of each record (7 map entries) is walked in Python, but the packed
-values of a whole batch of records are decoded at once with NumPy (~50k records/s on one core).
+values of a whole batch of records are decoded at once with NumPy (~40-60k records/s on one core).
 
 Every record is validated as the reference's ``tf.io.FixedLenFeature`` parsing would: all seven
 features present, of the right kind (int64_list / float_list) and length. Records whose encoding
