@@ -1,8 +1,9 @@
 """Fast, validating decoder of MLPerf pre-training TFRecords straight into NumPy arrays.
 
 ``preprocessing.tfrecord.decode_example`` decodes one varint at a time in Python (~1k records/s).
-Here the protobuf *structure* of each record (7 map entries) is walked in Python, but the packed
-values of a whole batch of records are decoded at once with NumPy (~40-60k records/s on one core).
+Here a batch of records is decoded at once with NumPy (~40-60k records/s on one core): the protobuf
+structure (Example -> Features -> 7 map entries, in any key order) is walked for all records in
+lock-step, then each feature's packed varints are decoded in one go.
 
 Every record is validated as the reference's ``tf.io.FixedLenFeature`` parsing would: all seven
 features present, of the right kind (int64_list / float_list) and length. Records whose encoding
