@@ -4,6 +4,8 @@
 
 Inputs are sorted(<input_dir>/part*), as in the reference; outputs <output_dir>/{128,256,384,512}/
 part_<k>_of_<N>.hdf5 and <output_dir>/_manifest.json. An output folder holding other files is refused.
+A bin with fewer rows than shards (where the reference crashes) gets its 0-row shards first, written
+as HDF5 files without datasets, as the reference leaves the files of an empty bin.
 """
 
 from __future__ import annotations
