@@ -339,18 +339,23 @@ def _open(path: Path) -> BinaryIO:
 
 
 def count_records_fast(path: str | os.PathLike) -> int:
-    """Number of records, walking the length headers block by block (no CRC check; truncation detected)."""
+    """Number of records, walking the headers block by block (length CRCs checked, truncation detected)."""
     path = Path(path)
-    unpack = struct.Struct("<Q").unpack_from
+    header = struct.Struct("<QI").unpack_from
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         n = pos = block_start = 0
         block = b""
-        while pos + 8 <= size:
-            if pos + 8 > block_start + len(block):
+        while pos + 12 <= size:
+            if pos + 12 > block_start + len(block):
                 f.seek(pos)
                 block, block_start = f.read(_BLOCK), pos
-            pos += 16 + unpack(block, pos - block_start)[0]
+            at = pos - block_start
+            length, len_crc = header(block, at)
+            if masked_crc(block[at:at + 8]) != len_crc:
+                raise RecordError(f"{path}: record {n} at byte {pos}: length CRC mismatch (corrupt header); "
+                                  "the file is damaged - re-create it")
+            pos += 16 + length
             n += 1
     if pos != size:
         raise RecordError(f"{path}: record {n - (pos > size)} is truncated; the file was cut off - re-create it")

@@ -193,3 +193,13 @@ def test_unusual_record_with_a_wrong_kind(tmp_path: Path) -> None:
                                   for n in order])
     with pytest.raises(RecordError, match=r"record 3: feature 'masked_lm_weights' is not a float list"):
         convert_tfrecord_to_hdf5(_write(tmp_path, payloads), tmp_path / "o.hdf5", CFG)
+
+
+def test_flipped_byte_in_a_length_header(tmp_path: Path) -> None:
+    p = _write(tmp_path, _good())
+    data = bytearray(p.read_bytes())
+    sizes = [16 + len(x) for x in _good()]
+    data[sum(sizes[:3]) + 1] ^= 0x40  # the length of record 3: claims 16 KB more
+    p.write_bytes(bytes(data))
+    with pytest.raises(RecordError, match=r"bad\.tfrecord: record 3 at byte \d+: length CRC mismatch"):
+        convert_tfrecord_to_hdf5(p, tmp_path / "o.hdf5", CFG)
