@@ -120,3 +120,31 @@ def test_stage_subcommands_chain(chain: Path, tmp_path: Path) -> None:
         _same(tmp_path / "segment" / "AA" / f"{n}.3", chain / "text" / "AA" / f"{n}.3")
     _same(tmp_path / "split" / "eval.md5", chain / "eval.md5")
     _same(tmp_path / "results" / "part-00000-of-00500", chain / "part-00000-of-00500")
+
+
+@pytest.mark.slow
+def test_many_files_roll_over_and_do_not_depend_on_workers(shared_data: Path, tmp_path: Path) -> None:
+    """30 real extractor files (8 folders, ~31 MB): two 26.92 MB parts, identical for 1 and 3 workers,
+    and the parts together are the one-part output of a huge block size."""
+    src = sorted((shared_data / "mlperf_sample" / "extracted" / "AA").glob("wiki_0?"))
+    root = tmp_path / "extracted"
+    for k in range(30):
+        d = root / f"A{chr(65 + k // 4)}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"wiki_{k % 4:02d}").symlink_to(src[k % 4])
+    outs = {}
+    for workers, block in ((1, 26.92), (3, 26.92), (2, 1000.0)):
+        out = tmp_path / f"out{workers}"
+        m = run_text_stages_cli(root, out, workers, block)
+        outs[workers] = {f.name: f.md5 for f in m.files}
+    assert outs[1] == outs[3]
+    assert sorted(n for n in outs[1] if n.startswith("part-")) == ["part-00000-of-00500", "part-00001-of-00500"]
+    joined = b"".join((tmp_path / "out1" / n).read_bytes() for n in ("part-00000-of-00500", "part-00001-of-00500"))
+    assert joined == (tmp_path / "out2" / "part-00000-of-00500").read_bytes()
+    assert outs[1]["eval.md5"] == outs[2]["eval.md5"]
+
+
+def run_text_stages_cli(root: Path, out: Path, workers: int, block: float):  # noqa: ANN201
+    assert main(["text", "--extracted", str(root), "--out", str(out), "--num-test-articles", "60",
+                 "--workers", str(workers), "--block-size-mb", str(block)]) == 0
+    return verify_manifest(out)
