@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(out, "output_file", metavar="FILES",
          help="output TFRecord(s); comma-separated: instances are written round-robin, as the reference does")
     flag(out, "output_dir", metavar="DIR",
-         help="one output per input file (DIR/<input name><suffix>), each its own invocation; runs in parallel")
+         help="one output per input file (DIR/<input name><suffix>), each its own invocation, in parallel "
+         "(--workers); only the first logs its examples")
     flag(p, "output_suffix", default=".tfrecord", help="suffix of --output_dir outputs (default: .tfrecord)")
     flag(p, "vocab_file", required=True, help="BERT vocab.txt (the MLPerf vocab for MLPerf data)")
     bool_flag(p, "do_lower_case", True, "lower-case and strip accents (uncased vocab)")
