@@ -191,7 +191,7 @@ def setup(cfg: TrainConfig):
         ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
     with torch.random.fork_rng():  # identical initial weights on every rank, whatever the rank seed
         torch.manual_seed(cfg.seed)
-        model = BertForPreTraining(mcfg)
+        model = BertForPreTraining(mcfg, static_mlm=cfg.static_mlm or choice.kind == "hpu")
     zero = ds_cfg.get("zero_optimization", {}).get("stage", 0) > 0
     opt = build_optimizer(cfg.optimizer, model.param_groups(cfg.weight_decay), cfg.learning_rate,
                           zero_enabled=zero)

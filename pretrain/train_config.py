@@ -65,6 +65,8 @@ class TrainConfig:
     """auto (HPU > CUDA > CPU), hpu, cuda or cpu."""
     compile: bool = False
     """torch.compile the engine (HPU eager mode or CUDA)."""
+    static_mlm: bool = False
+    """MLM head over all prediction slots (static shapes for graph compilers); always on for HPU."""
     log_interval: int = 1
     """Write a metrics record every N optimizer steps."""
     checkpoint_interval: int = 200
