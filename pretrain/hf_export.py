@@ -4,6 +4,9 @@
     export_to_hf(model, "out/hf")            # config.json + model.safetensors
     transformers.BertForPreTraining.from_pretrained("out/hf")
 
+    # or straight from a training run's DeepSpeed checkpoint (newest tag unless --tag):
+    python -m pretrain.hf_export OUTPUT_DIR out/hf [--tag 1000]
+
 The mapping is name for name except that our fused QKV projection is split into query/key/value and the
 vocabulary padding rows (30522 -> 30528) are dropped, so the exported model has the real vocab_size and gives
 the same MLM and NSP logits. Habana's `layer_norm_large_model` variant has no transformers equivalent and is
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +162,47 @@ def export_to_hf(model_or_state: torch.nn.Module | dict[str, Tensor], out_dir: s
     (out_dir / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     log.info("exported %d tensors to %s", len(hf_state), out_dir)
     return out_dir
+
+
+def load_training_checkpoint(output_dir: str | Path, tag: str | None = None) -> tuple[dict[str, Tensor], BertConfig]:
+    """Module weights and model config of a `pretrain/train.py` checkpoint (OUTPUT_DIR/checkpoints/<tag>/).
+
+    Reads DeepSpeed's `mp_rank_00_model_states.pt` with `torch.load(weights_only=True)`. Under bf16 these are
+    the bf16 weights (the fp32 master copy lives in the ZeRO optimizer partitions and differs by bf16
+    rounding only).
+    """
+    from pretrain import checkpoint as ckpt
+
+    tag = tag or ckpt.latest_tag(output_dir)
+    if tag is None:
+        raise ValueError(f"{ckpt.checkpoint_dir(output_dir)}: no 'latest' file; pass the checkpoint tag")
+    d = ckpt.checkpoint_dir(output_dir) / tag
+    try:
+        config = BertConfig.from_dict(json.loads((d / ckpt.CONFIG_NAME).read_text())["model"])
+        states = torch.load(d / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{d}: not a complete bertpipe training checkpoint ({e})") from e
+    return states["module"], config
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Export a bertpipe training checkpoint to a transformers directory.")
+    p.add_argument("output_dir", help="the training run's --output-dir (holds checkpoints/)")
+    p.add_argument("hf_dir", help="destination directory")
+    p.add_argument("--tag", help="checkpoint tag (default: checkpoints/latest)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        state, config = load_training_checkpoint(args.output_dir, args.tag)
+        export_to_hf(state, args.hf_dir, config)
+    except ValueError as e:
+        print(f"hf_export: error: {e}", file=sys.stderr)
+        return 2
+    print(args.hf_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -159,3 +159,27 @@ def test_tf1_checkpoint_from_another_config_is_refused(tf1_checkpoint, tmp_path)
         load_tf_checkpoint(BertForPreTraining(model_config("tiny", vocab_size=30000)), prefix)
     with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
         load_tf_checkpoint(BertForPreTraining(model_config("tiny")), tmp_path / "missing.ckpt")
+
+
+def test_export_from_a_training_checkpoint(tmp_path):
+    """A checkpoint laid out as pretrain/train.py writes it (DeepSpeed bf16 module weights) exports and loads."""
+    transformers = pytest.importorskip("transformers")
+    from pretrain import checkpoint as ckpt
+    from pretrain.hf_export import main
+
+    model = perturbed_tiny()
+    d = ckpt.checkpoint_dir(tmp_path / "run") / "40"
+    d.mkdir(parents=True)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    torch.save({"module": bf16, "ds_version": "0.19.8", "global_steps": 40}, d / "mp_rank_00_model_states.pt")
+    (d / ckpt.CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict(), "run": {}}))
+    (d.parent / "latest").write_text("40")
+    assert main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    model.load_state_dict({k: v.float() for k, v in bf16.items()})
+    b = batch()
+    with torch.no_grad():
+        want = model(**b).nsp_logits
+        got = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
+    torch.testing.assert_close(got.seq_relationship_logits, want, rtol=0, atol=ATOL)
+    assert main([str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
