@@ -317,3 +317,14 @@ def test_fast_equals_plain_for_every_unicode_space(tmp_path, vocab):
     plain, s2 = run_bytes([p], cfg(vocab, "plain", **kw))
     assert len(spaces) >= 17 and s1.instances == s2.instances > 20
     assert fast == plain
+
+
+@pytest.mark.parametrize("bad", [b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"])
+def test_every_kind_of_invalid_utf8_is_caught_by_both(tmp_path, vocab, bad):
+    """Overlong, surrogate, above U+10FFFF, truncated, stray continuation: the C reader never lets one through."""
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"caf\xc3\xa9 ok\n\nline " + bad + b" x\nend\n")
+    for impl in ("plain", "auto"):
+        with pytest.raises(InputError, match=r"line 3 is not valid UTF-8 .* at byte offset 15"):
+            run_bytes([p], cfg(vocab, impl))
+        assert run_bytes([p], cfg(vocab, impl, skip_invalid_utf8=True))[1].skipped_lines == 1
