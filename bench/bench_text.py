@@ -86,6 +86,12 @@ def bench_dataset(name: str, root: Path, repeat: int) -> list[tuple[str, str, fl
     t_warm = best(lambda: [warm.tokenize(ln) for ln in lines], repeat)
     size = mb(lines)
     diff = sum(1 for ln in lines if ref.tokenize(ln) != warm.tokenize(ln))
+    t_ref_stage = best(lambda: [segment_text(t, ref) for t in twos], repeat)  # same loop, nltk inside
+    t_stage = best(lambda: [segment_text(t, Punkt345(model)) for t in twos], repeat)
+    rows.append((name, "segment stage, nltk", size, size / t_ref_stage,
+                 "do_sentence_segmentation loop with nltk 3.10 (baseline)"))
+    rows.append((name, "segment stage, ours", size, size / t_stage,
+                 f"cold cache: {t_ref_stage / t_stage:.1f}x the nltk loop"))
     rows.append((name, "nltk sent_tokenize", size, size / t_nltk, "baseline (nltk 3.10, same params)"))
     rows.append((name, "punkt_345 tokenize", size, size / t_cold, f"cold: {t_nltk / t_cold:.1f}x nltk"))
     rows.append((name, "punkt_345 tokenize", size, size / t_warm, f"warm: {t_nltk / t_warm:.1f}x nltk; "

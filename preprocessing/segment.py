@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.progress import progress
@@ -41,8 +42,12 @@ def tokenizer() -> Punkt345:
     return _TOKENIZER
 
 
-def segment_text(text: str, tok: Punkt345 | None = None) -> str:
-    """The ``.3`` text of a ``.2`` file's decoded text."""
+class SentenceSplitter(Protocol):
+    def tokenize(self, text: str) -> list[str]: ...
+
+
+def segment_text(text: str, tok: SentenceSplitter | None = None) -> str:
+    """The ``.3`` text of a ``.2`` file's decoded text (``tok``: default the nltk 3.4.5 English Punkt)."""
     tok = tok or tokenizer()
     split = tok.tokenize
     out: list[str] = []
