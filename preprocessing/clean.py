@@ -233,7 +233,7 @@ def run_clean(extracted_dir: Path, out_dir: Path, cfg: CleanConfig = CleanConfig
     extracted_dir, out_dir = Path(extracted_dir), Path(out_dir)
     files = list_wiki_files(extracted_dir, what="extractor output folder")
     verify_upstream(extracted_dir, upstream)
-    check_output_dir(out_dir)
+    check_output_dir(out_dir, extracted_dir)
     params = {"keep_cleanup_output": cfg.keep_cleanup_output}
     with StageOutput(out_dir, "clean", params=params, upstream=upstream, code_version=STAGE_VERSION) as out:
         results = ordered_map(clean_file, files, cfg.workers or default_workers())

@@ -123,7 +123,7 @@ def run_gather(in_dir: Path, out_dir: Path, cfg: GatherConfig = GatherConfig(), 
     raw_dir = check_input_dir(raw_dir or in_dir, "extractor output folder")
     files = list_wiki_files(in_dir, ".4", what="split text folder")
     verify_upstream(in_dir, upstream)
-    check_output_dir(out_dir)
+    check_output_dir(out_dir, in_dir)
     if cfg.block_size_mb <= 0:
         raise InputError(f"--block-size-mb must be > 0, got {cfg.block_size_mb}")
     params = {"block_size_mb": cfg.block_size_mb, "num_outputs": cfg.num_outputs, "worker_id": cfg.worker_id}

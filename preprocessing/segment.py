@@ -78,7 +78,7 @@ def run_segment(in_dir: Path, out_dir: Path, cfg: SegmentConfig = SegmentConfig(
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     files = list_wiki_files(in_dir, ".2", what="cleaned text folder")
     verify_upstream(in_dir, upstream)
-    check_output_dir(out_dir)
+    check_output_dir(out_dir, in_dir)
     with StageOutput(out_dir, "segment", params={}, upstream=upstream, code_version=STAGE_VERSION) as out:
         results = ordered_map(segment_file, files, cfg.workers or default_workers())
         for base, data in progress(zip(files, results, strict=True), total=len(files), desc="segment", unit="file"):

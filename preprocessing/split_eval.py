@@ -101,7 +101,7 @@ def run_split_eval(in_dir: Path, out_dir: Path, cfg: SplitEvalConfig = SplitEval
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     files = list_wiki_files(in_dir, ".3", what="segmented text folder")
     verify_upstream(in_dir, upstream)
-    check_output_dir(out_dir)
+    check_output_dir(out_dir, in_dir)
     if cfg.num_test_articles < 0:
         raise InputError(f"--num-test-articles must be >= 0, got {cfg.num_test_articles}")
     jobs = [(b, ".3", k, len(files), cfg.num_test_articles, cfg.seed) for k, b in enumerate(files)]

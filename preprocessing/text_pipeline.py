@@ -106,9 +106,7 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
     _check_cfg(cfg)
     files = list_wiki_files(extracted_dir, what="extractor output folder")
     verify_upstream(extracted_dir, upstream)
-    check_output_dir(out_dir)
-    if out_dir.resolve() == extracted_dir.resolve():
-        raise InputError(f"--out {out_dir} is the input folder; choose another output folder")
+    check_output_dir(out_dir, extracted_dir)
     t0 = time.perf_counter()
     jobs = [(f, k, len(files), cfg) for k, f in enumerate(files)]
     with StageOutput(out_dir, "text", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:

@@ -63,9 +63,15 @@ def check_input_dir(path: Path, what: str) -> Path:
     return path
 
 
-def check_output_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) or raise an InputError that names it."""
+def check_output_dir(path: Path, input_dir: Path | None = None) -> Path:
+    """Create ``path`` (and parents) or raise an InputError that names it.
+
+    With ``input_dir``, also refuse to write into the input folder (it may be read-only or shared).
+    """
     path = Path(path)
+    if input_dir is not None and path.resolve() == Path(input_dir).resolve():
+        raise InputError(f"--out {path} is the input folder; choose another output folder "
+                         "(stages never write into their input)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):

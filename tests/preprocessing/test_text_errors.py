@@ -163,3 +163,10 @@ def test_nul_character_is_flagged(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         m = run_text_stages(root, tmp_path / "out", CFG)
     assert m.counters["files_with_nul"] == 1
     assert any("wiki_00 contains a NUL character" in r.getMessage() for r in caplog.records)
+
+
+def test_stage_commands_never_write_into_their_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _extracted(tmp_path, {"AA/wiki_00": DOC, "AA/wiki_00.2": DOC})
+    assert main(["segment", "--input", str(root), "--out", str(root)]) == 2
+    assert "is the input folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (root / "AA").iterdir()) == ["wiki_00", "wiki_00.2"]
