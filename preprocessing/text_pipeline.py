@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from preprocessing.clean import clean_text, warn_nul
 from preprocessing.errors import InputError
@@ -110,22 +112,13 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
     t0 = time.perf_counter()
     jobs = [(f, k, len(files), cfg) for k, f in enumerate(files)]
     with StageOutput(out_dir, "text", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:
-        results = ordered_map(process_file, jobs, cfg.workers or default_workers())
-        bar = progress(total=sum(f.stat().st_size for f in files), desc="text", unit="B", unit_scale=True)
         writer = PartWriter(out, cfg.gather())
+        bar = progress(total=sum(f.stat().st_size for f in files), desc="text", unit="B", unit_scale=True)
         try:
-            with out.open_text("eval.txt") as ev, out.open_text("eval.md5") as md5s:
+            with closing(ordered_map(process_file, jobs, cfg.workers or default_workers())) as results, \
+                    out.open_text("eval.txt") as ev, out.open_text("eval.md5") as md5s:
                 for base, res in zip(files, results, strict=True):
-                    name = relative_name(base, extracted_dir)
-                    for suffix, data in res.intermediates.items():
-                        write_bytes(out, f"text/{name}{suffix}", data)
-                    for article in res.tests:
-                        ev.write(article + "\n\n")
-                        md5s.write(eval_md5_line(article))
-                    writer.add(res.raw_size, gather_content(res.train, f"{name}.4"))
-                    if res.has_nul:
-                        warn_nul(base, "\x00")
-                    _count(out, res)
+                    _write_file_result(out, writer, ev, md5s, relative_name(base, extracted_dir), res)
                     bar.update(res.raw_size)
         except BaseException as exc:
             writer.close(exc)
@@ -141,11 +134,20 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
     return m
 
 
-def _count(out: StageOutput, res: FileResult) -> None:
+def _write_file_result(out: StageOutput, writer: PartWriter, ev: TextIO, md5s: TextIO, name: str,
+                       res: FileResult) -> None:
+    """One file's share of the outputs, in file order: intermediates, eval articles, part text."""
+    for suffix, data in res.intermediates.items():
+        write_bytes(out, f"text/{name}{suffix}", data)
+    for article in res.tests:
+        ev.write(article + "\n\n")
+        md5s.write(eval_md5_line(article))
+    writer.add(res.raw_size, gather_content(res.train, f"{name}.4"))
     out.count("files")
     out.count("bytes_in", res.raw_size)
     out.count("articles", sum(1 for a in res.train.split("\n\n") if a.strip()))
     out.count("eval_articles", len(res.tests))
     out.count("eval_empty_articles", sum(1 for a in res.tests if not a.strip()))
     if res.has_nul:
+        warn_nul(name, "\x00")
         out.count("files_with_nul")
