@@ -305,6 +305,7 @@ def create_pretraining_data_plain(input_files: Sequence[Path], outputs: Sequence
 
 
 def check_documents(documents: Sequence, input_files: Sequence[Path], skipped: int) -> None:
+    """InputError when the inputs hold no document (the reference would write an empty file)."""
     if not documents:
         extra = f" ({skipped} invalid UTF-8 lines skipped)" if skipped else ""
         raise InputError(f"no text in {', '.join(map(str, input_files))}{extra}: the input is empty or blank; "
