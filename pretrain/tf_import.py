@@ -8,6 +8,10 @@ MLPerf's initial checkpoint (`model.ckpt-28252`, BERT-Large, its bert_config.jso
     model = BertForPreTraining(BertConfig.from_json_file("bert_config.json"))
     load_tf_checkpoint(model, "tf1_ckpt/model.ckpt-28252")   # expect eval accuracy ~0.34085
 
+    # command line: to our weights (safetensors, our names) and/or a transformers directory
+    python -m pretrain.tf_import tf1_ckpt/model.ckpt-28252 --config bert_config.json \
+        --out-safetensors init.safetensors --out-hf hf_init/
+
 TensorFlow (the `tf` extra) is imported only inside `read_tf_checkpoint`. TF dense kernels are [in, out]
 and are transposed; `cls/seq_relationship/output_weights` is already [2, hidden] (TF uses transpose_b);
 query/key/value are concatenated into our fused QKV; the word embeddings and the MLM output bias are
@@ -18,6 +22,7 @@ global_step are ignored.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -111,14 +116,20 @@ def tf_to_state_dict(tf_vars: dict[str, np.ndarray], config: BertConfig, source:
     return {k: v.float() for k, v in state.items()}
 
 
-def load_tf_checkpoint(model: torch.nn.Module, path: str | Path) -> dict[str, int]:
+def load_tf_checkpoint(model: torch.nn.Module, path: str | Path,
+                       tf_vars: dict[str, np.ndarray] | None = None) -> dict[str, int]:
     """Load a TF1 BERT checkpoint into `model` (our BertForPreTraining), checking every shape.
+
+    Args:
+        model: the model to fill in place.
+        path: checkpoint prefix or directory (named in errors).
+        tf_vars: the checkpoint's variables when already read (read_tf_checkpoint), else read from path.
 
     Returns:
         counts: {"loaded": tensors loaded, "ignored": TF variables not used (optimizer slots, global_step)}.
     """
     config: BertConfig = model.config
-    tf_vars = read_tf_checkpoint(path)
+    tf_vars = read_tf_checkpoint(path) if tf_vars is None else tf_vars
     state = tf_to_state_dict(tf_vars, config, source=str(path))
     own = model.state_dict()
     for name, t in state.items():
@@ -137,3 +148,42 @@ def load_tf_checkpoint(model: torch.nn.Module, path: str | Path) -> dict[str, in
         log.warning("%s: %d TF variables not imported, e.g. %s", path, len(unusual), unusual[:5])
     log.info("imported %d tensors from %s (%d TF variables ignored)", len(state), path, len(ignored))
     return {"loaded": len(state), "ignored": len(ignored)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from pretrain.config import model_config
+    from pretrain.model import BertForPreTraining
+
+    p = argparse.ArgumentParser(description="Convert a TF1 BERT checkpoint (Google/MLPerf names).")
+    p.add_argument("tf_checkpoint", help="checkpoint prefix (model.ckpt-28252) or its directory")
+    p.add_argument("--config", help="bert_config.json (default: the BERT-Large preset)")
+    p.add_argument("--out-safetensors", help="write our state dict here (load with safetensors.torch.load_file)")
+    p.add_argument("--out-hf", help="write a transformers BertForPreTraining directory here")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not (args.out_safetensors or args.out_hf):
+        p.error("give --out-safetensors and/or --out-hf")
+    try:
+        tf_vars = read_tf_checkpoint(args.tf_checkpoint)  # first: fail fast before building a large model
+        config = BertConfig.from_json_file(args.config) if args.config else model_config("large")
+        model = BertForPreTraining(config)
+        load_tf_checkpoint(model, args.tf_checkpoint, tf_vars)
+    except ValueError as e:
+        print(f"tf_import: error: {e}", file=sys.stderr)
+        return 2
+    if args.out_safetensors:
+        from safetensors.torch import save_file
+
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, args.out_safetensors, metadata={"bert_config": config.to_json()})
+    if args.out_hf:
+        from pretrain.hf_export import export_to_hf
+
+        export_to_hf(model, args.out_hf)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -183,3 +183,27 @@ def test_export_from_a_training_checkpoint(tmp_path):
         got = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
     torch.testing.assert_close(got.seq_relationship_logits, want, rtol=0, atol=ATOL)
     assert main([str(tmp_path / "nothing"), str(tmp_path / "hf2")]) == 2
+
+
+def test_tf_import_command_writes_safetensors_and_hf(tf1_checkpoint, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from pretrain.tf_import import main
+
+    source, prefix = tf1_checkpoint
+    cfg_path = tmp_path / "bert_config.json"
+    cfg_path.write_text(json.dumps(source.config.to_dict()))
+    out = tmp_path / "init.safetensors"
+    assert main([str(prefix), "--config", str(cfg_path), "--out-safetensors", str(out),
+                 "--out-hf", str(tmp_path / "hf")]) == 0
+    target = BertForPreTraining(source.config).eval()
+    target.load_state_dict(load_file(out))
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    b = batch()
+    with torch.no_grad():
+        want = source(**b).nsp_logits
+        torch.testing.assert_close(target(**b).nsp_logits, want, rtol=0, atol=ATOL)
+        got = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
+    torch.testing.assert_close(got.seq_relationship_logits, want, rtol=0, atol=ATOL)
+    assert main([str(tmp_path / "missing"), "--out-hf", str(tmp_path / "x")]) == 2
