@@ -236,3 +236,40 @@ def test_sequence_longer_than_position_table_is_refused():
     model = BertForPreTraining(model_config("tiny", max_position_embeddings=128))
     with pytest.raises(ValueError, match="max_position_embeddings=128"):
         model(**make_batch([100, 129], 129))
+
+
+def reference_encode(model: BertForPreTraining, ids, seg, mask):
+    """Habana's modeling.py written out op by op (matmul/softmax attention with a -10000 additive mask;
+    with layer_norm_large_model the residual stream starts at 0 and each LayerNorm reads it)."""
+    cfg = model.config
+    x = model.embeddings(ids.long(), seg.long())
+    additive = (1.0 - mask[:, None, None, :].float()) * -10000.0
+    residual = 0
+    for layer in model.encoder.layer:
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, cfg.num_attention_heads, -1).permute(0, 2, 1, 3)
+                   for t in layer.attn_qkv(x).split(h, dim=-1))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim) + additive
+        a = layer.attn_out((scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(b, s, h))
+        if cfg.layer_norm_large_model:
+            attention_ln_input = a + residual
+            x = layer.attn_LayerNorm(attention_ln_input)
+            residual = layer.ffn_out(F.gelu(layer.ffn_in(x))) + attention_ln_input
+            x = layer.ffn_LayerNorm(residual)
+        else:
+            x = layer.attn_LayerNorm(a + x)
+            x = layer.ffn_LayerNorm(layer.ffn_out(F.gelu(layer.ffn_in(x))) + x)
+    return x
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_encoder_matches_op_by_op_reference(large: bool):
+    model = tiny_model(layer_norm_large_model=large, num_hidden_layers=3)
+    with torch.no_grad():
+        for p in model.parameters():  # move LayerNorms/biases off 1/0 so every term matters
+            p.add_(torch.randn_like(p) * 0.05)
+    batch = make_batch([128, 50, 99], 128)
+    with torch.no_grad():
+        seq, _ = model.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+        ref = reference_encode(model, batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    torch.testing.assert_close(seq, ref, rtol=1e-4, atol=1e-4)
