@@ -29,6 +29,7 @@ import logging
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -82,6 +83,8 @@ def _compile(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
+    if sys.platform == "darwin":
+        cmd[4:4] = ["-undefined", "dynamic_lookup"]  # symbols resolve against the running interpreter
     try:
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
