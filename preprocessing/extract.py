@@ -26,7 +26,9 @@ import bz2
 import io
 import logging
 import multiprocessing
+import queue
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -146,7 +148,7 @@ def _open_lines(dump: Path, desc: str) -> Iterator[Iterator[str]]:
         magic = raw.read(3)
         raw.seek(0)
         if magic == b"BZh":
-            stream: io.IOBase = bz2.BZ2File(raw)
+            stream: io.IOBase = io.BufferedReader(_ReadAhead(bz2.BZ2File(raw)), 1 << 20)
         elif dump.suffix == ".bz2":
             raise InputError(f"{dump} is not a bz2 file (it does not start with 'BZh'); "
                              "give the .xml.bz2 dump as downloaded, or an uncompressed .xml")
@@ -173,7 +175,63 @@ def _open_lines(dump: Path, desc: str) -> Iterator[Iterator[str]]:
                     raise InputError(f"{dump} is not UTF-8 text at byte {exc.start} of a line ({exc.reason})") from None
                 bar.update(size - seen)
 
-        yield lines()
+        try:
+            yield lines()
+        finally:
+            text.close()  # stops the read-ahead thread before the file closes
+
+
+class _ReadAhead(io.RawIOBase):
+    """Decompress in a background thread (bz2 releases the GIL) while the caller parses the text."""
+
+    def __init__(self, stream: io.IOBase, block: int = 1 << 20, depth: int = 8) -> None:
+        super().__init__()
+        self._q: queue.Queue = queue.Queue(depth)
+        self._buf, self._stop = b"", threading.Event()
+        self._end: bytes | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(stream, block), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream: io.IOBase, block: int) -> None:
+        try:
+            while not self._stop.is_set():
+                data = stream.read(block)
+                self._put(data)
+                if not data:
+                    return
+        except BaseException as exc:  # EOFError (truncated), OSError (not bz2): re-raised in the reader
+            self._put(exc)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if not self._buf:
+            if self._end is None:
+                item = self._q.get()
+                if isinstance(item, BaseException) or not item:
+                    self._end = item  # EOF (b"") or the error: every later read returns the same
+                else:
+                    self._buf = item
+            if isinstance(self._end, BaseException):
+                raise self._end
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        super().close()
 
 
 def _read_siteinfo(lines: Iterator[str], dump: Path, cfg: ExtractConfig) -> tuple[_DumpInfo, Iterator[str]]:
@@ -208,26 +266,35 @@ def _read_siteinfo(lines: Iterator[str], dump: Path, cfg: ExtractConfig) -> tupl
 
 
 def _scan(dump: Path, cfg: ExtractConfig) -> _DumpInfo:
-    """First pass over the whole dump: siteinfo, template definitions; proves the stream is intact."""
+    """First pass over the whole dump: siteinfo, template definitions; proves the stream is intact.
+
+    A multistream dump is scanned by the workers (see extract_streams); any other by one reader.
+    """
     from wikiextractor import WikiExtractor as wx
     from wikiextractor import template_blob
 
     from preprocessing import extract_streams
 
-    builders = (template_blob.StreamingTemplateBlobBuilder(), template_blob.StreamingTemplateBlobBuilder())
-    with _open_lines(dump, f"templates {dump.name}") as lines:
-        info, rest = _read_siteinfo(lines, dump, cfg)
-        chunks = extract_streams.plan_chunks(dump, cfg.processes) if cfg.multistream and _is_bz2(dump) else []
-        count = None
-        if chunks:
-            count = extract_streams.scan_templates(dump, chunks, info.template_ns + ":", cfg.processes, builders)
-            info.chunks = chunks if count is not None else []
-        if count is None:
-            count, _ = wx.load_templates(rest, blob_builder=builders[0], redirects_blob_builder=builders[1],
+    def builders() -> tuple:
+        return template_blob.StreamingTemplateBlobBuilder(), template_blob.StreamingTemplateBlobBuilder()
+
+    chunks = extract_streams.plan_chunks(dump, cfg.processes) if cfg.multistream and _is_bz2(dump) else []
+    count = None
+    if chunks:
+        with _open_lines(dump, f"siteinfo {dump.name}") as lines:  # closed (no reader thread) before forking
+            info, _ = _read_siteinfo(lines, dump, cfg)
+        built = builders()
+        count = extract_streams.scan_templates(dump, chunks, info.template_ns + ":", cfg.processes, built)
+        info.chunks = chunks if count is not None else []
+    if count is None:
+        built = builders()
+        with _open_lines(dump, f"templates {dump.name}") as lines:
+            info, rest = _read_siteinfo(lines, dump, cfg)
+            count, _ = wx.load_templates(rest, blob_builder=built[0], redirects_blob_builder=built[1],
                                          template_prefix=info.template_ns + ":")
     if cfg.expand_templates:  # (without, the pass above still proved the dump intact before any output)
-        info.templates = template_blob.compact_blobs(*builders[0].finish())
-        info.redirects = template_blob.compact_blobs(*builders[1].finish())
+        info.templates = template_blob.compact_blobs(*built[0].finish())
+        info.redirects = template_blob.compact_blobs(*built[1].finish())
         log.info("extract: %d templates in %s", count, dump)
     return info
 
