@@ -1,1 +1,1 @@
-"""Thin Prefect tasks: one per stage (per shard where the stage is per file). No algorithms here."""
+"""Prefect tasks around the library stages (tasks/stages.py); tasks/calls.py and tasks/lock.py are Prefect-free."""

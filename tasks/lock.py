@@ -1,0 +1,89 @@
+"""The work-dir lock: one ``bertpipe run`` (or deployment run) writes into a work dir at a time.
+
+``fcntl.flock`` on ``<work>/.bertpipe.lock``: the kernel drops the lock when its holder dies, so a
+lock left by a ``kill -9`` is never stale — the next run takes it at once. The file's content (pid,
+host, start time, command) only serves the message shown to a second run. Re-entrant within one
+process (the end-to-end flow calls the data flow). Needs a file system with working flock (local
+disks do; some NFS setups do not).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from preprocessing.errors import InputError
+
+LOCK_NAME = ".bertpipe.lock"
+_HELD: dict[str, tuple[IO[str], int]] = {}
+_GUARD = threading.Lock()
+
+
+def _holder(f: IO[str]) -> str:
+    f.seek(0)
+    try:
+        info = json.loads(f.read() or "{}")
+    except ValueError:
+        info = {}
+    if not info:
+        return "another process"
+    return f"pid {info.get('pid')} on {info.get('host')} (started {info.get('started')}: {info.get('cmd')})"
+
+
+class WorkDirLock:
+    """Exclusive lock on a work dir; ``wait_s`` > 0 waits that long for it, 0 refuses at once."""
+
+    def __init__(self, work_dir: str | os.PathLike, wait_s: float = 0.0) -> None:
+        self.work_dir = Path(work_dir)
+        self.wait_s = wait_s
+        self._key = ""
+
+    def __enter__(self) -> WorkDirLock:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._key = str(self.work_dir.resolve())
+        with _GUARD:
+            if self._key in _HELD:
+                f, n = _HELD[self._key]
+                _HELD[self._key] = (f, n + 1)
+                return self
+        f = open(self.work_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    who = _holder(f)
+                    f.close()
+                    raise InputError(f"work dir {self.work_dir} is in use by {who}; wait for that run to finish "
+                                     "(or pass --wait-lock SECONDS), or use another --work-dir") from None
+                time.sleep(0.5)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cmd": " ".join(sys.argv)[:300]}))
+        f.flush()
+        with _GUARD:
+            _HELD[self._key] = (f, 1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _GUARD:
+            f, n = _HELD[self._key]
+            if n > 1:
+                _HELD[self._key] = (f, n - 1)
+                return
+            del _HELD[self._key]
+        f.seek(0)
+        f.truncate()
+        f.flush()
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
