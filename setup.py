@@ -5,6 +5,7 @@ available the build carries on without it and bertpipe uses the plain-Python imp
 (same bytes, slower). `python -c "import preprocessing.cpd_fast as f; print(f.available())"` tells.
 """
 
+import hashlib
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -13,6 +14,15 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).parent
 SOURCES = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.c"))
 HEADERS = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.h"))
+
+
+def sources_digest() -> str:
+    """md5 of the C sources, compiled into the module: preprocessing.cpd_fast uses an installed
+    extension only when it was built from the sources beside it (else it rebuilds into a cache)."""
+    h = hashlib.md5()
+    for p in sorted((HERE / "preprocessing" / "_native").glob("*.[ch]")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
 
 
 class OptionalBuildExt(build_ext):
@@ -38,6 +48,7 @@ if SOURCES:
             "preprocessing._cpd_native",
             sources=SOURCES,
             depends=HEADERS,  # rebuild when a header changes
+            define_macros=[("BERTPIPE_SOURCES_DIGEST", f'"{sources_digest()}"')],
             extra_compile_args=["-O3", "-std=c11"],
         )
     )
