@@ -71,7 +71,7 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
-def _compile(target: Path) -> None:
+def _compile(target: Path, digest: str) -> None:
     """Build the extension with the C compiler Python was built with (or $CC / cc)."""
     import subprocess
     import sysconfig
@@ -82,7 +82,8 @@ def _compile(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
-    cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
+    cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", f'-DBERTPIPE_SOURCES_DIGEST="{digest}"',
+           str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
     if sys.platform == "darwin":
         cmd[4:4] = ["-undefined", "dynamic_lookup"]  # symbols resolve against the running interpreter
     try:
@@ -108,12 +109,10 @@ def _load_file(path: Path) -> ModuleType:
 
 
 def _is_current(mod: ModuleType) -> bool:
-    """An installed extension is used when its ABI matches and it is not older than the sources."""
+    """An installed extension is used when its ABI matches and it was built from the sources beside it."""
     if getattr(mod, "ABI", None) != ABI:
         return False
-    sources = list(NATIVE_DIR.glob("*.[ch]"))
-    so = getattr(mod, "__file__", None)
-    return not sources or not so or os.path.getmtime(so) >= max(p.stat().st_mtime for p in sources)
+    return not any(NATIVE_DIR.glob("*.c")) or getattr(mod, "SOURCES_DIGEST", None) == _sources_digest()
 
 
 def load() -> ModuleType | None:
@@ -135,11 +134,12 @@ def load() -> ModuleType | None:
         _reason = "the extension is not installed and its C sources are absent"
         return None
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    target = _cache_dir() / f"_cpd_native-{_sources_digest()}{suffix}"
+    digest = _sources_digest()
+    target = _cache_dir() / f"_cpd_native-{digest}{suffix}"
     try:
         if not target.exists():
             log.info("compiling the create_pretraining_data C core into %s", target.parent)
-            _compile(target)
+            _compile(target, digest)
         mod = _load_file(target)
         if getattr(mod, "ABI", None) != ABI:
             raise ImportError(f"{target} has ABI {getattr(mod, 'ABI', None)}, expected {ABI}")

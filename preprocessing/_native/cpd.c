@@ -16,6 +16,10 @@
 #define PY_SSIZE_T_CLEAN
 #include "cpd_core.h"
 
+#ifndef BERTPIPE_SOURCES_DIGEST /* md5 of the sources, set by setup.py and cpd_fast's compiler call */
+#define BERTPIPE_SOURCES_DIGEST ""
+#endif
+
 typedef struct { int64_t start; int32_t len; } Seg;
 typedef struct { int64_t first; int64_t nseg; } Doc;
 typedef struct { int64_t tok_off, mask_off; int32_t ntok, lena, nmask, is_random; } Inst;
@@ -332,5 +336,6 @@ PyMODINIT_FUNC PyInit__cpd_native(void) {
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) { Py_DECREF(&EngineType); Py_DECREF(m); return NULL; }
     PyModule_AddIntConstant(m, "ABI", 1);
+    PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }
