@@ -328,3 +328,24 @@ def test_every_kind_of_invalid_utf8_is_caught_by_both(tmp_path, vocab, bad):
         with pytest.raises(InputError, match=r"line 3 is not valid UTF-8 .* at byte offset 15"):
             run_bytes([p], cfg(vocab, impl))
         assert run_bytes([p], cfg(vocab, impl, skip_invalid_utf8=True))[1].skipped_lines == 1
+
+
+def test_impl_fast_without_extension_is_a_clear_error(monkeypatch, golden, vocab, tmp_path, caplog):
+    monkeypatch.setattr(cpd_fast, "_module", None)
+    monkeypatch.setattr(cpd_fast, "_reason", "disabled for this test")
+    args = ["create-pretraining-data", f"--input_file={golden / 'edge_input.txt'}", f"--vocab_file={vocab}",
+            "--dupe_factor=1"]
+    assert main([*args, f"--output_file={tmp_path / 'a'}", "--impl=fast"]) == 2
+    assert not (tmp_path / "a").exists()
+    with caplog.at_level("WARNING"):  # auto falls back to plain, says so, same bytes
+        assert main([*args, f"--output_file={tmp_path / 'b'}", "--impl=auto", "-q"]) == 0
+    assert "plain Python implementation" in caplog.text and "disabled for this test" in caplog.text
+
+
+def test_output_dir_needs_distinct_input_names(tmp_path, vocab):
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "part").write_text("a b c\nd e f\n")
+    rc = main(["create-pretraining-data", f"--input_file={tmp_path}/x/part,{tmp_path}/y/part",
+               f"--output-dir={tmp_path / 'out'}", f"--vocab_file={vocab}"])
+    assert rc == 2 and not (tmp_path / "out").exists()
