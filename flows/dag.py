@@ -22,6 +22,21 @@ from tasks.calls import StageCall, check_done, manifest_of, result_dict, shutdow
 
 PART = re.compile(r"^part-\d{5}-of-\d{5}$")
 _LIB = "preprocessing"
+#: stage -> the stages whose outputs it reads.
+INPUTS = {"extract": {"download"}, "text": {"extract"}, "vocab": {"text"}, "tfrecord": {"text", "vocab"},
+          "eval_tfrecord": {"text", "vocab"}, "hdf5": {"tfrecord"}, "eval_10k": {"eval_tfrecord"},
+          "bins": {"hdf5"}, "eval_hdf5": {"eval_10k"}}
+
+
+def _with_ancestors(stages: set[str]) -> set[str]:
+    """``stages`` and every stage they (transitively) read from."""
+    out, todo = set(), list(stages)
+    while todo:
+        s = todo.pop()
+        if s not in out:
+            out.add(s)
+            todo.extend(INPUTS.get(s, ()))
+    return out
 
 
 class DataDag:
@@ -34,6 +49,7 @@ class DataDag:
         self.kind = p.resolved_runner()
         self.inline = self.kind != "local" or self.workers == 1  # shard calls: here, or in the local pool
         self.only = set(p.stages) if p.stages else None
+        self.needed = _with_ancestors(self.only) if self.only else None
         self.results: dict[str, list[dict[str, Any]]] = {}
         self.summary: dict[str, dict[str, Any]] = {}
         self.runner: Any = None
@@ -90,12 +106,16 @@ class DataDag:
 
         results: dict[str, list[dict[str, Any]]] = {}
         todo = {}
+        calls_by_stage = {s: c for s, c in calls_by_stage.items() if self.needed is None or s in self.needed}
         for stage, calls in calls_by_stage.items():
             if self.selected(stage):
                 todo.update({self.runner.submit(self._task(stage), {"call": c, "workers": self.workers}): (stage, c)
                              for c in calls})
             else:
                 results[stage] = self._existing(stage, calls)
+        if not todo:
+            self._record(results)
+            return results
         names = " + ".join(s for s in calls_by_stage if self.selected(s))
         bar, prog, failed = progress(total=len(todo), desc=names, unit="call"), ShardProgress(names, len(todo)), []
         for fut in as_completed(list(todo)):
@@ -113,15 +133,20 @@ class DataDag:
         bar.close()
         if failed:
             raise failed[0]
+        self._record(results)
+        return results
+
+    def _record(self, results: dict[str, list[dict[str, Any]]]) -> None:
         for stage, rs in results.items():
             rs.sort(key=lambda r: r["shard"])
             self.results[stage] = rs
             self.summary[stage] = summarize(rs)
             stage_table(stage, rs)
-        return results
 
-    def one(self, stage: str, call: StageCall) -> Manifest:
-        return manifest_of(self.wave({stage: [call]})[stage][0])
+    def one(self, stage: str, call: StageCall) -> Manifest | None:
+        """Run (or find) a whole-stage call; None when --only leaves the stage out of this run."""
+        rs = self.wave({stage: [call]}).get(stage)
+        return manifest_of(rs[0]) if rs else None
 
     # -- the DAG -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -130,13 +155,20 @@ class DataDag:
             self.runner = runner
             try:
                 text_dir, text_m = self._text()
+                if text_m is None:  # --only download / extract
+                    return self._finish({})
                 parts = sorted(f.name for f in text_m.files if PART.match(f.name))
                 if not parts or "eval.txt" not in {f.name for f in text_m.files}:
                     raise InputError(f"the text stage in {text_dir} produced no part files or no eval.txt")
                 vocab_file = self._vocab(text_dir, text_m, parts)
-                outputs = self._data(text_dir, text_m, parts, vocab_file)
+                outputs = {"text_dir": str(text_dir)}
+                if vocab_file is not None:
+                    outputs = self._data(text_dir, text_m, parts, vocab_file)
             finally:
                 shutdown_pool()
+        return self._finish(outputs)
+
+    def _finish(self, outputs: dict[str, str]) -> dict[str, Any]:
         source = self.p.text_dir or self.p.source
         dataset_summary(source, self.summary, self.results)
         return {"work_dir": str(self.work), "source": source, "stages": self.summary, "outputs": outputs}
@@ -150,7 +182,7 @@ class DataDag:
                 why = "--text-dir was given" if s != "vocab" else "--vocab was given"
                 raise InputError(f"stage '{s}' is not part of this run ({why})")
 
-    def _text(self) -> tuple[Path, Manifest]:
+    def _text(self) -> tuple[Path, Manifest | None]:
         p = self.p
         if p.text_dir:
             from preprocessing.text_import import STAGE_VERSION, list_text_files, source_stats
@@ -171,17 +203,21 @@ class DataDag:
         key = stage_key("download", download.STAGE_VERSION, {"source": src, "md5": md5})
         c = replace(self.call("download", key, "download:run_download", src, md5=md5), pass_upstream=False)
         dl = self.one("download", c)
+        if dl is None:
+            return Path(c.out_dir), None
         dump = Path(c.out_dir) / dl.files[0].name
         xcfg = extract.ExtractConfig(current_time=p.resolved_current_time(), processes=self.workers)
         key = stage_key("extract", extract.STAGE_VERSION, xcfg.params(), [dl.digest])
         c = self.call("extract", key, "extract:run_extract", str(dump), cfg=xcfg, upstream=(c.out_dir,))
         ex = self.one("extract", c)
+        if ex is None:
+            return Path(c.out_dir), None
         tcfg = text_pipeline.TextConfig(num_test_articles=p.resolved_test_articles(), workers=self.workers)
         key = stage_key("text", text_pipeline.STAGE_VERSION, tcfg.params(), [ex.digest])
         c = self.call("text", key, "text_pipeline:run_text_stages", c.out_dir, cfg=tcfg, upstream=(c.out_dir,))
         return Path(c.out_dir), self.one("text", c)
 
-    def _vocab(self, text_dir: Path, text_m: Manifest, parts: list[str]) -> Path:
+    def _vocab(self, text_dir: Path, text_m: Manifest, parts: list[str]) -> Path | None:
         if self.p.vocab:
             path = Path(self.p.vocab).resolve()
             if not path.is_file():
@@ -194,7 +230,8 @@ class DataDag:
         key = stage_key("vocab", vocab.STAGE_VERSION, stage_params(cfg), [text_m.digest])
         c = self.call("vocab", key, "vocab:run_vocab", [str(text_dir / n) for n in parts], cfg=cfg,
                       upstream=(str(text_dir),))
-        self.one("vocab", c)
+        if self.one("vocab", c) is None:
+            return None
         return Path(c.out_dir) / vocab.VOCAB_NAME
 
     def _data(self, text_dir: Path, text_m: Manifest, parts: list[str], vocab_file: Path) -> dict[str, str]:
@@ -218,30 +255,38 @@ class DataDag:
             "eval_tfrecord": [self.call("eval_tfrecord", ekey, run_cpd, [str(text_dir / "eval.txt")], cfg=ccfg,
                                         output_name="eval_intermediate", upstream=up, inline=self.inline)]})
         hcfg = h5.HDF5Config(max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
-        tf_rs, ev = self.results["tfrecord"], self.results["eval_tfrecord"][0]
-        hkey = stage_key("hdf5", h5.STAGE_VERSION, stage_params(hcfg), [r["manifest"]["digest"] for r in tf_rs])
         pcfg = pick.PickEvalConfig(num_examples_to_pick=p.num_eval_examples, allow_fewer=True,
                                    max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
-        pkey = stage_key("eval_10k", pick.STAGE_VERSION, stage_params(pcfg), [ev["manifest"]["digest"]])
-        self.wave({
-            "hdf5": [self.call("hdf5", hkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5", str(Path(r["dir"]) / r["shard"]),
-                               cfg=hcfg, output_name=r["shard"] + ".hdf5", shard=r["shard"], upstream=(r["dir"],),
-                               inline=self.inline) for r in tf_rs],
-            "eval_10k": [self.call("eval_10k", pkey, "pick_eval_samples:run_pick_eval_samples",
-                                   str(Path(ev["dir"]) / "eval_intermediate"), cfg=pcfg, output_name="eval_10k",
-                                   upstream=(ev["dir"],), inline=self.inline)]})
-        h_rs, e10 = self.results["hdf5"], self.results["eval_10k"][0]
+        wave: dict[str, list[StageCall]] = {}
+        if tf_rs := self.results.get("tfrecord"):
+            hkey = stage_key("hdf5", h5.STAGE_VERSION, stage_params(hcfg), [r["manifest"]["digest"] for r in tf_rs])
+            wave["hdf5"] = [self.call("hdf5", hkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5",
+                                      str(Path(r["dir"]) / r["shard"]), cfg=hcfg, output_name=r["shard"] + ".hdf5",
+                                      shard=r["shard"], upstream=(r["dir"],), inline=self.inline) for r in tf_rs]
+        if ev := self.results.get("eval_tfrecord"):
+            pkey = stage_key("eval_10k", pick.STAGE_VERSION, stage_params(pcfg), [ev[0]["manifest"]["digest"]])
+            wave["eval_10k"] = [self.call("eval_10k", pkey, "pick_eval_samples:run_pick_eval_samples",
+                                          str(Path(ev[0]["dir"]) / "eval_intermediate"), cfg=pcfg,
+                                          output_name="eval_10k", upstream=(ev[0]["dir"],), inline=self.inline)]
+        self.wave(wave)
         bcfg = bins.Split4BinsConfig(n_output_shards=p.resolved_shards(),
                                      max_predictions_per_seq=p.max_predictions_per_seq)
-        bkey = stage_key("bins", bins.STAGE_VERSION, stage_params(bcfg), [r["manifest"]["digest"] for r in h_rs])
-        xkey = stage_key("eval_hdf5", h5.STAGE_VERSION, stage_params(hcfg), [e10["manifest"]["digest"]])
-        hdf5_files = sorted((str(Path(r["dir"]) / (r["shard"] + ".hdf5")) for r in h_rs), key=lambda s: Path(s).name)
-        self.wave({
-            "bins": [self.call("bins", bkey, "split_4bins:run_split_4bins", hdf5_files, cfg=bcfg,
-                               upstream=tuple(r["dir"] for r in h_rs))],
-            "eval_hdf5": [self.call("eval_hdf5", xkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5",
-                                    str(Path(e10["dir"]) / "eval_10k"), cfg=hcfg, output_name="eval_10k.hdf5",
-                                    upstream=(e10["dir"],), inline=self.inline)]})
-        return {"text_dir": str(text_dir), "vocab": str(vocab_file),
-                "train_dir": self.results["bins"][0]["dir"],
-                "eval_hdf5": str(Path(self.results["eval_hdf5"][0]["dir"]) / "eval_10k.hdf5")}
+        wave = {}
+        if h_rs := self.results.get("hdf5"):
+            bkey = stage_key("bins", bins.STAGE_VERSION, stage_params(bcfg), [r["manifest"]["digest"] for r in h_rs])
+            files = sorted((str(Path(r["dir"]) / (r["shard"] + ".hdf5")) for r in h_rs), key=lambda f: Path(f).name)
+            wave["bins"] = [self.call("bins", bkey, "split_4bins:run_split_4bins", files, cfg=bcfg,
+                                      upstream=tuple(r["dir"] for r in h_rs))]
+        if e10 := self.results.get("eval_10k"):
+            xkey = stage_key("eval_hdf5", h5.STAGE_VERSION, stage_params(hcfg), [e10[0]["manifest"]["digest"]])
+            wave["eval_hdf5"] = [self.call("eval_hdf5", xkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5",
+                                           str(Path(e10[0]["dir"]) / "eval_10k"), cfg=hcfg,
+                                           output_name="eval_10k.hdf5", upstream=(e10[0]["dir"],),
+                                           inline=self.inline)]
+        self.wave(wave)
+        outputs = {"text_dir": str(text_dir), "vocab": str(vocab_file)}
+        if "bins" in self.results:
+            outputs["train_dir"] = self.results["bins"][0]["dir"]
+        if "eval_hdf5" in self.results:
+            outputs["eval_hdf5"] = str(Path(self.results["eval_hdf5"][0]["dir"]) / "eval_10k.hdf5")
+        return outputs

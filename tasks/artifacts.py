@@ -122,4 +122,5 @@ def summarize(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "calls": len(rs), "cached": sum(bool(r["cached"]) for r in rs),
             "files": sum(len(r["manifest"]["files"]) for r in rs),
             "bytes": sum(f["bytes"] for r in rs for f in r["manifest"]["files"]),
-            "seconds": round(sum(r["seconds"] for r in rs), 3), **counters}
+            "seconds": round(sum(r["seconds"] for r in rs), 3), **counters,
+            "shards": [r["shard"] for r in rs if r["shard"]]}
