@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from pretrain.train_config import TrainConfig, to_argv
@@ -153,7 +154,21 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     main = threading.current_thread() is threading.main_thread()  # Prefect may call from a worker thread
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
-        return proc.wait()
+        rc = proc.wait()
+        wait_for_group(proc.pid)  # after a SIGTERM the ranks are still writing their checkpoint
+        return rc
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def wait_for_group(pgid: int, timeout: float = 120.0) -> bool:
+    """Wait until no process of group ``pgid`` is left (True), or ``timeout`` seconds (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        time.sleep(0.5)
+    return False

@@ -6,8 +6,9 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
   DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 deepspeed --num_gpus 2 pretrain/train.py \\
       --train-dir ../shared/data/golden/4bins --eval-file ../shared/data/golden/eval_100.hdf5 \\
       --model tiny --max-steps 50 --output-dir results/tiny --eval-interval-steps 25
-  # the same with torchrun (no DeepSpeed launcher)
+  # the same with torchrun (no DeepSpeed launcher), or one process without any launcher
   DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 pretrain/train.py --train-dir ... --output-dir ...
+  DS_ACCELERATOR=cpu python pretrain/train.py --train-dir ... --output-dir ...
 
   # 8 Gaudi cards, BERT-1.5B, Habana's recipe (ZeRO-1, bf16, LANS, lr 0.0015, warm-up 5 %, constant 25 %)
   PT_HPU_LAZY_MODE=0 deepspeed --num_nodes 1 --num_gpus 8 pretrain/train.py --model 1.5b \\
@@ -173,6 +174,11 @@ def setup(cfg: TrainConfig):
     from pretrain.optim import build_optimizer
     from pretrain.schedule import PolyWarmUpScheduler
 
+    if "RANK" not in os.environ:  # `python pretrain/train.py ...` without a launcher: one process
+        from pretrain.launch import free_port
+
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     runtime = init_runtime(choice, local_rank)
     deepspeed.init_distributed(dist_backend=choice.backend)

@@ -86,6 +86,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+CHOICES = {"model": ("tiny", "large", "1.5b", "5b"), "optimizer": ("lans", "lamb", "adamw"),
+           "device": ("auto", "hpu", "cuda", "cpu")}
+
+
 def _type_of(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
 
@@ -102,7 +106,7 @@ def add_train_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) 
             p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                            help=docs.get(f.name, ""))
         else:
-            p.add_argument(*names, dest=f.name, type=typ, default=f.default,
+            p.add_argument(*names, dest=f.name, type=typ, default=f.default, choices=CHOICES.get(f.name),
                            help=f"{docs.get(f.name, '')} (default: {f.default!r})")
 
 

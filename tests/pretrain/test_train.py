@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pretrain.launch import build_command, free_port, launch, launch_env, preflight
+from pretrain.launch import build_command, free_port, launch, launch_env, preflight, wait_for_group
 from pretrain.metrics import read_metrics
 from pretrain.train_config import TrainConfig
 
@@ -181,6 +181,7 @@ def test_sigterm_writes_a_checkpoint_and_resumes(golden, tmp_path):
         time.sleep(1)
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=120)
+    assert wait_for_group(proc.pid), "ranks still running 120 s after SIGTERM"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "sigterm" and 3 <= summary["steps"] < 400
     assert (out / "checkpoints" / "latest").read_text().strip() == str(summary["steps"])
