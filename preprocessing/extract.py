@@ -14,7 +14,10 @@ What differs from running the package's own ``process_dump``:
   five words 3.1.0 fills from the clock) expand from ``ExtractConfig.current_time``, so output is
   reproducible; 3.1.0 leaves the other date words (CURRENTMONTHNAME ...) empty, and so does this stage;
 * a dump without ``<siteinfo>`` still works (Template namespace and URL base default to enwiki's);
-* the output is identical whatever the number of worker processes (jobs are written back in dump order).
+* the output is identical whatever the number of worker processes (jobs are written back in dump order);
+* a multistream dump (Wikimedia's ``-multistream.xml.bz2``) is decompressed and parsed by the workers
+  themselves, in both passes (extract_streams.py); other dumps are read by one thread that decompresses
+  ahead of the parser.
 
 Text differs from the 2020 extractor that made MLPerf's data (section titles kept, paragraph spacing; spec
 §2): that is accepted, the layout is what the text stages need.

@@ -6,6 +6,8 @@
 The reference's layout (spec §2): <doc id url title> lines, the title, the text, </doc>, 1 MB files, 100
 per folder. The .bz2 dump is read directly. --current-time pins what {{CURRENTYEAR}} & co. expand to, so
 the output is reproducible (the reference used the clock). The output does not depend on --processes.
+With a -multistream dump (what `bertpipe download enwiki-latest` fetches) every worker decompresses its own
+bz2 streams, so the stage scales with --processes; a single-stream dump is decompressed by one thread.
 """
 
 from __future__ import annotations
