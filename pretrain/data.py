@@ -105,6 +105,10 @@ def discover_shards(train: Path | str) -> dict[int, list[Shard]]:
     if train.is_file():
         shard = inspect_shard(train, None)
         return {shard.bound: [shard]}
+    if train.name in {str(b) for b in BIN_BOUNDS}:  # one bin's folder, e.g. 4bins/128 for phase-1 length
+        one = _bin_shards(train, int(train.name))
+        if one:
+            return {int(train.name): one}
     bins = {b: _bin_shards(train / str(b), b) for b in BIN_BOUNDS if (train / str(b)).is_dir()}
     bins = {b: s for b, s in bins.items() if s}
     if not bins:

@@ -80,6 +80,12 @@ def test_resume_continues_exactly(bins):
         c.load_state_dict(state)
 
 
+def test_one_bin_folder_keeps_its_bound(golden):
+    bins = discover_shards(golden / "4bins" / "256")
+    assert list(bins) == [256] and len(bins[256]) == 8
+    assert BinnedSampler(bins, 2).next_batch().arrays["input_ids"].shape == (2, 256)
+
+
 def test_plain_padded_file(golden):
     bins = discover_shards(golden / "eval_100.hdf5")
     assert list(bins) == [512] and bins[512][0].rows == 100
