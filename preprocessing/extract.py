@@ -25,17 +25,14 @@ Text differs from the 2020 extractor that made MLPerf's data (section titles kep
 
 from __future__ import annotations
 
-import bz2
 import io
 import logging
 import multiprocessing
-import queue
 import re
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -43,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from preprocessing.errors import InputError
+from preprocessing.extract_streams import open_lines
 from preprocessing.manifest import Manifest, StageOutput, verify_file
-from preprocessing.progress import progress
 from preprocessing.textio import check_output_dir
 
 log = logging.getLogger(__name__)
@@ -141,102 +138,6 @@ def _check_dump(dump: Path, upstream: Sequence[Manifest]) -> None:
         raise InputError(f"{dump} is not listed in the upstream manifest(s) {[m.stage for m in upstream]}")
 
 
-@contextmanager
-def _open_lines(dump: Path, desc: str) -> Iterator[Iterator[str]]:
-    """The dump's text lines (bz2 or plain XML), with a progress bar over the file's bytes.
-
-    Decoding problems surface as InputError naming the file, wherever in the stream they happen.
-    """
-    with open(dump, "rb") as raw:
-        magic = raw.read(3)
-        raw.seek(0)
-        if magic == b"BZh":
-            stream: io.IOBase = io.BufferedReader(_ReadAhead(bz2.BZ2File(raw)), 1 << 20)
-        elif dump.suffix == ".bz2":
-            raise InputError(f"{dump} is not a bz2 file (it does not start with 'BZh'); "
-                             "give the .xml.bz2 dump as downloaded, or an uncompressed .xml")
-        else:
-            stream = raw
-        text = io.TextIOWrapper(stream, encoding="utf-8")
-        size = dump.stat().st_size
-
-        def lines() -> Iterator[str]:
-            with progress(total=size, desc=desc, unit="B", unit_scale=True) as bar:
-                n, seen = 0, 0
-                try:
-                    for line in text:
-                        yield line
-                        n += 1
-                        if n % 4096 == 0:
-                            bar.update(raw.tell() - seen)
-                            seen = raw.tell()
-                except EOFError:
-                    raise InputError(f"{dump} is truncated (the bz2 stream ends early); download it again") from None
-                except OSError as exc:
-                    raise InputError(f"{dump} is not a valid bz2 file ({exc}); download it again") from None
-                except UnicodeDecodeError as exc:
-                    raise InputError(f"{dump} is not UTF-8 text at byte {exc.start} of a line ({exc.reason})") from None
-                bar.update(size - seen)
-
-        try:
-            yield lines()
-        finally:
-            text.close()  # stops the read-ahead thread before the file closes
-
-
-class _ReadAhead(io.RawIOBase):
-    """Decompress in a background thread (bz2 releases the GIL) while the caller parses the text."""
-
-    def __init__(self, stream: io.IOBase, block: int = 1 << 20, depth: int = 8) -> None:
-        super().__init__()
-        self._q: queue.Queue = queue.Queue(depth)
-        self._buf, self._stop = b"", threading.Event()
-        self._end: bytes | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(stream, block), daemon=True)
-        self._thread.start()
-
-    def _run(self, stream: io.IOBase, block: int) -> None:
-        try:
-            while not self._stop.is_set():
-                data = stream.read(block)
-                self._put(data)
-                if not data:
-                    return
-        except BaseException as exc:  # EOFError (truncated), OSError (not bz2): re-raised in the reader
-            self._put(exc)
-
-    def _put(self, item: object) -> None:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        if not self._buf:
-            if self._end is None:
-                item = self._q.get()
-                if isinstance(item, BaseException) or not item:
-                    self._end = item  # EOF (b"") or the error: every later read returns the same
-                else:
-                    self._buf = item
-            if isinstance(self._end, BaseException):
-                raise self._end
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        super().close()
-
-
 def _read_siteinfo(lines: Iterator[str], dump: Path, cfg: ExtractConfig) -> tuple[_DumpInfo, Iterator[str]]:
     """Check the root element, read <siteinfo> (if any); returns the info and the remaining lines."""
     from wikiextractor.WikiExtractor import tagRE
@@ -284,14 +185,14 @@ def _scan(dump: Path, cfg: ExtractConfig) -> _DumpInfo:
     chunks = extract_streams.plan_chunks(dump, cfg.processes) if cfg.multistream and _is_bz2(dump) else []
     count = None
     if chunks:
-        with _open_lines(dump, f"siteinfo {dump.name}") as lines:  # closed (no reader thread) before forking
+        with open_lines(dump, f"siteinfo {dump.name}") as lines:  # closed (no reader thread) before forking
             info, _ = _read_siteinfo(lines, dump, cfg)
         built = builders()
         count = extract_streams.scan_templates(dump, chunks, info.template_ns + ":", cfg.processes, built)
         info.chunks = chunks if count is not None else []
     if count is None:
         built = builders()
-        with _open_lines(dump, f"templates {dump.name}") as lines:
+        with open_lines(dump, f"templates {dump.name}") as lines:
             info, rest = _read_siteinfo(lines, dump, cfg)
             count, _ = wx.load_templates(rest, blob_builder=built[0], redirects_blob_builder=built[1],
                                          template_prefix=info.template_ns + ":")
@@ -319,7 +220,7 @@ def _pages(dump: Path, info: _DumpInfo) -> Iterator[tuple[str, str, str, list[st
     from wikiextractor import WikiExtractor as wx
 
     wx.templateNamespace = info.template_ns  # collect_pages drops titles starting with it ('' drops all)
-    with _open_lines(dump, f"extract {dump.name}") as lines:
+    with open_lines(dump, f"extract {dump.name}") as lines:
         yield from wx.collect_pages(lines)
 
 

@@ -1,4 +1,7 @@
-"""Parallel reading of multistream bz2 dumps for the extract stage (both passes in the worker processes).
+"""Reading dumps for the extract stage: one read-ahead thread, or, for multistream bz2, the workers.
+
+``open_lines`` gives the text lines of a ``.xml.bz2`` (or ``.xml``) dump, decompressed by a background thread
+(bz2 releases the GIL) ahead of the parser, with decoding errors turned into InputErrors naming the file.
 
 Wikimedia's ``pages-articles-multistream.xml.bz2`` is a concatenation of independent bz2 streams of 100
 ``<page>``s each (the first holds the ``<siteinfo>`` header, the last ``</mediawiki>``). Decompressing the
@@ -17,9 +20,12 @@ import bz2
 import io
 import logging
 import multiprocessing
+import queue
 import re
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,102 @@ log = logging.getLogger(__name__)
 
 _STREAM_START = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic (pi)
 _MIN_CHUNK, _MAX_CHUNK = 256 << 10, 4 << 20  # compressed bytes per job (4 MB: ~20 MB of XML)
+
+
+@contextmanager
+def open_lines(dump: Path, desc: str) -> Iterator[Iterator[str]]:
+    """The dump's text lines (bz2 or plain XML), with a progress bar over the file's bytes.
+
+    Decoding problems surface as InputError naming the file, wherever in the stream they happen.
+    """
+    with open(dump, "rb") as raw:
+        magic = raw.read(3)
+        raw.seek(0)
+        if magic == b"BZh":
+            stream: io.IOBase = io.BufferedReader(ReadAhead(bz2.BZ2File(raw)), 1 << 20)
+        elif dump.suffix == ".bz2":
+            raise InputError(f"{dump} is not a bz2 file (it does not start with 'BZh'); "
+                             "give the .xml.bz2 dump as downloaded, or an uncompressed .xml")
+        else:
+            stream = raw
+        text = io.TextIOWrapper(stream, encoding="utf-8")
+        size = dump.stat().st_size
+
+        def lines() -> Iterator[str]:
+            with progress(total=size, desc=desc, unit="B", unit_scale=True) as bar:
+                n, seen = 0, 0
+                try:
+                    for line in text:
+                        yield line
+                        n += 1
+                        if n % 4096 == 0:
+                            bar.update(raw.tell() - seen)
+                            seen = raw.tell()
+                except EOFError:
+                    raise InputError(f"{dump} is truncated (the bz2 stream ends early); download it again") from None
+                except OSError as exc:
+                    raise InputError(f"{dump} is not a valid bz2 file ({exc}); download it again") from None
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"{dump} is not UTF-8 text at byte {exc.start} of a line ({exc.reason})") from None
+                bar.update(size - seen)
+
+        try:
+            yield lines()
+        finally:
+            text.close()  # stops the read-ahead thread before the file closes
+
+
+class ReadAhead(io.RawIOBase):
+    """Decompress in a background thread (bz2 releases the GIL) while the caller parses the text."""
+
+    def __init__(self, stream: io.IOBase, block: int = 1 << 20, depth: int = 8) -> None:
+        super().__init__()
+        self._q: queue.Queue = queue.Queue(depth)
+        self._buf, self._stop = b"", threading.Event()
+        self._end: bytes | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(stream, block), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream: io.IOBase, block: int) -> None:
+        try:
+            while not self._stop.is_set():
+                data = stream.read(block)
+                self._put(data)
+                if not data:
+                    return
+        except BaseException as exc:  # EOFError (truncated), OSError (not bz2): re-raised in the reader
+            self._put(exc)
+
+    def _put(self, item: object) -> None:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if not self._buf:
+            if self._end is None:
+                item = self._q.get()
+                if isinstance(item, BaseException) or not item:
+                    self._end = item  # EOF (b"") or the error: every later read returns the same
+                else:
+                    self._buf = item
+            if isinstance(self._end, BaseException):
+                raise self._end
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        super().close()
 
 
 def plan_chunks(dump: Path, processes: int) -> list[tuple[int, int]]:
