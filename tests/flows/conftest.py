@@ -1,0 +1,44 @@
+"""Prefect for flow tests: one temporary server for the session, PREFECT_HOME in a temp dir, no analytics."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Before anything imports prefect: its home (database, result records) goes to a temp dir.
+_HOME = tempfile.mkdtemp(prefix="bertpipe-prefect-home-")
+os.environ["PREFECT_HOME"] = _HOME
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "preprocessing,pretrain,tasks,flows")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[Path]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield Path(_HOME)
+
+
+def split_docs(text: str, n: int) -> list[str]:
+    """``text`` (documents separated by blank lines) cut into ``n`` parts at document boundaries."""
+    docs = [d for d in text.split("\n\n") if d.strip()]
+    k = -(-len(docs) // n)
+    return ["\n\n".join(docs[i * k:(i + 1) * k]) + "\n" for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def three_part_text(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLPerf-style text dir with 3 part files (golden part-00000 cut at documents) and a short eval.txt."""
+    d = tmp_path_factory.mktemp("text3")
+    src = (golden / "text_chain" / "part-00000-of-00500").read_text(encoding="utf-8")
+    for i, part in enumerate(split_docs(src, 3)):
+        (d / f"part-{i:05d}-of-00500").write_text(part, encoding="utf-8")
+    ev = split_docs((golden / "text_chain" / "eval.txt").read_text(encoding="utf-8"), 4)[0]
+    (d / "eval.txt").write_text(ev, encoding="utf-8")
+    return d

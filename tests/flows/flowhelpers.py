@@ -1,0 +1,41 @@
+"""Helpers of the flow tests: run the CLI in-process, read a run's summary, compare outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from preprocessing.manifest import MANIFEST_NAME, md5_file
+
+
+def run_cli(*args: str) -> int:
+    from bertpipe.cli import main
+
+    return main(["run", *map(str, args), "-q"])
+
+
+def last_run(work: Path) -> dict:
+    return json.loads((work / "last_run.json").read_text(encoding="utf-8"))
+
+
+def output_md5s(work: Path) -> dict[str, str]:
+    """stage/key/.../file -> md5 of every stage output (manifests and Prefect records excluded)."""
+    return {p.relative_to(work).as_posix(): md5_file(p) for p in sorted(work.rglob("*"))
+            if p.is_file() and p.name != MANIFEST_NAME and not p.name.startswith(".")
+            and p.parent != work and not p.relative_to(work).parts[0].startswith(".")}
+
+
+def manifest_mtimes(work: Path) -> dict[str, int]:
+    return {p.relative_to(work).as_posix(): p.stat().st_mtime_ns for p in work.rglob(MANIFEST_NAME)}
+
+
+def assert_h5_equal(a: Path, b: Path) -> None:
+    """Same dataset names, dtypes, shapes and values (bytes also depend on the HDF5 library version)."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        assert sorted(fa.keys()) == sorted(fb.keys()), (a, b)
+        for k in fa:
+            assert fa[k].dtype == fb[k].dtype and fa[k].shape == fb[k].shape, (a, k)
+            assert np.array_equal(fa[k][()], fb[k][()]), (a, k)

@@ -1,0 +1,108 @@
+"""The data flow end to end: golden bytes, cached re-runs that run nothing, one-shard redo, --only.
+
+`bertpipe run` is called in-process (workers=1: the stage functions run in this process, so a
+monkeypatched stage function proves that nothing ran) against a session-wide temporary Prefect server.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from flowhelpers import assert_h5_equal, last_run, manifest_mtimes, output_md5s, run_cli
+
+import preprocessing.create_pretraining_data as cpd
+import preprocessing.pick_eval_samples as pick
+import preprocessing.split_4bins as bins
+import preprocessing.text_import as text_import
+import preprocessing.tfrecord_to_hdf5 as h5
+
+WORK_FUNCTIONS = [(cpd, "run_create_pretraining_data"), (h5, "run_tfrecord_to_hdf5"), (bins, "run_split_4bins"),
+                  (pick, "run_pick_eval_samples"), (text_import, "run_import_text")]
+FAST = ["--dupe-factor", "1", "--n-output-shards", "2", "--num-examples-to-pick", "50", "--workers", "1"]
+
+
+def _forbid_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise AssertionError("a stage work function ran although its outputs were cached")
+
+    for module, name in WORK_FUNCTIONS:
+        monkeypatch.setattr(module, name, boom)
+
+
+def test_golden_text_chain_then_everything_cached(prefect_harness, golden: Path, shared_data: Path,
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = tmp_path / "w"
+    args = ["--text-dir", golden / "text_chain", "--vocab", shared_data / "vocab.txt", "--work-dir", w,
+            "--n-output-shards", "8", "--workers", "1"]
+    assert run_cli(*args) == 0
+    s = last_run(w)["stages"]
+    part = "part-00000-of-00500"
+    tf = Path(s["tfrecord"]["dir"]) / part / part
+    assert tf.read_bytes() == (golden / "sample.tfrecord").read_bytes()  # 512/76/dupe 10, seed 12345
+    assert s["tfrecord"]["instances"] == 12606
+    assert_h5_equal(Path(s["hdf5"]["dir"]) / part / f"{part}.hdf5", golden / "sample.hdf5")
+    golden_bins = sorted((golden / "4bins").rglob("*.hdf5"))
+    assert len(golden_bins) == 32
+    for g in golden_bins:
+        assert_h5_equal(Path(s["bins"]["dir"]) / g.relative_to(golden / "4bins"), g)
+    assert (Path(s["eval_hdf5"]["dir"]) / "eval_10k.hdf5").is_file()
+    assert all(st["cached"] == 0 for st in s.values())
+
+    before, md5s = manifest_mtimes(w), output_md5s(w)
+    _forbid_work(monkeypatch)
+    assert run_cli(*args) == 0
+    s2 = last_run(w)["stages"]
+    assert set(s2) == set(s) and all(st["cached"] == st["calls"] for st in s2.values())
+    assert manifest_mtimes(w) == before and output_md5s(w) == md5s
+
+
+@pytest.fixture(scope="module")
+def serial_run(prefect_harness, three_part_text: Path, shared_data: Path, tmp_path_factory) -> tuple[Path, dict]:
+    w = tmp_path_factory.mktemp("serial") / "w"
+    assert run_cli("--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST) == 0
+    return w, output_md5s(w)
+
+
+def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, shared_data: Path,
+                                          tmp_path: Path) -> None:
+    src, md5s = serial_run
+    w = tmp_path / "w"
+    shutil.copytree(src, w, symlinks=True)
+    s = last_run(w)["stages"]
+    assert s["tfrecord"]["calls"] == 3 and s["hdf5"]["calls"] == 3
+    tf1 = Path(s["tfrecord"]["dir"].replace(str(src), str(w))) / "part-00001-of-00500" / "part-00001-of-00500"
+    data = bytearray(tf1.read_bytes())
+    data[100] ^= 0xFF  # same size, other md5
+    tf1.write_bytes(bytes(data))
+    h2 = Path(s["hdf5"]["dir"].replace(str(src), str(w))) / "part-00002-of-00500" / "part-00002-of-00500.hdf5"
+    h2.unlink()
+    before = manifest_mtimes(w)
+    args = ["--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST]
+    assert run_cli(*args) == 0
+    changed = {k for k, t in manifest_mtimes(w).items() if before.get(k) != t}
+    assert {k.split("/")[0] + "/" + k.split("/")[2] for k in changed} == {
+        "tfrecord/part-00001-of-00500", "hdf5/part-00002-of-00500"}
+    assert output_md5s(w) == md5s  # the same bytes again
+    s2 = last_run(w)["stages"]
+    assert (s2["tfrecord"]["cached"], s2["hdf5"]["cached"], s2["bins"]["cached"]) == (2, 2, 1)
+
+
+def test_only_runs_one_stage_and_names_a_missing_upstream(prefect_harness, three_part_text: Path,
+                                                          shared_data: Path, tmp_path: Path, capsys) -> None:
+    w = tmp_path / "w"
+    base = ["--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST]
+    assert run_cli(*base, "--only", "text") == 0
+    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["text"]
+    capsys.readouterr()
+    assert run_cli(*base, "--only", "hdf5") == 2
+    err = capsys.readouterr().err
+    assert "stage 'tfrecord' is not done" in err and "--only tfrecord" in err
+    assert run_cli(*base, "--only", "create-pretraining-data") == 0
+    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["text", "tfrecord"]
+    assert run_cli(*base, "--only", "hdf5") == 0
+    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["hdf5", "text", "tfrecord"]
+    assert last_run(w)["stages"]["hdf5"]["cached"] == 0
+    assert run_cli(*base, "--only", "download") == 2
+    assert "not part of this run (--text-dir was given)" in capsys.readouterr().err
