@@ -280,3 +280,29 @@ def test_uncompressed_xml_dump_gives_the_same_bytes(tmp_path):
     ref = run_extract(sample_dump_path(), tmp_path / "ref", ExtractConfig(current_time=T0))
     m = run_extract(xml, tmp_path / "x", ExtractConfig(current_time=T0))
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in ref.files]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_writer_matches_wikiextractor_output_splitter(seed, tmp_path):
+    """Same file names and bytes as the library's own OutputSplitter/NextFile for random article sizes."""
+    import random
+
+    from wikiextractor.WikiExtractor import NextFile, OutputSplitter
+
+    from preprocessing.extract import _SplitWriter
+
+    rng = random.Random(seed)
+    limit = rng.choice([300, 1000, 5000])
+    texts = [f"<doc id=\"{k}\">\n" + "é" * rng.randint(0, limit) + "\n</doc>\n" for k in range(rng.randint(1, 250))]
+    lib = OutputSplitter(NextFile(str(tmp_path / "lib")), limit, compress=False)
+    for t in texts:
+        lib.write(t)
+    lib.close()
+    with StageOutput(tmp_path / "ours", "extract") as out, _SplitWriter(out, limit) as w:
+        for t in texts:
+            w.write(t)
+
+    def tree(root: Path) -> dict[str, bytes]:
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.glob("*/wiki_*"))}
+
+    assert tree(tmp_path / "ours") == tree(tmp_path / "lib") and len(tree(tmp_path / "lib")) == w.files
