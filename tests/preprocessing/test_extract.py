@@ -306,3 +306,32 @@ def test_split_writer_matches_wikiextractor_output_splitter(seed, tmp_path):
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.glob("*/wiki_*"))}
 
     assert tree(tmp_path / "ours") == tree(tmp_path / "lib") and len(tree(tmp_path / "lib")) == w.files
+
+
+def test_same_bytes_as_wikiextractors_own_process_dump(real, shared_data, tmp_path, monkeypatch):
+    """The stage == wikiextractor 3.1.0's CLI code path (process_dump, default flags), clock pinned alike."""
+    import datetime as dt
+    import logging
+
+    import wikiextractor.WikiExtractor as wx
+    from wikiextractor import extract as wxe
+
+    when = dt.datetime.fromisoformat(T0)
+
+    class FakeTime:  # forked worker processes inherit the patched module
+        @staticmethod
+        def strftime(fmt):
+            return when.strftime(fmt)
+
+    monkeypatch.setattr(wxe, "time", FakeTime)
+    monkeypatch.setattr(wx, "templateNamespace", wx.templateNamespace)
+    kwargs = {"keepLinks": False, "HtmlFormatting": False, "to_json": False, "to_text": False, "discard_empty": False,
+              "ignored_tag_patterns": list(wxe._DEFAULT_IGNORED_TAG_PATTERNS) + [wxe.ignoreTag("a")]}
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    wx.process_dump(str(shared_data / REAL), None, str(lib), 1 << 20, False, 2, True, True, False,
+                    extractor_kwargs=kwargs, log_level=logging.WARNING)
+    out, _ = real
+    ours = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("*/wiki_??"))}
+    theirs = {p.relative_to(lib).as_posix(): p.read_bytes() for p in sorted(lib.glob("*/wiki_??"))}
+    assert ours == theirs
