@@ -1,0 +1,54 @@
+"""The pretrain flow: one pre-training run on a 4-bin data set (launched as DeepSpeed ranks).
+
+    bertpipe run pretrain --train-dir work/bins/<key> --eval-file work/eval_hdf5/<key>/eval_10k.hdf5 \\
+        --output-dir results/run1 --model tiny --max-steps 20
+    prefect deployment run 'bertpipe-pretrain/training' --param train_dir=... --param eval_file=...
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.pretrain import launch_pretraining
+
+
+def vocab_lines(vocab: str | None) -> int:
+    """Entries of a vocab.txt (the model's vocab_size), 0 when none is given."""
+    if not vocab:
+        return 0
+    with open(vocab, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+@flow(name="bertpipe-pretrain", description="BERT pre-training with DeepSpeed on a 4-bin HDF5 data set")
+def pretrain_flow(train_dir: str, eval_file: str = "", output_dir: str = "results/pretrain", model: str = "tiny",
+                  max_steps: int = 20, nproc: int = 1, vocab: str | None = None, resume: bool = False,
+                  options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size when it is not the preset's."""
+    return launch_pretraining(train_dir, eval_file, output_dir, model=model, max_steps=max_steps, nproc=nproc,
+                              vocab_size=vocab_lines(vocab), resume=resume, options=options)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``bertpipe run pretrain|e2e``."""
+    from preprocessing.errors import InputError
+
+    if args.flow == "pretrain":
+        if not args.train_dir:
+            raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
+        pretrain_flow(train_dir=args.train_dir, eval_file=args.eval_file or "",
+                      output_dir=args.output_dir or str(Path(args.work_dir) / "pretrain"), model=args.model,
+                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab)
+        return 0
+    from bertpipe.commands.run import data_params, print_summary
+    from flows.e2e_flow import e2e_flow
+
+    out = e2e_flow(data=data_params(args).model_dump(), output_dir=args.output_dir, model=args.model,
+                   max_steps=args.max_steps, nproc=args.nproc)
+    print_summary(out["data"])
+    print(f"pre-training: {out['pretrain']['output_dir']} {out['pretrain']['summary']}")
+    return 0

@@ -1,0 +1,54 @@
+"""Refresh from a local mirror: no rebuild while the published md5 is unchanged; a new version when it
+changes, the old version left intact and ``latest`` moved only after the new build succeeded."""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+from pathlib import Path
+
+from flowhelpers import output_md5s
+
+from preprocessing.sample import sample_dump_path
+
+SMALL = {"max_seq_length": 128, "max_predictions_per_seq": 20, "dupe_factor": 1, "workers": 1,
+         "stages": ["download", "extract", "text", "vocab", "tfrecord"], "vocab_size": 2000,
+         "num_test_articles": 5, "current_time": "2026-01-01T00:00:00"}
+
+
+def _publish(mirror: Path, data: bytes) -> str:
+    (mirror / "sample-wiki.xml.bz2").write_bytes(data)
+    md5 = hashlib.md5(data).hexdigest()
+    (mirror / "sample-wiki.xml.bz2.md5").write_text(f"{md5}  sample-wiki.xml.bz2\n")
+    return md5
+
+
+def test_refresh_rebuilds_only_on_a_new_checksum(prefect_harness, tmp_path: Path) -> None:
+    from flows.refresh_flow import refresh_flow
+
+    mirror, root = tmp_path / "mirror", tmp_path / "datasets"
+    mirror.mkdir()
+    original = sample_dump_path().read_bytes()
+    md5_1 = _publish(mirror, original)
+    src = (mirror / "sample-wiki.xml.bz2").as_uri()
+
+    r1 = refresh_flow(source=src, datasets_dir=str(root), data=SMALL)
+    assert r1["rebuilt"] and r1["md5"] == md5_1
+    v1 = root / "versions" / r1["version"]
+    assert (root / "latest").resolve() == v1.resolve()
+    v1_files = output_md5s(v1)
+    assert any(k.startswith("tfrecord/") for k in v1_files)
+
+    r2 = refresh_flow(source=src, datasets_dir=str(root), data=SMALL)
+    assert r2 == {"rebuilt": False, "version": r1["version"], "md5": md5_1}
+    assert sorted(p.name for p in (root / "versions").iterdir()) == [r1["version"]]
+
+    # The mirror publishes a new dump (same articles, recompressed: another md5).
+    md5_2 = _publish(mirror, bz2.compress(bz2.decompress(original), compresslevel=1))
+    assert md5_2 != md5_1
+    r3 = refresh_flow(source=src, datasets_dir=str(root), data=SMALL)
+    assert r3["rebuilt"] and r3["md5"] == md5_2 and r3["previous"] == r1["version"]
+    v2 = root / "versions" / r3["version"]
+    assert v2 != v1 and (root / "latest").resolve() == v2.resolve()
+    assert output_md5s(v1) == v1_files  # the old version is untouched
+    assert any(k.startswith("tfrecord/") for k in output_md5s(v2))
