@@ -139,12 +139,13 @@ def init_runtime(choice: DeviceChoice, local_rank: int = 0,
 
 
 def maybe_compile(engine: object, choice: DeviceChoice, enabled: bool) -> bool:
-    """``torch.compile`` the DeepSpeed engine when asked (HPU eager mode or CUDA); never in lazy mode."""
+    """``torch.compile`` the DeepSpeed engine when asked; never in HPU lazy mode."""
     if not enabled:
         return False
     if choice.kind == "hpu" and choice.lazy_mode:
         log.warning("--compile ignored: HPU lazy mode builds graphs itself (set PT_HPU_LAZY_MODE=0 to compile)")
         return False
-    backend = "hpu_backend" if choice.kind == "hpu" else "inductor"
-    engine.compile(backend=backend, compile_kwargs={"dynamic": False})
+    # DeepSpeed picks the accelerator's backend (hpu_backend on Gaudi, inductor elsewhere); static shapes
+    # as in Habana's run (batches come in four bin shapes).
+    engine.compile(compile_kwargs={"dynamic": False})
     return True

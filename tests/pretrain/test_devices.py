@@ -84,7 +84,7 @@ def test_compile_only_where_it_applies():
     engine = types.SimpleNamespace(compile=lambda **kw: compiled.append(kw))
     assert maybe_compile(engine, DeviceChoice("hpu", "hccl", lazy_mode=True), True) is False
     assert maybe_compile(engine, DeviceChoice("hpu", "hccl", lazy_mode=False), True) is True
-    assert compiled[-1]["backend"] == "hpu_backend"
+    assert compiled[-1] == {"compile_kwargs": {"dynamic": False}}
     assert maybe_compile(engine, DeviceChoice("cpu", "gloo"), False) is False
     assert len(compiled) == 1
     assert DeviceChoice("cuda", "nccl").torch_device(3) == "cuda:3"
