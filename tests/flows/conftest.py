@@ -42,3 +42,13 @@ def three_part_text(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     ev = split_docs((golden / "text_chain" / "eval.txt").read_text(encoding="utf-8"), 4)[0]
     (d / "eval.txt").write_text(ev, encoding="utf-8")
     return d
+
+
+@pytest.fixture(scope="session")
+def serial_run(prefect_harness, three_part_text: Path, shared_data: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """The three-part text through the whole data DAG, serially: (work dir, md5 of every output)."""
+    from flowhelpers import FAST, output_md5s, run_cli
+
+    w = tmp_path_factory.mktemp("serial") / "w"
+    assert run_cli("--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST) == 0
+    return w, output_md5s(w)

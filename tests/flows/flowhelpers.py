@@ -7,6 +7,9 @@ from pathlib import Path
 
 from preprocessing.manifest import MANIFEST_NAME, md5_file
 
+#: Quick flags for the three-part text (512/76 as MLPerf, one duplicate, 2 shards per bin), serial.
+FAST = ["--dupe-factor", "1", "--n-output-shards", "2", "--num-examples-to-pick", "50", "--workers", "1"]
+
 
 def run_cli(*args: str) -> int:
     from bertpipe.cli import main

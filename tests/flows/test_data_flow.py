@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from flowhelpers import assert_h5_equal, last_run, manifest_mtimes, output_md5s, run_cli
+from flowhelpers import FAST, assert_h5_equal, last_run, manifest_mtimes, output_md5s, run_cli
 
 import preprocessing.create_pretraining_data as cpd
 import preprocessing.pick_eval_samples as pick
@@ -20,7 +20,6 @@ import preprocessing.tfrecord_to_hdf5 as h5
 
 WORK_FUNCTIONS = [(cpd, "run_create_pretraining_data"), (h5, "run_tfrecord_to_hdf5"), (bins, "run_split_4bins"),
                   (pick, "run_pick_eval_samples"), (text_import, "run_import_text")]
-FAST = ["--dupe-factor", "1", "--n-output-shards", "2", "--num-examples-to-pick", "50", "--workers", "1"]
 
 
 def _forbid_work(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,13 +55,6 @@ def test_golden_text_chain_then_everything_cached(prefect_harness, golden: Path,
     s2 = last_run(w)["stages"]
     assert set(s2) == set(s) and all(st["cached"] == st["calls"] for st in s2.values())
     assert manifest_mtimes(w) == before and output_md5s(w) == md5s
-
-
-@pytest.fixture(scope="module")
-def serial_run(prefect_harness, three_part_text: Path, shared_data: Path, tmp_path_factory) -> tuple[Path, dict]:
-    w = tmp_path_factory.mktemp("serial") / "w"
-    assert run_cli("--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST) == 0
-    return w, output_md5s(w)
 
 
 def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, shared_data: Path,
