@@ -1,0 +1,57 @@
+"""Work-dir lock: a second holder is refused with a message naming the first; a kill -9 frees it at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from preprocessing.errors import InputError
+from tasks.lock import LOCK_NAME, WorkDirLock
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD = "import sys, time; from tasks.lock import WorkDirLock\nwith WorkDirLock(sys.argv[1]):\n print('held', flush=True); time.sleep(60)"
+
+
+def _holder(work: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(work)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_second_run_refused_then_lock_free_after_kill_9(tmp_path: Path) -> None:
+    p = _holder(tmp_path)
+    try:
+        with pytest.raises(InputError, match=rf"in use by pid {p.pid} .*--wait-lock"):
+            with WorkDirLock(tmp_path):
+                pass
+        t0 = time.monotonic()
+        with pytest.raises(InputError):
+            with WorkDirLock(tmp_path, wait_s=1.0):
+                pass
+        assert time.monotonic() - t0 >= 1.0
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert str(p.pid) in (tmp_path / LOCK_NAME).read_text()  # stale content left by the killed holder ...
+    with WorkDirLock(tmp_path):  # ... yet the lock is free: flock died with its process
+        assert str(os.getpid()) in (tmp_path / LOCK_NAME).read_text()
+
+
+def test_reentrant_in_one_process_and_waiting(tmp_path: Path) -> None:
+    with WorkDirLock(tmp_path), WorkDirLock(tmp_path / "." ):
+        pass
+    p = _holder(tmp_path)
+    try:
+        subprocess.Popen(["sh", "-c", f"sleep 1; kill {p.pid}"])
+        with WorkDirLock(tmp_path, wait_s=30):  # waits until the holder ends
+            assert p.poll() is not None or p.wait(5) is not None
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
