@@ -207,94 +207,127 @@ def setup(cfg: TrainConfig):
     return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) training; returns the summary (every rank; rank 0 writes it)."""
-    from pretrain.determinism import rng_state, set_rng_state
-    from pretrain.devices import maybe_compile
-    from pretrain.metrics import MetricsWriter, write_summary
-    from pretrain.schedule import is_eval_step, mlperf_eval_interval_samples
+class Run:
+    """One training process: the engine, data, metrics and the step loop (``Run(cfg).loop()``)."""
 
-    choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world = setup(cfg)
-    stop = StopFlag()
-    out_dir, device = Path(cfg.output_dir), engine.device
-    gas, global_batch = engine.gradient_accumulation_steps(), ds_cfg["train_batch_size"]
-    step = 0
-    if tag:
-        engine.load_checkpoint(str(ckpt.checkpoint_dir(out_dir)), tag)
-        state = ckpt.load_rank_state(out_dir, tag, rank)
-        set_rng_state(state["rng"], choice.kind)
-        sampler.load_state_dict(state["data"])
-        step = state["step"]
-        log.info("resumed from checkpoint %s at step %d", tag, step)
-    maybe_compile(engine, choice, cfg.compile)
-    metrics = MetricsWriter(out_dir, enabled=rank == 0, tensorboard=cfg.tensorboard)
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(
-            {"train": cfg.to_dict(), "model": mcfg.to_dict(), "deepspeed": ds_cfg, "world_size": world,
-             "device": choice.kind}, indent=2))
-    interval = mlperf_eval_interval_samples(global_batch)
-    log.info("rank %d/%d on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
-             rank, world, choice.kind, global_batch, ds_cfg["train_micro_batch_size_per_gpu"], world, gas,
-             f"{cfg.eval_interval_steps} steps" if cfg.eval_interval_steps else f"{interval} samples")
+    def __init__(self, cfg: TrainConfig) -> None:
+        from pretrain.devices import maybe_compile
+        from pretrain.metrics import MetricsWriter
+        from pretrain.schedule import mlperf_eval_interval_samples
 
-    def save(at: int) -> None:
-        t = str(at)
-        ckpt.save_rank_state(out_dir, t, rank, at, rng_state(choice.kind), sampler.state_dict())
-        if rank == 0:
-            ckpt.write_run_config(out_dir, t, mcfg.to_dict(), {"optimizer": cfg.optimizer, "world_size": world})
-        engine.save_checkpoint(str(ckpt.checkpoint_dir(out_dir)), tag=t, client_state={"step": at})
+        self.cfg, self.stop = cfg, StopFlag()  # SIGTERM during start-up stops before the first step
+        (self.choice, self.runtime, self.engine, self.sampler, self.eval_set, self.mcfg, self.ds_cfg, tag,
+         self.rank, self.world) = setup(cfg)
+        self.out_dir, self.device = Path(cfg.output_dir), self.engine.device
+        self.gas, self.global_batch = self.engine.gradient_accumulation_steps(), self.ds_cfg["train_batch_size"]
+        self.step = self._resume(tag) if tag else 0
+        maybe_compile(self.engine, self.choice, cfg.compile)
+        self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard)
+        self.interval = mlperf_eval_interval_samples(self.global_batch)
+        if self.rank == 0:
+            self._write_config()
 
-    def eval_now(at: int) -> dict:
-        if eval_set is None:
+    def _resume(self, tag: str) -> int:
+        from pretrain.determinism import set_rng_state
+
+        self.engine.load_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag)
+        state = ckpt.load_rank_state(self.out_dir, tag, self.rank)
+        set_rng_state(state["rng"], self.choice.kind)
+        self.sampler.load_state_dict(state["data"])
+        log.info("resumed from checkpoint %s at step %d", tag, state["step"])
+        return int(state["step"])
+
+    def _write_config(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.json").write_text(json.dumps(
+            {"train": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "deepspeed": self.ds_cfg,
+             "world_size": self.world, "device": self.choice.kind}, indent=2))
+        every = f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else f"{self.interval} samples"
+        log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
+                 self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
+                 self.world, self.gas, every)
+
+    def save(self) -> None:
+        """DeepSpeed checkpoint + per-rank RNG and data position + the model config (rank 0)."""
+        from pretrain.determinism import rng_state
+
+        tag = str(self.step)
+        ckpt.save_rank_state(self.out_dir, tag, self.rank, self.step, rng_state(self.choice.kind),
+                             self.sampler.state_dict())
+        if self.rank == 0:
+            ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
+                                  {"optimizer": self.cfg.optimizer, "world_size": self.world})
+        self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step})
+
+    def evaluate(self) -> dict:
+        if self.eval_set is None:
             return {}
-        r = run_eval(engine.module, eval_set, device)
-        metrics.write({"step": at, **r})
-        if rank == 0:
-            log.info("step %d: eval masked-LM accuracy %.4f (target %.3f)", at, r["eval_mlm_accuracy"],
+        r = run_eval(self.engine.module, self.eval_set, self.device)
+        self.metrics.write({"step": self.step, **r})
+        if self.rank == 0:
+            log.info("step %d: eval masked-LM accuracy %.4f (target %.3f)", self.step, r["eval_mlm_accuracy"],
                      r["eval_target"])
         return r
 
-    last_target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, step + cfg.steps_this_run)
-    train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
-    engine.train()
-    while step < last_target:
-        lr = engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
-        t0 = time.perf_counter()
-        r = train_step(engine, sampler, gas, step + 1, device, runtime.mark_step)
-        dt = time.perf_counter() - t0
-        step, steps_done, train_time = step + 1, steps_done + 1, train_time + dt
-        if step % cfg.log_interval == 0 or step == last_target:
-            last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, device)
-            metrics.write({"step": step, **last, "lr": lr, "seq_per_s": global_batch / dt, "step_time": dt,
-                           "epoch": sampler.epoch, "samples": step * global_batch})
-        evaluated = False
-        if (cfg.eval_interval_steps and step % cfg.eval_interval_steps == 0) or (
-                not cfg.eval_interval_steps and is_eval_step(step, global_batch, interval)):
-            last_eval, evaluated = eval_now(step), True
-        if stop.agreed(device):
-            stopped_by = "sigterm"
-            break
-        if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < last_target:
-            save(step)
-    if step == cfg.max_steps and not evaluated:
-        last_eval = eval_now(step) or last_eval
-    if stopped_by != "sigterm" and step < cfg.max_steps:
-        stopped_by = "steps_this_run"
-    save(step)
-    summary = {"model": cfg.model, "device": choice.kind, "world_size": world, "global_batch": global_batch,
-               "steps": step, "steps_this_run": steps_done, "stopped_by": stopped_by,
-               "final_loss": last.get("loss"), "raw_train_time": train_time,
-               "training_sequences_per_second": global_batch * steps_done / train_time if train_time else 0.0,
-               "e2e_time": time.time() - START,
-               "final_eval_mlm_accuracy": last_eval.get("eval_mlm_accuracy"),
-               "eval_target": 0.720,
-               "reached_target": bool(last_eval) and last_eval["eval_mlm_accuracy"] >= 0.720}
-    if rank == 0:
-        write_summary(out_dir, summary)
-    metrics.close()
-    sampler.close()
-    return summary
+    def _eval_due(self) -> bool:
+        from pretrain.schedule import is_eval_step
+
+        if self.cfg.eval_interval_steps:
+            return self.step % self.cfg.eval_interval_steps == 0
+        return is_eval_step(self.step, self.global_batch, self.interval)
+
+    def loop(self) -> dict:
+        """Train to max_steps (or steps_this_run, or SIGTERM), checkpoint, and return the summary."""
+        cfg = self.cfg
+        target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, self.step + cfg.steps_this_run)
+        train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
+        self.engine.train()
+        while self.step < target:
+            if self.stop.agreed(self.device):  # all ranks stop at the same step
+                stopped_by = "sigterm"
+                break
+            lr = self.engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
+            t0 = time.perf_counter()
+            r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
+            dt = time.perf_counter() - t0
+            self.step, steps_done, train_time = self.step + 1, steps_done + 1, train_time + dt
+            if self.step % cfg.log_interval == 0 or self.step == target:
+                last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, self.device)
+                self.metrics.write({"step": self.step, **last, "lr": lr, "seq_per_s": self.global_batch / dt,
+                                    "step_time": dt, "epoch": self.sampler.epoch,
+                                    "samples": self.step * self.global_batch})
+            evaluated = self._eval_due()
+            if evaluated:
+                last_eval = self.evaluate()
+            if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0 and self.step < target:
+                self.save()
+        if self.step == cfg.max_steps and not evaluated:
+            last_eval = self.evaluate() or last_eval
+        if stopped_by != "sigterm" and self.step < cfg.max_steps:
+            stopped_by = "steps_this_run"
+        self.save()
+        return self._finish(stopped_by, steps_done, train_time, last, last_eval)
+
+    def _finish(self, stopped_by: str, steps_done: int, train_time: float, last: dict, last_eval: dict) -> dict:
+        from pretrain.metrics import write_summary
+
+        acc = last_eval.get("eval_mlm_accuracy")
+        summary = {"model": self.cfg.model, "device": self.choice.kind, "world_size": self.world,
+                   "global_batch": self.global_batch, "steps": self.step, "steps_this_run": steps_done,
+                   "stopped_by": stopped_by, "final_loss": last.get("loss"), "raw_train_time": train_time,
+                   "training_sequences_per_second": self.global_batch * steps_done / train_time if train_time else 0.0,
+                   "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
+                   "reached_target": acc is not None and acc >= 0.720}
+        if self.rank == 0:
+            write_summary(self.out_dir, summary)
+        self.metrics.close()
+        self.sampler.close()
+        return summary
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) training; returns the summary (every rank; rank 0 writes it)."""
+    return Run(cfg).loop()
 
 
 def main(argv: list[str] | None = None) -> int:
