@@ -270,3 +270,76 @@ class BinnedSampler:
             for h in hs.values():
                 h.close()
         self._handles.clear()
+
+
+class PrefetchingSampler:
+    """Reads the next micro-batches of a :class:`BinnedSampler` in a background thread.
+
+    A micro-batch of 32 at 512 tokens takes ~6 ms to read here; on an accelerator that is a third of a
+    BERT-Large step, so reading overlaps the step instead. The order is the sampler's (deterministic); the
+    position saved in a checkpoint is the one after the last batch *consumed*, not the last one read.
+    """
+
+    def __init__(self, sampler: BinnedSampler, depth: int = 2) -> None:
+        self.sampler, self.depth = sampler, depth
+        self._queue = None
+        self._thread = None
+        self._stop = None
+        self._last: Batch | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._last.epoch if self._last is not None else self.sampler.epoch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def _start(self) -> None:
+        import queue
+        import threading
+
+        self._queue, self._stop = queue.Queue(self.depth), threading.Event()
+        self._thread = threading.Thread(target=self._work, name="hdf5-prefetch", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item: Batch | BaseException = self.sampler.next_batch()
+            except BaseException as exc:  # handed to the consumer, which raises it
+                item = exc
+            self._queue.put(item)
+            if isinstance(item, BaseException):
+                return
+
+    def next_batch(self) -> Batch:
+        if self._thread is None:
+            self._start()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._last = item
+        return item
+
+    def state_dict(self) -> dict:
+        if self._last is None:
+            return self.sampler.state_dict()
+        return {"epoch": self._last.epoch, "index": self._last.index + 1, "digest": self.sampler.digest()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._thread is not None:
+            raise RuntimeError("load the data position before the first batch is drawn")
+        self.sampler.load_state_dict(state)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():  # unblock a put() on a full queue
+                try:
+                    self._queue.get_nowait()
+                except Exception:
+                    pass
+                self._thread.join(timeout=0.05)
+            self._thread = None
+        self.sampler.close()

@@ -70,9 +70,12 @@ def model_config_for(cfg: TrainConfig):
 
 
 def to_tensors(arrays: dict, device) -> dict:
+    """numpy batch -> device tensors (pinned host memory on CUDA, so the copy is asynchronous)."""
     import torch
 
-    return {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in arrays.items()}
+    pin = str(device).startswith("cuda")
+    return {k: (torch.from_numpy(v).pin_memory() if pin else torch.from_numpy(v)).to(device, non_blocking=True)
+            for k, v in arrays.items()}
 
 
 def check_finite(value: float, step: int, micro: int, gas: int, where: str) -> None:
@@ -167,7 +170,7 @@ def setup(cfg: TrainConfig):
     import deepspeed
     import torch
 
-    from pretrain.data import BinnedSampler, discover_shards
+    from pretrain.data import BinnedSampler, PrefetchingSampler, discover_shards
     from pretrain.determinism import set_determinism
     from pretrain.evaluate import EvalSet
     from pretrain.model import BertForPreTraining
@@ -187,7 +190,8 @@ def setup(cfg: TrainConfig):
     mcfg = model_config_for(cfg)
     ds_cfg = load_ds_config(cfg, world)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
-    sampler = BinnedSampler(discover_shards(cfg.train_dir), micro, rank, world, cfg.seed, mcfg.vocab_size)
+    sampler = PrefetchingSampler(BinnedSampler(discover_shards(cfg.train_dir), micro, rank, world, cfg.seed,
+                                               mcfg.vocab_size))
     eval_set = None
     if cfg.eval_file:
         eval_set = EvalSet(cfg.eval_file, cfg.eval_batch_size, rank, world, mcfg.vocab_size,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from preprocessing.errors import InputError
-from pretrain.data import FIELDS, BinnedSampler, discover_shards
+from pretrain.data import FIELDS, BinnedSampler, PrefetchingSampler, discover_shards
 from pretrain.evaluate import EvalSet, evaluate
 
 
@@ -149,3 +149,24 @@ def test_eval_accuracy_is_a_micro_average(golden):
     assert r["eval_mlm_accuracy"] != pytest.approx(0.5)
     assert all(set(b) == set(FIELDS) for b in full.batches())
     assert all(b["input_ids"].shape[1] >= b["input_mask"].sum(axis=1).max() for b in full.batches())
+
+
+def test_prefetching_keeps_the_order_and_the_consumed_position(bins):
+    plain = BinnedSampler(bins, 4, rank=0, world=2, seed=9)
+    pre = PrefetchingSampler(BinnedSampler(bins, 4, rank=0, world=2, seed=9), depth=3)
+    for _ in range(6):
+        assert np.array_equal(plain.next_batch().arrays["input_ids"], pre.next_batch().arrays["input_ids"])
+    state = pre.state_dict()
+    assert state == plain.state_dict()  # 6 consumed, although more were read ahead
+    pre.close()
+    resumed = PrefetchingSampler(BinnedSampler(bins, 4, rank=0, world=2, seed=9))
+    resumed.load_state_dict(state)
+    assert np.array_equal(resumed.next_batch().arrays["input_ids"], plain.next_batch().arrays["input_ids"])
+    resumed.close()
+
+
+def test_prefetching_raises_the_readers_error(bins):
+    pre = PrefetchingSampler(BinnedSampler(bins, 4, vocab_size=1000))
+    with pytest.raises(InputError, match="vocab_size 1000"):
+        pre.next_batch()
+    pre.close()
