@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from bertpipe.commands._common import bool_flag, flag
 
@@ -96,6 +97,30 @@ def prefect_env(quiet: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+_REAPER = r"""
+while kill -0 "$1" 2>/dev/null; do sleep 1; done
+for d in /proc/[0-9]*; do
+  grep -qz "^BERTPIPE_RUN_TOKEN=$2\$" "$d/environ" 2>/dev/null && kill "${d#/proc/}" 2>/dev/null
+done
+"""
+
+
+def start_reaper() -> None:
+    """If this process dies without cleaning up (kill -9), stop what it started: Prefect's temporary server,
+    worker processes, training ranks (all inherit a per-run token in their environment). Linux (/proc)."""
+    import subprocess
+    import uuid
+
+    if not Path("/proc/self/environ").exists():
+        return
+    token = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "BERTPIPE_RUN_TOKEN"}
+    subprocess.Popen(["sh", "-c", _REAPER, "bertpipe-reaper", str(os.getpid()), token], env=env,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    os.environ["BERTPIPE_RUN_TOKEN"] = token
+
+
 def print_summary(summary: dict, out=sys.stdout) -> None:
     print(f"{'stage':<14} {'calls':>5} {'cached':>6} {'files':>6} {'bytes':>14} {'seconds':>8}  dir", file=out)
     for name, s in summary["stages"].items():
@@ -109,8 +134,9 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prefect_env(args.quiet)
+    params = data_params(args)  # invalid flags fail before Prefect starts
+    start_reaper()
     if args.flow == "data":
-        params = data_params(args)
         from flows.data_flow import data_flow
 
         summary = data_flow(**params.model_dump())
