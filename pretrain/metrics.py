@@ -5,10 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def _without_tensorflow() -> None:
+    """Make TensorBoard's writer use its TF-free stub (tensorboard checks for ``tensorboard.compat.notf``).
+
+    Otherwise writing events imports all of TensorFlow when it is installed: ~4 s and ~0.5 GB on rank 0.
+    """
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 class MetricsWriter:
@@ -27,6 +37,7 @@ class MetricsWriter:
         self._f = self.path.open("a", encoding="utf-8")
         if tensorboard:
             try:
+                _without_tensorflow()
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
