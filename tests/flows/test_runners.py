@@ -19,6 +19,21 @@ def test_local_process_pool_gives_the_serial_bytes(serial_run, three_part_text: 
     assert run_cli(*_args(three_part_text, shared_data / "vocab.txt", w), "--workers", "2") == 0
     assert output_md5s(w) == serial  # same keys (dirs) and same bytes
     assert last_run(w)["stages"]["tfrecord"]["cached"] == 0
+    _check_artifacts()
+
+
+def _check_artifacts() -> None:
+    """The run left a table per stage, a progress artifact at 100 % and a markdown dataset summary."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    keys = ["stage-tfrecord", "stage-bins", "progress-tfrecord-eval-tfrecord", "dataset-summary"]
+    with get_client(sync_client=True) as client:
+        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}
+    assert set(keys) <= set(arts)
+    assert arts["stage-tfrecord"].type == "table" and "part-00002-of-00500" in str(arts["stage-tfrecord"].data)
+    assert arts["progress-tfrecord-eval-tfrecord"].type == "progress"
+    assert "md5" in arts["dataset-summary"].data and "| bins |" in arts["dataset-summary"].data
 
 
 def test_dask_local_cluster_with_two_workers_gives_the_serial_bytes(serial_run, three_part_text: Path,
