@@ -1,7 +1,7 @@
 """Real DeepSpeed runs: 2 CPU ranks (DS_ACCELERATOR=cpu, gloo, ZeRO-1, bf16) of the tiny model.
 
 One deterministic 30-step run over all four length bins is shared by the tests of this module; it saves a
-checkpoint at step 15, and the resume test continues a copy of that checkpoint to step 30 (one more
+checkpoint at step 20, and the resume test continues a copy of that checkpoint to step 30 (one more
 launch). The slow tests stop a run for real (--steps-this-run, SIGTERM) and resume it. DeepSpeed
 JIT-builds its shm comm op once (~50 s cold) into TORCH_EXTENSIONS_DIR, shared by every run of the
 session (and later sessions).
@@ -29,13 +29,13 @@ pytest.importorskip("deepspeed")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
 GOLDEN_LOSSES = Path(__file__).resolve().parents[1] / "golden" / "losses_cpu.txt"
-STEPS, STOP_AT = 30, 15
+STEPS, STOP_AT, EVAL_EVERY = 30, 20, 15
 
 
 def _cfg(golden: Path, out: Path, **kw) -> TrainConfig:
     base = dict(train_dir=str(golden / "4bins"), eval_file=str(golden / "eval_100.hdf5"), output_dir=str(out),
                 model="tiny", max_steps=STEPS, device="cpu", deterministic=True, learning_rate=0.05,
-                micro_batch=4, eval_interval_steps=STOP_AT, checkpoint_interval=STOP_AT, tensorboard=False)
+                micro_batch=4, eval_interval_steps=EVAL_EVERY, checkpoint_interval=STOP_AT, tensorboard=False)
     return TrainConfig(**{**base, **kw})
 
 
@@ -65,7 +65,7 @@ def test_two_cpu_ranks_loss_falls_and_eval_is_reported(main_run, golden):
     step = next(r for r in records if r.get("step") == 10 and "loss" in r)
     assert {"step", "loss", "lr", "seq_per_s", "step_time", "mlm_loss", "nsp_loss"} <= set(step)
     evals = [r for r in records if "eval_mlm_accuracy" in r]
-    assert [r["step"] for r in evals] == [STOP_AT, STEPS]
+    assert [r["step"] for r in evals] == [EVAL_EVERY, STEPS]
     with h5py.File(golden / "eval_100.hdf5") as h:
         masked = int((h["masked_lm_positions"][:] != 0).sum())
     assert all(r["eval_masked_tokens"] == masked for r in evals)  # every masked token of eval_100, once
@@ -91,7 +91,7 @@ def test_two_cpu_ranks_loss_falls_and_eval_is_reported(main_run, golden):
 
 
 def test_resume_from_step_k_repeats_the_losses(main_run, golden, tmp_path):
-    """A run continued from the step-15 checkpoint gives the uninterrupted run's losses 16..30 exactly."""
+    """A run continued from the step-20 checkpoint gives the uninterrupted run's losses 21..30 exactly."""
     out = tmp_path / "resumed"
     shutil.copytree(main_run / "checkpoints" / str(STOP_AT), out / "checkpoints" / str(STOP_AT))
     (out / "checkpoints" / "latest").write_text(str(STOP_AT))
