@@ -1,0 +1,58 @@
+"""TrainConfig flags round-trip through the launcher argv; DeepSpeed batch fields are made consistent."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from preprocessing.errors import InputError
+from pretrain.train_config import TrainConfig, add_train_arguments, from_args, load_ds_config, to_argv
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deployments"
+
+
+def _parse(argv: list[str]) -> TrainConfig:
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    return from_args(p.parse_args(argv))
+
+
+def test_argv_round_trip():
+    cfg = TrainConfig(train_dir="d", eval_file="e.hdf5", output_dir="o", model="large", max_steps=7,
+                      learning_rate=0.0015, deterministic=True, tensorboard=False, steps_this_run=3)
+    assert _parse(to_argv(cfg)) == cfg
+    assert _parse(["--max_steps=9", "--train-dir", "x"]).max_steps == 9  # reference spelling too
+
+
+def test_unknown_choices_are_rejected():
+    with pytest.raises(SystemExit):
+        _parse(["--model", "huge"])
+    with pytest.raises(SystemExit):
+        _parse(["--optimizer", "sgd"])
+
+
+def test_habana_presets_give_their_accumulation_steps():
+    ds = load_ds_config(TrainConfig(deepspeed_config=str(DEPLOY / "ds_config_bert_1.5b.json")), world_size=8)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
+        (12288, 32, 48)
+    ds = load_ds_config(TrainConfig(deepspeed_config=str(DEPLOY / "ds_config_bert_5b.json")), world_size=32)
+    assert ds["gradient_accumulation_steps"] == 12 and ds["zero_optimization"]["stage"] == 2
+    assert ds["zero_allow_untested_optimizer"] is True and "optimizer" not in ds
+
+
+def test_flag_overrides_and_bad_batch(tmp_path):
+    ds = load_ds_config(TrainConfig(micro_batch=4, global_batch=32, zero_stage=2), world_size=2)
+    assert (ds["train_batch_size"], ds["gradient_accumulation_steps"], ds["zero_optimization"]["stage"]) == (32, 4, 2)
+    assert ds["bf16"]["enabled"] is True
+    with pytest.raises(InputError, match="not a multiple"):
+        load_ds_config(TrainConfig(micro_batch=3, global_batch=32), world_size=2)
+    bad = tmp_path / "ds.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="cannot read DeepSpeed config"):
+        load_ds_config(TrainConfig(deepspeed_config=str(bad)), world_size=1)
+    with_opt = tmp_path / "opt.json"
+    with_opt.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb"}}))
+    assert "optimizer" not in load_ds_config(TrainConfig(deepspeed_config=str(with_opt)), world_size=1)
