@@ -135,13 +135,21 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
 def run(args: argparse.Namespace) -> int:
     prefect_env(args.quiet)
     params = data_params(args)  # invalid flags fail before Prefect starts
-    start_reaper()
-    if args.flow == "data":
-        from flows.data_flow import data_flow
+    from tasks.lock import WorkDirLock
 
-        summary = data_flow(**params.model_dump())
-        print_summary(summary)
-        return 0
-    from flows.pretrain_flow import run_from_args
+    # The work dir is locked for the whole command (Prefect's start-up included); the flow takes the
+    # same lock again (re-entrant), so a deployment run is protected too.
+    lock_dir = params.work_dir
+    if args.flow == "pretrain":
+        lock_dir = args.output_dir or str(Path(args.work_dir) / "pretrain")
+    with WorkDirLock(lock_dir, wait_s=params.wait_lock_s):
+        start_reaper()
+        if args.flow == "data":
+            from flows.data_flow import data_flow
 
-    return run_from_args(args)
+            summary = data_flow(**params.model_dump())
+            print_summary(summary)
+            return 0
+        from flows.pretrain_flow import run_from_args
+
+        return run_from_args(args)

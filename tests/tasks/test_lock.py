@@ -55,3 +55,16 @@ def test_reentrant_in_one_process_and_waiting(tmp_path: Path) -> None:
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_second_bertpipe_run_on_a_busy_work_dir_refuses_at_once(tmp_path: Path) -> None:
+    p = _holder(tmp_path)
+    try:
+        r = subprocess.run([str(Path(sys.executable).parent / "bertpipe"), "run", "--work-dir", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 2
+    assert f"work dir {tmp_path} is in use by pid {p.pid}" in r.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == [LOCK_NAME]  # nothing was started or written
