@@ -117,7 +117,7 @@ def run_eval(model, eval_set, device) -> dict[str, float]:
         return float(out.mlm_correct), float(out.mlm_count), float(out.mlm_loss)
 
     def all_reduce(x):
-        t = torch.tensor(x, dtype=torch.float64, device=device)
+        t = torch.tensor(x, dtype=_reduce_dtype(device), device=device)
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(t)
         return t.cpu().numpy()
@@ -131,11 +131,18 @@ def run_eval(model, eval_set, device) -> dict[str, float]:
     return {**result, "eval_time": time.perf_counter() - t0}
 
 
+def _reduce_dtype(device):
+    """float64 for exact sums, except on Gaudi, which has no float64 tensors."""
+    import torch
+
+    return torch.float32 if str(device).startswith("hpu") else torch.float64
+
+
 def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
     import torch
 
     keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    t = torch.tensor([values[k] for k in keys], dtype=_reduce_dtype(device), device=device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(t)
         t /= torch.distributed.get_world_size()
@@ -285,6 +292,7 @@ class Run:
         cfg = self.cfg
         target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, self.step + cfg.steps_this_run)
         train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
+        window_time, window_steps = 0.0, 0  # since the last metrics record
         self.engine.train()
         while self.step < target:
             if self.stop.agreed(self.device):  # all ranks stop at the same step
@@ -295,11 +303,14 @@ class Run:
             r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
             dt = time.perf_counter() - t0
             self.step, steps_done, train_time = self.step + 1, steps_done + 1, train_time + dt
+            window_time, window_steps = window_time + dt, window_steps + 1
             if self.step % cfg.log_interval == 0 or self.step == target:
                 last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, self.device)
-                self.metrics.write({"step": self.step, **last, "lr": lr, "seq_per_s": self.global_batch / dt,
-                                    "step_time": dt, "epoch": self.sampler.epoch,
+                self.metrics.write({"step": self.step, **last, "lr": lr,
+                                    "seq_per_s": self.global_batch * window_steps / window_time,
+                                    "step_time": window_time / window_steps, "epoch": self.sampler.epoch,
                                     "samples": self.step * self.global_batch})
+                window_time, window_steps = 0.0, 0
             evaluated = self._eval_due()
             if evaluated:
                 last_eval = self.evaluate()
