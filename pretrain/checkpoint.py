@@ -13,6 +13,7 @@ Layout under ``OUTPUT_DIR/checkpoints/``::
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,19 @@ def load_rank_state(output_dir: str | Path, tag: str, rank: int) -> dict[str, An
     if state.get("version") != STATE_VERSION:
         raise InputError(f"{path}: unknown state version {state.get('version')!r} (expected {STATE_VERSION})")
     return state
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest numeric checkpoint tags (never the one ``latest`` names).
+
+    Returns the deleted directories. ``keep <= 0`` keeps everything.
+    """
+    if keep <= 0:
+        return []
+    root = checkpoint_dir(output_dir)
+    tags = sorted((int(p.name), p) for p in root.iterdir() if p.is_dir() and p.name.isdigit()) if root.is_dir() else []
+    latest = latest_tag(output_dir)
+    doomed = [p for _, p in tags[:-keep] if p.name != latest]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed

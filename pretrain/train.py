@@ -269,6 +269,8 @@ class Run:
             ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
                                   {"optimizer": self.cfg.optimizer, "world_size": self.world})
         self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step})
+        if self.rank == 0:  # `latest` now names the new tag; older ones beyond the budget go
+            ckpt.prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
 
     def evaluate(self) -> dict:
         if self.eval_set is None:

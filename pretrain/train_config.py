@@ -71,6 +71,8 @@ class TrainConfig:
     """Write a metrics record every N optimizer steps."""
     checkpoint_interval: int = 200
     """Save a checkpoint every N optimizer steps (0: only at the end / on SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Keep only the N newest checkpoints (0: keep all; a BERT-1.5B checkpoint with ZeRO states is ~18 GB)."""
     resume: bool = False
     """Continue from OUTPUT_DIR/checkpoints/latest when it exists."""
     eval_interval_steps: int = 0
