@@ -42,3 +42,15 @@ def assert_h5_equal(a: Path, b: Path) -> None:
         for k in fa:
             assert fa[k].dtype == fb[k].dtype and fa[k].shape == fb[k].shape, (a, k)
             assert np.array_equal(fa[k][()], fb[k][()]), (a, k)
+
+
+def last_flow_run_task_states() -> dict[str, str]:
+    """task run name -> state name of the most recent flow run (Prefect's own view: Cached or Completed)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        fr = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id])))
+    return {t.name: t.state.name for t in runs}

@@ -10,7 +10,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from flowhelpers import FAST, assert_h5_equal, last_run, manifest_mtimes, output_md5s, run_cli
+from flowhelpers import (
+    FAST,
+    assert_h5_equal,
+    last_flow_run_task_states,
+    last_run,
+    manifest_mtimes,
+    output_md5s,
+    run_cli,
+)
 
 import preprocessing.create_pretraining_data as cpd
 import preprocessing.pick_eval_samples as pick
@@ -79,6 +87,9 @@ def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, sha
     assert output_md5s(w) == md5s  # the same bytes again
     s2 = last_run(w)["stages"]
     assert (s2["tfrecord"]["cached"], s2["hdf5"]["cached"], s2["bins"]["cached"]) == (2, 2, 1)
+    states = last_flow_run_task_states()  # Prefect's view: the untouched shards hit its cache
+    assert states["tfrecord[part-00001-of-00500]"] == "Completed" and states["hdf5[part-00002-of-00500]"] == "Completed"
+    assert states["tfrecord[part-00000-of-00500]"] == "Cached" and states["bins"] == "Cached"
 
 
 def test_only_runs_one_stage_and_names_a_missing_upstream(prefect_harness, three_part_text: Path,
