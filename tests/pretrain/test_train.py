@@ -194,3 +194,17 @@ def test_sigterm_writes_a_checkpoint_and_resumes(golden, tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == str(summary["steps"])
     assert launch(_cfg(golden, out, max_steps=400, eval_file="", steps_this_run=2, resume=True), nproc=2) == 0
     assert max(_losses(out)) == summary["steps"] + 2
+
+
+@pytest.mark.slow
+def test_diverging_run_stops_before_the_optimizer_step(golden, tmp_path):
+    """AdamW at lr 1e30 blows the weights up after step 1: step 2's loss is NaN and the ranks exit 2."""
+    out = tmp_path / "nan"
+    cfg = _cfg(golden, out, train_dir=str(golden / "4bins" / "128"), eval_file="", optimizer="adamw",
+               learning_rate=1e30, warmup_proportion=0.0, deterministic=False, max_steps=6)
+    cmd = build_command(cfg, 2, master_port=free_port())
+    res = subprocess.run(cmd, env={**os.environ, **launch_env(cfg, 2)}, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert "non-finite loss nan at step 2 (micro-step 1 of 1), epoch 0 batch 1 (bin 128" in res.stdout + res.stderr
+    assert sorted(_losses(out)) == [1]
+    assert not (out / "checkpoints" / "2").exists()
