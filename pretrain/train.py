@@ -2,10 +2,10 @@
 
 Runbook (from the repository root; ``bertpipe train ...`` prints and runs the same commands):
 
-  # 2 CPU ranks, tiny model, golden 4-bin sample (what the tests do; ~2 s/step)
+  # 2 CPU ranks, tiny model, golden 4-bin sample (as the tests; 0.2-2 s/step on a busy 2-core box)
   DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 deepspeed --num_gpus 2 pretrain/train.py \\
       --train-dir ../shared/data/golden/4bins --eval-file ../shared/data/golden/eval_100.hdf5 \\
-      --model tiny --max-steps 50 --output-dir results/tiny --eval-interval-steps 25
+      --model tiny --max-steps 50 --learning-rate 0.05 --output-dir results/tiny --eval-interval-steps 25
   # the same with torchrun (no DeepSpeed launcher), or one process without any launcher
   DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 pretrain/train.py --train-dir ... --output-dir ...
   DS_ACCELERATOR=cpu python pretrain/train.py --train-dir ... --output-dir ...
@@ -17,9 +17,10 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
       --train-dir $DATA/4bins --eval-file $DATA/eval_10k.hdf5 --output-dir $RESULTS --resume --compile
 
   # multi-node (BERT-5B, 4 x 8 cards): a hostfile with one line per node, "10.10.100.101 slots=8", and
-  # ~/.deepspeed_env on every node holding the environment the ranks need, one VAR=value per line
+  # ~/.deepspeed_env on the launching node holding the environment the ranks need, one VAR=value per line
   # (e.g. PT_HPU_LAZY_MODE=0, PYTHONPATH=/path/to/bertpipe, NCCL_SOCKET_IFNAME=eth0); DeepSpeed's
-  # launcher exports those lines over pdsh/ssh (passwordless ssh between nodes required).
+  # launcher exports those lines to every node over pdsh/ssh (passwordless ssh between nodes required);
+  # ./.deepspeed_env or the file named by DS_ENV_FILE work too.
   deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --master_addr 10.10.100.101 pretrain/train.py \\
       --model 5b --deepspeed-config deployments/ds_config_bert_5b.json --max-steps 75000 ...
 
