@@ -185,12 +185,18 @@ class DataDag:
     def _text(self) -> tuple[Path, Manifest | None]:
         p = self.p
         if p.text_dir:
-            from preprocessing.text_import import STAGE_VERSION, list_text_files, source_stats
+            from preprocessing.text_import import (
+                STAGE_VERSION,
+                TextImportConfig,
+                list_text_files,
+                source_stats,
+            )
 
             src = Path(p.text_dir).resolve()
             files = list_text_files(src)
             key = stage_key("text", STAGE_VERSION, {"text_dir": str(src), "names": [f.name for f in files]})
-            c = replace(self.call("text", key, "text_import:run_import_text", str(src)), pass_upstream=False,
+            cfg = TextImportConfig(link=p.link_text)
+            c = replace(self.call("text", key, "text_import:run_import_text", str(src), cfg=cfg), pass_upstream=False,
                         source_stats=source_stats(files))
             return Path(c.out_dir), self.one("text", c)
         from preprocessing import download, extract, text_pipeline

@@ -42,7 +42,8 @@ def run_data(p: DataParams) -> dict[str, Any]:
 
 @flow(name="bertpipe-data", description="MLPerf BERT data: text -> TFRecords -> HDF5 -> 4 bins, and eval_10k")
 def data_flow(work_dir: str = _D.work_dir, source: str = _D.source, source_md5: str | None = None,
-              text_dir: str | None = None, vocab: str | None = None, vocab_size: int | None = None,
+              text_dir: str | None = None, link_text: bool = False, vocab: str | None = None,
+              vocab_size: int | None = None,
               num_test_articles: int | None = None, current_time: str | None = None,
               max_seq_length: int = _D.max_seq_length, max_predictions_per_seq: int = _D.max_predictions_per_seq,
               dupe_factor: int = _D.dupe_factor, masked_lm_prob: float = _D.masked_lm_prob,

@@ -47,6 +47,7 @@ class DataParams(BaseModel):
     source_md5: str | None = Field(None, description="expected md5 of the dump (default: published one, if any)")
     text_dir: str | None = Field(None, description="MLCommons' text (part-*-of-00500 + eval.txt): skips "
                                  "download/extract/text stages")
+    link_text: bool = Field(False, description="hard-link text_dir's files into the work dir instead of copying")
     vocab: str | None = Field(None, description="vocab.txt; without it the vocab stage learns one")
     vocab_size: int | None = Field(None, ge=105, description="size of a learned vocab (default 30522; sample 8000)")
     num_test_articles: int | None = Field(None, ge=1, description="eval articles withheld (10000; sample 5)")

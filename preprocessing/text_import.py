@@ -1,8 +1,9 @@
 """text_import: take MLCommons' published text (``results/``: part-XXXXX-of-00500, eval.txt, eval.md5) as
 the ``text`` stage's output, so the DAG can start from it instead of a dump.
 
-The files are hard-linked into the stage directory when the file system allows it (no copy of 13.5 GB),
-else copied; their md5s go into the manifest like any stage's. A file whose name and size match
+The files are copied into the stage directory (md5 computed while copying), or hard-linked with
+``link=True`` (no second 13.5 GB; but then the work dir's text *is* the source's inode: never edit it in
+place); their md5s go into the manifest like any stage's. A file whose name and size match
 MLCommons' published table (spec §1) must also match its published md5.
 
     run_import_text(Path("results"), Path("work/text/<key>"))
@@ -30,7 +31,7 @@ EVAL_FILES = ("eval.txt", "eval.md5")
 
 @dataclass(frozen=True, kw_only=True)
 class TextImportConfig:
-    link: bool = True  # hard-link instead of copying when the file system allows it (same bytes either way)
+    link: bool = False  # hard-link instead of copying when the file system allows it (same bytes either way)
     require_eval: bool = True  # eval.txt must be present (the eval branch of the DAG needs it)
 
 

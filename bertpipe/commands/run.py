@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which flow (default: data)")
     src = p.add_argument_group("source (default: the built-in sample)")
     src.add_argument("--text-dir", "--text_dir", dest="text_dir", help="MLCommons' text: part-*-of-00500 + eval.txt")
+    src.add_argument("--link-text", dest="link_text", action="store_true",
+                     help="hard-link --text-dir's files into the work dir instead of copying them")
     src.add_argument("--dump", help="a dump path, URL or preset (enwiki-latest, enwiki-20200101)")
     src.add_argument("--dump-md5", "--dump_md5", dest="source_md5", help="expected md5 of --dump")
     src.add_argument("--vocab", "--vocab_file", dest="vocab", help="BERT vocab.txt (default: learn one: vocab stage)")
@@ -72,7 +74,7 @@ def data_params(args: argparse.Namespace):  # -> DataParams (pydantic imported l
     from flows.params import DataParams
     from preprocessing.errors import InputError
 
-    values = {"work_dir": args.work_dir, "text_dir": args.text_dir, "source": args.dump or "sample",
+    values = {"work_dir": args.work_dir, "text_dir": args.text_dir, "link_text": args.link_text, "source": args.dump or "sample",
               "source_md5": args.source_md5, "vocab": args.vocab, "vocab_size": args.vocab_size,
               "num_test_articles": args.num_test_articles, "current_time": args.current_time,
               "max_seq_length": args.max_seq_length, "max_predictions_per_seq": args.max_predictions_per_seq,
