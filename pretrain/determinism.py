@@ -43,8 +43,10 @@ def set_determinism(seed: int, rank: int, deterministic: bool, device: str, *, t
     torch_mod.manual_seed(rank_seed)
     if device == "cuda":
         torch_mod.cuda.manual_seed_all(rank_seed)
-    elif device == "hpu" and hasattr(torch_mod, "hpu"):
-        torch_mod.hpu.manual_seed_all(rank_seed)
+    elif device == "hpu" and hasattr(torch_mod, "hpu"):  # habana_frameworks registers torch.hpu
+        seed_hpu = getattr(torch_mod.hpu, "manual_seed_all", None) or getattr(torch_mod.hpu, "manual_seed", None)
+        if seed_hpu is not None:
+            seed_hpu(rank_seed)
     if deterministic:
         if device == "cuda":
             env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # must be set before the first cuBLAS call
@@ -68,7 +70,7 @@ def rng_state(device: str = "cpu") -> dict[str, Any]:
     }
     if device == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
-    elif device == "hpu" and hasattr(torch, "hpu"):
+    elif device == "hpu" and hasattr(getattr(torch, "hpu", None), "get_rng_state"):
         state["hpu"] = torch.hpu.get_rng_state()
     return state
 
