@@ -170,3 +170,14 @@ def test_prefetching_raises_the_readers_error(bins):
     with pytest.raises(InputError, match="vocab_size 1000"):
         pre.next_batch()
     pre.close()
+
+
+def test_more_ranks_than_files_split_rows(bins):
+    from pretrain.data import rank_rows
+
+    shards = bins[384]  # 8 files, 663 rows
+    parts = [rank_rows(shards, r, 16) for r in range(16)]
+    pairs = [set(zip(f.tolist(), r.tolist(), strict=True)) for f, r in parts]
+    assert sum(len(p) for p in pairs) == 663 and len(set().union(*pairs)) == 663  # a partition of the rows
+    samplers = [BinnedSampler({384: shards}, 2, rank=r, world=16) for r in (0, 15)]
+    assert samplers[0].steps_per_epoch == samplers[1].steps_per_epoch == 663 // 16 // 2
