@@ -89,22 +89,23 @@ def check_finite(value: float, step: int, micro: int, gas: int, where: str) -> N
 
 def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[str, float]:
     """One optimizer step = ``gas`` micro-batches; returns this rank's mean losses and samples."""
-    totals = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0}
+    import torch
+
+    totals = [0.0, 0.0, 0.0]
     samples = 0
     for micro in range(gas):
         batch = sampler.next_batch()
         out = engine(**to_tensors(batch.arrays, device))
-        loss_value = float(out.loss.detach())
-        check_finite(loss_value, step, micro, gas, batch.describe())
+        # one host sync per micro-batch: the three losses together
+        values = torch.stack([out.loss.detach(), out.mlm_loss.detach(), out.nsp_loss.detach()]).float().tolist()
+        check_finite(values[0], step, micro, gas, batch.describe())
         engine.backward(out.loss)
         mark_step()
         engine.step()
         mark_step()
-        totals["loss"] += loss_value / gas
-        totals["mlm_loss"] += float(out.mlm_loss.detach()) / gas
-        totals["nsp_loss"] += float(out.nsp_loss.detach()) / gas
+        totals = [t + v / gas for t, v in zip(totals, values, strict=True)]
         samples += len(batch.arrays["input_ids"])
-    return {**totals, "samples": samples}
+    return {"loss": totals[0], "mlm_loss": totals[1], "nsp_loss": totals[2], "samples": samples}
 
 
 def run_eval(model, eval_set, device) -> dict[str, float]:
