@@ -125,7 +125,7 @@ class DataDag:
                 if fut.state.name == "Cached":  # Prefect's record (its manifest verified): nothing ran
                     r.update(cached=True, seconds=0.0)
                 results.setdefault(stage, []).append(r)
-            except BaseException as exc:  # noqa: BLE001 - let the other shards finish, then re-raise
+            except Exception as exc:  # noqa: BLE001 - let the other shards finish, then re-raise
                 self.log.error("%s failed: %s", c.label, exc)
                 failed.append(exc)
             bar.update(1)

@@ -9,6 +9,8 @@
   bertpipe run e2e --work-dir work --max-steps 20                     # data, then a short CPU training run
 
 A second run over the same inputs finds every stage done (its manifests verify) and runs nothing.
+With --dask-address the work dir must be on a file system that every Dask worker mounts at the same path.
+Only one run at a time per work dir: a second one refuses at once (or waits: --wait-lock SECONDS).
 Prefect: with no PREFECT_API_URL a temporary local server is started for the run.
 """
 
