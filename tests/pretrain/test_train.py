@@ -208,3 +208,14 @@ def test_diverging_run_stops_before_the_optimizer_step(golden, tmp_path):
     assert "non-finite loss nan at step 2 (micro-step 1 of 1), epoch 0 batch 1 (bin 128" in res.stdout + res.stderr
     assert sorted(_losses(out)) == [1]
     assert not (out / "checkpoints" / "2").exists()
+
+
+@pytest.mark.slow
+def test_ranks_refuse_a_checkpoint_of_another_model(main_run, golden):
+    """The check in train.py itself (the CLI's preflight is skipped here)."""
+    cfg = _cfg(golden, main_run, resume=True, eval_file="",
+               model_config=str(_write_json(main_run.parent / "m2.json", {"num_hidden_layers": 3})))
+    cmd = build_command(cfg, 2, master_port=free_port())
+    res = subprocess.run(cmd, env={**os.environ, **launch_env(cfg, 2)}, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert "another model config (num_hidden_layers: checkpoint 2 vs this run 3)" in res.stdout + res.stderr
