@@ -157,19 +157,23 @@ class Batch:
 def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound: int,
               handles: dict[int, object]) -> dict[str, np.ndarray]:
     """Read the given (file, row) samples in the given order, 2-D fields sliced to ``bound`` columns."""
-    out: dict[str, list] = {k: [None] * len(rows) for k in FIELDS}
+    out: dict[str, np.ndarray] = {}
     for f in np.unique(file_idx):
         sel = np.nonzero(file_idx == f)[0]
-        uniq, inv = np.unique(rows[sel], return_inverse=True)
+        uniq, inv = np.unique(rows[sel], return_inverse=True)  # h5py wants increasing indices
         if f not in handles:
             handles[f] = _open_h5(shards[f].path)
         h = handles[f]
         for k in FIELDS:
-            ds = h[k]
-            data = ds[uniq, :bound] if k in ("input_ids", "input_mask", "segment_ids") else ds[uniq]
-            for j, s in enumerate(sel):
-                out[k][s] = data[inv[j]]
-    return {k: np.stack(v).astype(np.int64) for k, v in out.items()}
+            try:
+                data = h[k][uniq, :bound] if k in ("input_ids", "input_mask", "segment_ids") else h[k][uniq]
+            except (OSError, KeyError, ValueError) as exc:
+                raise InputError(f"cannot read {k} rows of HDF5 shard {shards[f].path}: {exc}; the file is "
+                                 "corrupt: re-create it") from exc
+            if k not in out:
+                out[k] = np.empty((len(rows), *data.shape[1:]), dtype=np.int64)
+            out[k][sel] = data[inv]
+    return out
 
 
 def check_vocab(arrays: dict[str, np.ndarray], vocab_size: int, where: str) -> None:
@@ -193,7 +197,7 @@ class BinnedSampler:
     epoch: int = 0
     index: int = 0
     _rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
-    _handles: dict[tuple[int, int], object] = field(default_factory=dict, repr=False)
+    _handles: dict[int, dict[int, object]] = field(default_factory=dict, repr=False)
     _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _perms: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
 
