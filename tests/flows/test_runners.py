@@ -25,11 +25,15 @@ def test_local_process_pool_gives_the_serial_bytes(serial_run, three_part_text: 
 def _check_artifacts() -> None:
     """The run left a table per stage, a progress artifact at 100 % and a markdown dataset summary."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.sorting import FlowRunSort
 
     keys = ["stage-tfrecord", "stage-bins", "progress-tfrecord-eval-tfrecord", "dataset-summary"]
     with get_client(sync_client=True) as client:
-        arts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))}
+        run = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]  # the run of this test
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=keys), flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    arts = {a.key: a for a in found}
     assert set(keys) <= set(arts)
     assert arts["stage-tfrecord"].type == "table" and "part-00002-of-00500" in str(arts["stage-tfrecord"].data)
     assert arts["progress-tfrecord-eval-tfrecord"].type == "progress"
