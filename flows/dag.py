@@ -83,7 +83,7 @@ class DataDag:
         out = self.work / stage / key / shard if shard else self.work / stage / key
         return StageCall(stage=stage, key=key, out_dir=str(out), func=f"{_LIB}.{func}", args=args, kwargs=kwargs,
                          shard=shard, upstream_dirs=upstream, force=stage in self.p.force, inline=inline,
-                         check_md5=self.p.verify_md5)
+                         check_md5=self.p.verify_md5, root=str(self.work))
 
     def _existing(self, stage: str, calls: list[StageCall]) -> list[dict[str, Any]]:
         """A stage left out by --only: its outputs must be done (sizes checked; its consumer checks md5s)."""

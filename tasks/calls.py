@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preprocessing.manifest import Manifest, is_done, load_manifest
+from preprocessing.manifest import Manifest, check_inside, is_done, load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class StageCall:
     inline: bool = True  # run in this process (Dask / Prefect process workers) or in the local pool
     check_md5: bool = True  # "done" re-hashes every output (False: sizes only)
     source_stats: dict[str, list[int]] | None = None  # must equal the manifest's (text import freshness)
+    root: str = ""  # the work dir: out_dir must resolve inside it (a symlink must not lead writes elsewhere)
 
     @property
     def label(self) -> str:
@@ -156,6 +157,8 @@ def result_dict(call: StageCall, m: Manifest, *, cached: bool, seconds: float) -
 def execute(call: StageCall, workers: int = 1) -> tuple[dict[str, Any], list[tuple[int, str, str]]]:
     """Do ``call`` unless its manifest on disk says it is done; returns (result, forwarded log records)."""
     t0 = time.perf_counter()
+    if call.root:
+        check_inside(call.out_dir, call.root)
     if not call.force:
         m = check_done(call)
         if m is not None:

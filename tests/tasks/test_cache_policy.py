@@ -60,3 +60,16 @@ def test_execute_skips_done_work_and_checks_upstream(tmp_path: Path) -> None:
     assert result["cached"] and logs == []  # the module in func does not even exist: nothing ran
     write_stage(tmp_path / "up", text="changed\n", stage="up")  # upstream redone with other bytes
     assert check_done(call) is None
+
+
+def test_a_stage_dir_symlinked_out_of_the_work_dir_is_refused(tmp_path: Path) -> None:
+    from preprocessing.errors import InputError
+
+    work, outside = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "demo").mkdir(parents=True)
+    outside.mkdir()
+    (work / "demo" / "k").symlink_to(outside)
+    call = StageCall(stage="demo", key="k", out_dir=str(work / "demo" / "k"), func="tests_tasks_fake:never",
+                     pass_upstream=False, root=str(work))
+    with pytest.raises(InputError, match="outside the work dir"):
+        execute(call)
