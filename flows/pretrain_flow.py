@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,28 @@ def vocab_lines(vocab: str | None) -> int:
         return sum(1 for _ in f)
 
 
+def resolve_dataset(train_dir: str, eval_file: str, vocab: str | None) -> tuple[str, str, str | None]:
+    """A data-flow work dir (e.g. ``datasets/latest``) stands for its 4 bins, eval_10k.hdf5 and vocab."""
+    summary = Path(train_dir) / "last_run.json"
+    if not summary.is_file():
+        return train_dir, eval_file, vocab
+    out = json.loads(summary.read_text(encoding="utf-8")).get("outputs", {})
+    if "train_dir" not in out:
+        from preprocessing.errors import InputError
+
+        raise InputError(f"{train_dir} is a work dir whose last data run made no 4-bin output; run the data flow")
+    return out["train_dir"], eval_file or out.get("eval_hdf5", ""), vocab or out.get("vocab")
+
+
 @flow(name="bertpipe-pretrain", description="BERT pre-training with DeepSpeed on a 4-bin HDF5 data set")
 def pretrain_flow(train_dir: str, eval_file: str = "", output_dir: str = "results/pretrain", model: str = "tiny",
                   max_steps: int = 20, nproc: int = 1, vocab: str | None = None, resume: bool = False,
                   options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size when it is not the preset's."""
+    """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size when it is not the preset's.
+
+    ``train_dir`` may also be a data work dir (``datasets/latest``): its bins, eval file and vocab are used.
+    """
+    train_dir, eval_file, vocab = resolve_dataset(train_dir, eval_file, vocab)
     return launch_pretraining(train_dir, eval_file, output_dir, model=model, max_steps=max_steps, nproc=nproc,
                               vocab_size=vocab_lines(vocab), resume=resume, options=options)
 
