@@ -18,12 +18,13 @@ from flows.pretrain_flow import pretrain_flow
 
 @flow(name="bertpipe-e2e", description="MLPerf BERT data DAG, then DeepSpeed pre-training on it")
 def e2e_flow(data: DataParams | None = None, output_dir: str | None = None, model: str = "tiny",
-             max_steps: int = 20, nproc: int = 1) -> dict[str, Any]:
-    """``data``: the data flow's parameters; training output defaults to <work_dir>/pretrain."""
+             max_steps: int = 20, nproc: int = 1, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``data``: the data flow's parameters; training output defaults to <work_dir>/pretrain;
+    ``options``: more TrainConfig fields for the training run (e.g. ``{"learning_rate": 0.01}``)."""
     p = data if isinstance(data, DataParams) else DataParams(**(data or {}))
     summary = run_data(p)
     out = summary["outputs"]
     result = pretrain_flow(train_dir=out["train_dir"], eval_file=out["eval_hdf5"],
                            output_dir=output_dir or str(Path(p.work_dir) / "pretrain"), model=model,
-                           max_steps=max_steps, nproc=nproc, vocab=out["vocab"])
+                           max_steps=max_steps, nproc=nproc, vocab=out["vocab"], options=options)
     return {"data": summary, "pretrain": result}

@@ -51,6 +51,12 @@ def pretrain_flow(train_dir: str, eval_file: str = "", output_dir: str = "result
                               vocab_size=vocab_lines(vocab), resume=resume, options=options)
 
 
+def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """TrainConfig fields set on the command line (``--learning-rate``)."""
+    lr = getattr(args, "learning_rate", None)
+    return {"learning_rate": lr} if lr is not None else None
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """``bertpipe run pretrain|e2e``."""
     from preprocessing.errors import InputError
@@ -60,13 +66,17 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
         pretrain_flow(train_dir=args.train_dir, eval_file=args.eval_file or "",
                       output_dir=args.output_dir or str(Path(args.work_dir) / "pretrain"), model=args.model,
-                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab)
+                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab, options=train_options(args))
         return 0
     from bertpipe.commands.run import data_params, print_summary
     from flows.e2e_flow import e2e_flow
 
     out = e2e_flow(data=data_params(args).model_dump(), output_dir=args.output_dir, model=args.model,
-                   max_steps=args.max_steps, nproc=args.nproc)
+                   max_steps=args.max_steps, nproc=args.nproc, options=train_options(args))
     print_summary(out["data"])
-    print(f"pre-training: {out['pretrain']['output_dir']} {out['pretrain']['summary']}")
+    s = out["pretrain"]["summary"]
+    brief = ", ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}"
+                      for k in ("steps", "final_loss", "training_sequences_per_second", "final_eval_mlm_accuracy")
+                      if s.get(k) is not None)
+    print(f"pre-training: {out['pretrain']['output_dir']}/  {brief or 'no summary.json written'}")
     return 0

@@ -1,51 +1,74 @@
-"""Run bertpipe end to end on its built-in sample (the README's main command).
+"""Run bertpipe end to end on its built-in sample: the whole data DAG, then a short CPU training run.
 
-  bertpipe demo --work-dir work/demo
-  bash scripts/demo.sh                   # sets up ./.venv first, then runs the line above
+  bertpipe demo                               # into work/demo: data DAG + 40 steps, 2 DeepSpeed ranks
+  bertpipe demo --no-train                    # the data DAG only
+  bash scripts/demo.sh                        # sets up ./.venv first, then runs `bertpipe demo`
 
-Stages so far: download (from the packaged sample-wiki.xml.bz2, md5-checked) -> extract (wikiextractor
-3.1.0, clock pinned) -> text stages (clean, segment, split_eval, gather). Each stage writes into
-<work-dir>/<stage>/ with its _manifest.json; a second run redoes them over the same inputs.
+This is `bertpipe run e2e` with the sample's settings: the packaged sample dump (51 short articles written
+for bertpipe, md5-checked) -> wikiextractor 3.1.0 (clock pinned to 2026-01-01) -> clean -> segment ->
+eval split (5 articles) -> gather -> a learned 8,000-entry uncased WordPiece vocab -> create_pretraining_data
+(MLPerf flags: 512/76, dupe 10, seed 12345) -> TFRecords -> HDF5 -> 4 length bins (8 shards each) and
+eval.txt -> TFRecord -> eval picks -> HDF5; then the tiny BERT is pre-trained on the bins with DeepSpeed
+(CPU, gloo, ZeRO-1, bf16) and evaluated on the eval HDF5. Every stage lands in <work-dir>/<stage>/<key>/
+with its _manifest.json; a second `bertpipe demo` finds the data stages done and re-trains only.
+Prefect: with no PREFECT_API_URL a temporary local server runs for the length of the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
-
-DEMO_TIME = "2026-01-01T00:00:00"  # what {{CURRENTYEAR}} & co. expand to in the demo (reproducible output)
-DEMO_TEST_ARTICLES = 5  # eval articles withheld from the sample's ~50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work/demo"),
+    p.add_argument("--work-dir", "--work_dir", dest="work_dir", default="work/demo",
                    help="folder for every stage's output (default: work/demo)")
-    p.add_argument("--processes", type=int, default=1, help="worker processes per stage (default: 1)")
+    p.add_argument("--workers", type=int, default=0, help="parallel shard tasks (0: one per CPU; default)")
+    p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=40,
+                   help="training steps of the tiny model (default: 40)")
+    p.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float, default=0.05,
+                   help="peak learning rate of the tiny model (default: 0.05, high enough to move in 40 steps)")
+    p.add_argument("--nproc", type=int, default=2, help="DeepSpeed ranks for the training run (default: 2)")
+    p.add_argument("--no-train", dest="train", action="store_false",
+                   help="stop after the data DAG (no DeepSpeed start-up)")
 
 
-def run_demo(work_dir: Path, processes: int = 1) -> dict[str, object]:
-    """The demo DAG, stage after stage; returns each stage's manifest by name."""
-    from preprocessing.download import run_download
-    from preprocessing.extract import ExtractConfig, run_extract
-    from preprocessing.sample import SAMPLE_MD5, sample_dump_path
-    from preprocessing.text_pipeline import TextConfig, run_text_stages
+def run_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The `bertpipe run` arguments that the demo stands for."""
+    from bertpipe.commands import run as run_cmd
 
-    dump = sample_dump_path()
-    dl = run_download(str(dump), work_dir / "download", md5=SAMPLE_MD5)
-    ex = run_extract(work_dir / "download" / dl.files[0].name, work_dir / "extract",
-                     ExtractConfig(processes=processes, current_time=DEMO_TIME), upstream=[dl])
-    text = run_text_stages(work_dir / "extract", work_dir / "text",
-                           TextConfig(num_test_articles=DEMO_TEST_ARTICLES, workers=processes), upstream=[ex])
-    return {"download": dl, "extract": ex, "text": text}
+    p = argparse.ArgumentParser()
+    run_cmd.add_arguments(p)
+    argv = ["e2e" if args.train else "data", "--work-dir", str(args.work_dir), "--workers", str(args.workers),
+            "--max-steps", str(args.max_steps), "--nproc", str(args.nproc), "--learning-rate", str(args.learning_rate)]
+    ns = p.parse_args(argv)
+    ns.quiet, ns.verbose = getattr(args, "quiet", False), getattr(args, "verbose", 0)
+    return ns
 
 
 def run(args: argparse.Namespace) -> int:
-    stages = run_demo(args.work_dir, args.processes)
-    print(f"bertpipe demo: done; outputs under {args.work_dir}/")
-    for name, m in stages.items():
-        size = sum(f.bytes for f in m.files)
-        counters = ", ".join(f"{k}={v}" for k, v in sorted(m.counters.items()) if isinstance(v, int | float))
-        print(f"  {name:<9} {args.work_dir / name}/  {len(m.files)} files, {size:,} bytes  {counters}")
-    text_dir = args.work_dir / "text"
-    print(f"  training text: {text_dir}/part-00000-of-00500  eval text: {text_dir}/eval.txt")
+    from bertpipe.commands import run as run_cmd
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the demo trains on the CPU even where a GPU is present
+    rc = run_cmd.run(run_args(args))
+    if rc:
+        return rc
+    work = Path(args.work_dir)
+    last = json.loads((work / "last_run.json").read_text(encoding="utf-8"))
+    out = last.get("outputs", {})
+    print(f"\nbertpipe demo: done; everything is under {work}/")
+    for label, key in (("training text", "text_dir"), ("vocab", "vocab"), ("4-bin HDF5", "train_dir"),
+                       ("eval HDF5", "eval_hdf5")):
+        if key in out:
+            print(f"  {label:<14} {out[key]}")
+    summary_file = work / "pretrain" / "summary.json"
+    if args.train and summary_file.is_file():
+        s = json.loads(summary_file.read_text(encoding="utf-8"))
+        acc = s.get("final_eval_mlm_accuracy")
+        print(f"  training       {work / 'pretrain'}/  {s['steps']} steps on {s['world_size']} {s['device']} rank(s), "
+              f"final loss {s['final_loss']:.3f}, {s['training_sequences_per_second']:.1f} seq/s, "
+              f"eval MLM accuracy {acc if acc is None else round(acc, 4)} (MLPerf target {s['eval_target']})")
+        print(f"  metrics        {work / 'pretrain' / 'metrics.jsonl'}")
     return 0

@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tr.add_argument("--model", default="tiny", help="tiny | large | 1.5b | 5b (default: tiny)")
     tr.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=20)
     tr.add_argument("--nproc", type=int, default=1, help="ranks on this node")
+    tr.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float,
+                    help="peak learning rate (default: bertpipe train's)")
     tr.add_argument("--train-dir", dest="train_dir", help="pretrain only: 4-bin HDF5 folder")
     tr.add_argument("--eval-file", dest="eval_file", help="pretrain only: eval HDF5")
     tr.add_argument("--output-dir", dest="output_dir", help="training output (default: <work>/pretrain)")

@@ -59,21 +59,6 @@ def test_text_from_the_real_dump(shared_data, tmp_path, capsys):
     verify_manifest(out)
 
 
-def test_demo_runs_the_text_stages_on_the_builtin_sample(tmp_path, capsys):
-    work = tmp_path / "demo"
-    assert main(["demo", "--work-dir", str(work), "-q"]) == 0
-    printed = capsys.readouterr().out
-    assert str(work) in printed and "part-00000-of-00500" in printed
-    for stage in ("download", "extract", "text"):
-        verify_manifest(work / stage)
-    train, test = articles(work / "text/part-00000-of-00500"), articles(work / "text/eval.txt")
-    assert len(train) + len(test) == 51 and len(test) == 5
-    assert any("As of 2026, almost every light is automatic, and many towers are museums." in a for a in train + test)
-    before = (work / "text/part-00000-of-00500").read_bytes()
-    assert main(["demo", "--work-dir", str(work), "-q"]) == 0  # again: same bytes
-    assert (work / "text/part-00000-of-00500").read_bytes() == before
-
-
 def test_download_and_extract_commands(tmp_path, capsys):
     src = tmp_path / "s" / "sample.xml.bz2"
     src.parent.mkdir()
