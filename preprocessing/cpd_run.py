@@ -25,6 +25,7 @@ from preprocessing.create_pretraining_data import (
     create_pretraining_data,
 )
 from preprocessing.errors import InputError
+from preprocessing.manifest import raise_if_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,15 @@ def write_pretraining_data(inputs: Sequence[Path], outputs: Sequence[Path], cfg:
         for t, o in zip(tmps, outputs, strict=True):
             os.replace(t, o)
         return stats
+    except OSError as exc:  # a full disk (or ulimit -f) -> one clear error naming the output(s)
+        raise_if_disk_full(exc, ", ".join(map(str, outputs)))
+        raise
     finally:
         for f in files:
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass  # its buffer cannot be flushed (disk full): the temporary file is removed anyway
         for t in tmps:
             t.unlink(missing_ok=True)
 

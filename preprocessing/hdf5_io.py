@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from preprocessing.errors import InputError, ManifestError
-from preprocessing.manifest import Manifest, StageOutput, verify_file
+from preprocessing.manifest import Manifest, StageOutput, raise_if_disk_full, verify_file
 
 if TYPE_CHECKING:
     import h5py
@@ -66,8 +66,9 @@ def atomic_path(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, final)  # h5py's OSError / RuntimeError of a full disk -> DiskFullError
         raise
 
 

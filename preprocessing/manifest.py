@@ -26,6 +26,7 @@ import io
 import json
 import os
 import platform
+import re
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -137,7 +138,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        _raise_if_disk_full(exc, path)
+        raise_if_disk_full(exc, path)
         raise
     _fsync_dir(path.parent)
 
@@ -251,7 +252,7 @@ class StageOutput:
             except OSError:
                 pass  # the buffer could not be flushed (disk full): the temp file is dropped anyway
             tmp.unlink(missing_ok=True)
-            _raise_if_disk_full(exc, final)
+            raise_if_disk_full(exc, final)
             raise
         os.replace(tmp, final)
         self._entries[name] = FileEntry(name, raw.nbytes, raw.md5.hexdigest())
@@ -296,14 +297,37 @@ def check_inside(path: str | os.PathLike, root: str | os.PathLike) -> None:
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
-def _raise_if_disk_full(exc: BaseException, path: Path) -> None:
+_ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)")  # how HDF5 reports a failed write(2) in h5py's messages
+
+
+def disk_full_errno(exc: BaseException | None) -> int | None:
+    """ENOSPC / EFBIG / EDQUOT if ``exc`` comes from a full disk, else None.
+
+    Looks at the error's own errno and, for h5py's errors (an OSError, or a RuntimeError when HDF5
+    fails again while closing the file), at the ``errno = N`` in its message and at the errors it was
+    raised from or while handling.
+    """
+    seen: set[int] = set()
+    while isinstance(exc, (OSError, RuntimeError)) and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else None
+        if code not in _DISK_FULL and (m := _ERRNO_IN_MESSAGE.search(str(exc))):
+            code = int(m.group(1))
+        if code in _DISK_FULL:
+            return code
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike) -> None:
     """Turn ENOSPC / EFBIG / EDQUOT into one clear error naming the file (no manifest is written)."""
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL and not isinstance(exc, DiskFullError):
-        what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file-size limit was reached",
-                errno.EDQUOT: "the disk quota was exceeded"}[exc.errno]
-        raise DiskFullError(exc.errno, f"{what} while writing {path}; the stage was not marked done and its "
-                            "partial output was removed. Free space (or raise the limit) and re-run: "
-                            "finished stages and shards are kept") from exc
+    if isinstance(exc, DiskFullError) or (code := disk_full_errno(exc)) is None:
+        return
+    what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file-size limit was reached",
+            errno.EDQUOT: "the disk quota was exceeded"}[code]
+    raise DiskFullError(code, f"{what} while writing {path}; the stage was not marked done and its "
+                        "partial output was removed. Free space (or raise the limit) and re-run: "
+                        "finished stages and shards are kept") from exc
 
 
 def remove_debris(directory: Path) -> None:
