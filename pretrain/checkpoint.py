@@ -8,6 +8,10 @@ Layout under ``OUTPUT_DIR/checkpoints/``::
     <step>/bertpipe_config.json     model config + run settings; a resume with another model is refused
     <step>/bertpipe_rank<r>.pt      per rank: RNG states and the data sampler's position (plain tensors
                                     and ints, read back with ``torch.load(weights_only=True)``)
+
+Every file is read with ``torch.load(weights_only=True)``, DeepSpeed's too: its own loader passes
+``weights_only=False`` (a full pickle load), so :func:`safe_deepspeed_loads` replaces it on the engine with
+one that allows only the few plain DeepSpeed classes its checkpoints hold (:data:`DEEPSPEED_SAFE_GLOBALS`).
 """
 
 from __future__ import annotations
@@ -89,6 +93,49 @@ def load_rank_state(output_dir: str | Path, tag: str, rank: int) -> dict[str, An
     if state.get("version") != STATE_VERSION:
         raise InputError(f"{path}: unknown state version {state.get('version')!r} (expected {STATE_VERSION})")
     return state
+
+
+#: DeepSpeed classes found in its ZeRO checkpoints (loss scaler, ZeRO stage enum, fp32 fragment address):
+#: plain data, safe to rebuild. Anything else in a checkpoint makes the load fail.
+DEEPSPEED_SAFE_GLOBALS = (
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)
+
+
+def weights_only_load(path: str | Path, map_location: Any = None) -> Any:
+    """``torch.load(weights_only=True)`` that also accepts :data:`DEEPSPEED_SAFE_GLOBALS`.
+
+    A file with any other Python object (e.g. a crafted pickle) is refused with an InputError naming it.
+    """
+    import importlib
+
+    import torch
+
+    allowed = []
+    for module, name in DEEPSPEED_SAFE_GLOBALS:
+        try:
+            allowed.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # another DeepSpeed release: that class is not needed
+            pass
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        if type(exc).__name__ == "UnpicklingError" or "Weights only load failed" in str(exc):
+            first = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+            raise InputError(f"{path}: refused to load: it holds objects other than tensors and plain data "
+                             f"({first}); bertpipe loads checkpoints with torch.load(weights_only=True)") from None
+        raise
+
+
+def safe_deepspeed_loads(engine: Any) -> None:
+    """Make ``engine.load_checkpoint`` read its files with :func:`weights_only_load` (no full pickle load)."""
+    ce = getattr(engine, "checkpoint_engine", None)
+    if ce is not None and hasattr(ce, "load"):
+        ce.load = lambda path, map_location=None: weights_only_load(path, map_location)
 
 
 def prune_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:

@@ -243,6 +243,7 @@ class Run:
     def _resume(self, tag: str) -> int:
         from pretrain.determinism import set_rng_state
 
+        ckpt.safe_deepspeed_loads(self.engine)  # DeepSpeed's own loader would unpickle anything
         self.engine.load_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag)
         state = ckpt.load_rank_state(self.out_dir, tag, self.rank)
         set_rng_state(state["rng"], self.choice.kind)

@@ -43,3 +43,42 @@ def test_rank_state_round_trip_and_missing_rank(tmp_path):
     with pytest.raises(InputError, match=r"bertpipe_rank0\.pt is missing"):
         ckpt.load_rank_state(tmp_path, "3", 0)
     assert ckpt.latest_tag(tmp_path) is None
+
+
+class _Payload:
+    """An object whose unpickling would call a function: what a hostile checkpoint carries."""
+
+    def __reduce__(self):
+        return (print, ("unpickled!",))
+
+
+def test_weights_only_load_refuses_arbitrary_objects(tmp_path, capsys):
+    bad = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.ones(2)}, "extra": _Payload()}, bad)
+    with pytest.raises(InputError, match="refused to load") as e:
+        ckpt.weights_only_load(bad)
+    assert str(bad) in str(e.value) and "weights_only=True" in str(e.value)
+    assert "unpickled!" not in capsys.readouterr().out
+
+
+def test_weights_only_load_reads_deepspeed_zero_objects(tmp_path):
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    f = tmp_path / "optim_states.pt"
+    torch.save({"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.optimizer_states,
+                "fp32": torch.arange(3.0)}, f)
+    state = ckpt.weights_only_load(f, map_location="cpu")
+    assert state["zero_stage"] == ZeroStageEnum.optimizer_states and state["loss_scaler"].cur_scale == 1.0
+    assert torch.equal(state["fp32"], torch.arange(3.0))
+
+    class Engine:
+        class checkpoint_engine:  # noqa: N801 - stands for DeepSpeed's TorchCheckpointEngine instance
+            @staticmethod
+            def load(path, map_location=None):
+                raise AssertionError("DeepSpeed's own (full pickle) loader was called")
+
+    engine = Engine()
+    ckpt.safe_deepspeed_loads(engine)
+    assert torch.equal(engine.checkpoint_engine.load(f, map_location=lambda s, loc: s)["fp32"], torch.arange(3.0))
