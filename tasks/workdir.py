@@ -15,7 +15,7 @@ from pathlib import Path
 from preprocessing.errors import ChecksumError, ManifestError
 from preprocessing.manifest import MANIFEST_NAME, load_manifest, verify_manifest
 
-SKIP = {".prefect"}
+SKIP = {".prefect", "pretrain"}  # pretrain/: the e2e flow's training output (checkpoints, not a stage)
 SHARDED = {"tfrecord", "hdf5"}  # stages with one directory (and manifest) per part file
 
 

@@ -44,4 +44,15 @@ def run(args: argparse.Namespace) -> int:
             if args.shards or e.state != "done":
                 print(f"    {e.shard or '-':<30} {e.state:<10} {e.detail}")
     print(f"{len(entries)} outputs, {bad} not done" if entries else "no stage outputs yet")
+    train = args.work_dir / "pretrain"
+    if train.is_dir():  # the e2e flow's training run (DeepSpeed checkpoints, not a manifest stage)
+        import json
+
+        summary = train / "summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text(encoding="utf-8"))
+            print(f"training run {train}/: {s.get('steps')} steps ({s.get('stopped_by')}), final loss "
+                  f"{s.get('final_loss')}, eval MLM accuracy {s.get('final_eval_mlm_accuracy')}")
+        else:
+            print(f"training run {train}/: no summary.json yet (running, or stopped before the end; --resume continues)")
     return 1 if bad else 0
