@@ -77,6 +77,7 @@ def stage_file(out: StageOutput, name: str) -> Iterator[Path]:
     """Like :func:`atomic_path` for a file of a stage: recorded (size, md5) in its manifest."""
     with atomic_path(out.path(name)) as tmp:
         yield tmp
+        out.fault("rename")
     out.add_file(name)
 
 

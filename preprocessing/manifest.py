@@ -9,6 +9,8 @@ Rules (../shared/design/architecture.md, "Artifacts, manifests, caching"):
 * a stage checks its inputs against the upstream manifest and refuses a mismatch with an error
   naming the file, the expected and the actual md5.
 
+Fault injection (a test hook, a no-op unless ``BERTPIPE_FAULT`` is set): see :func:`fault_point`.
+
 Typical use inside a stage::
 
     with StageOutput(out_dir, "clean", params=cfg_dict, upstream=[in_manifest]) as out:
@@ -27,6 +29,8 @@ import json
 import os
 import platform
 import re
+import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -126,8 +130,11 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a small file atomically (temp name, fsync, rename, fsync dir)."""
+def atomic_write_text(path: str | os.PathLike, text: str, *, before_rename=None) -> None:
+    """Write a small file atomically (temp name, fsync, rename, fsync dir).
+
+    ``before_rename``: called once the temporary file is complete, just before the rename (fault hook).
+    """
     path = Path(path)
     tmp = _tmp_name(path)
     try:
@@ -135,6 +142,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
@@ -212,6 +221,7 @@ class StageOutput:
         )
         self._entries: dict[str, FileEntry] = {}
         self._t0 = 0.0
+        self._faults: dict[str, int] = {}  # fault point -> times reached (BERTPIPE_FAULT)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> StageOutput:
@@ -221,6 +231,7 @@ class StageOutput:
         (self.dir / self.manifest_name).unlink(missing_ok=True)
         remove_debris(self.dir)
         self._t0 = time.perf_counter()
+        self.fault("start")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -231,7 +242,15 @@ class StageOutput:
         m.files = sorted(self._entries.values(), key=lambda e: e.name)
         m.seconds = round(time.perf_counter() - self._t0, 3)
         m.versions = _versions()
-        atomic_write_text(self.dir / self.manifest_name, m.to_json())
+        atomic_write_text(self.dir / self.manifest_name, m.to_json(), before_rename=lambda: self.fault("manifest"))
+        self.fault("done")
+
+    def fault(self, point: str) -> None:
+        """Fault-injection point ``point`` of this stage directory (see :func:`fault_point`)."""
+        spec = os.environ.get(FAULT_ENV)
+        if spec:
+            self._faults[point] = n = self._faults.get(point, 0) + 1
+            fault_point(spec, point, n, {self.manifest.stage, *self.dir.parts})
 
     # -- writing -------------------------------------------------------------------------------
     @contextmanager
@@ -254,8 +273,10 @@ class StageOutput:
             tmp.unlink(missing_ok=True)
             raise_if_disk_full(exc, final)
             raise
+        self.fault("rename")
         os.replace(tmp, final)
         self._entries[name] = FileEntry(name, raw.nbytes, raw.md5.hexdigest())
+        self.fault("file")
 
     @contextmanager
     def open_text(self, name: str) -> Iterator[io.TextIOWrapper]:
@@ -273,6 +294,7 @@ class StageOutput:
         p = self.path(name)
         entry = FileEntry(name, p.stat().st_size, md5 or md5_file(p))
         self._entries[name] = entry
+        self.fault("file")
         return entry
 
     def path(self, name: str) -> Path:
@@ -292,6 +314,56 @@ def check_inside(path: str | os.PathLike, root: str | os.PathLike) -> None:
     if not real.is_relative_to(real_root):
         raise InputError(f"refusing to write to {path}: it resolves to {real}, outside the work dir {root} "
                          "(a symlink?). Remove the link or choose another --work-dir")
+
+
+# -- fault injection (tests) -------------------------------------------------------------------
+FAULT_ENV = "BERTPIPE_FAULT"
+#: The points where a stage directory can be killed, in the order a stage reaches them.
+FAULT_POINTS = {
+    "start": "the stage directory is ready (old manifest and debris removed), nothing written yet",
+    "rename": "an output file is complete under its temporary name, not yet renamed into place",
+    "file": "an output file was renamed into place and recorded",
+    "manifest": "the manifest is written and fsynced under its temporary name, not yet renamed",
+    "done": "the manifest was renamed into place (the stage is done; its caller has not returned)",
+}
+
+
+def parse_fault(spec: str) -> tuple[str, str, int, bool]:
+    """``STAGE:POINT[:N][:pg]`` -> (stage, point, n, whole process group); ValueError if malformed."""
+    parts = spec.strip().split(":")
+    if len(parts) < 2 or not parts[0] or parts[1] not in FAULT_POINTS:
+        raise ValueError(f"{FAULT_ENV}={spec!r}: expected STAGE:POINT[:N][:pg] with POINT one of "
+                         f"{', '.join(FAULT_POINTS)}")
+    n, group = 1, False
+    for extra in parts[2:]:
+        if extra == "pg":
+            group = True
+        elif extra.isdigit() and int(extra) >= 1:
+            n = int(extra)
+        else:
+            raise ValueError(f"{FAULT_ENV}={spec!r}: {extra!r} is neither a count (1, 2, ...) nor 'pg'")
+    return parts[0], parts[1], n, group
+
+
+def fault_point(spec: str, point: str, n: int, names: Iterable[str]) -> None:
+    """Test hook: SIGKILL this process (``pg``: its whole process group) at a named point of a stage.
+
+    ``BERTPIPE_FAULT=STAGE:POINT[:N][:pg]`` kills when a stage directory reaches ``POINT`` (one of
+    :data:`FAULT_POINTS`) for the ``N``-th time (default 1; counted per stage directory and process).
+    ``STAGE`` is the library stage name (the manifest's ``stage``: text, vocab, create_pretraining_data,
+    tfrecord_to_hdf5, split_4bins ...) or a folder name on the stage directory's path (the data DAG's
+    ``work/<stage>/<key>``: tfrecord, eval_tfrecord, hdf5, bins ...). ``pg`` kills the process group, as
+    ``kill -9 -PGID`` would (start the run in its own session). Used by bench/kill_campaign.py and
+    tests/test_faults.py; when the variable is unset nothing happens (one environment lookup per point).
+    """
+    stage, want, count, group = parse_fault(spec)
+    if want != point or count != n or stage not in set(names):
+        return
+    print(f"bertpipe: {FAULT_ENV}={spec}: SIGKILL at '{point}' ({FAULT_POINTS[point]})", file=sys.stderr, flush=True)
+    if group:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # the signal is delivered at once; never return into the stage
 
 
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
