@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from preprocessing.errors import InputError, ManifestError
+from preprocessing.errors import BertpipeError, InputError, ManifestError, RecordError
 from preprocessing.manifest import Manifest, StageOutput, raise_if_disk_full, verify_file
 
 if TYPE_CHECKING:
@@ -101,11 +101,32 @@ def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
         verify_file(p, entry.md5, entry.bytes, what="per the upstream manifest")
 
 
+#: What h5py raises on a damaged file, depending on where the damage is (a B-tree, a heap, an object
+#: header, raw data past the end of the file...): never a clear message by itself.
+H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError)
+
+
+@contextmanager
+def reading(path: Path, what: str) -> Iterator[None]:
+    """Turn h5py's errors while reading ``what`` of ``path`` into a RecordError naming the file.
+
+    Only reads go in here: an OSError while *writing* (a full disk) is not a corrupt input.
+    """
+    try:
+        yield
+    except BertpipeError:
+        raise
+    except H5_ERRORS as exc:
+        raise RecordError(f"{path}: cannot read {what} ({type(exc).__name__}: {exc}); the HDF5 file is "
+                          "corrupt or truncated: re-create it (tfrecord-to-hdf5 / split-4bins)") from exc
+
+
 def open_padded(path: Path, *, max_seq_length: int = 512, max_predictions_per_seq: int = 76) -> h5py.File:
     """Open a padded MLPerf HDF5 for reading, checking its six datasets (names, shapes, integer dtypes).
 
     Raises:
         InputError: the file is missing, not HDF5, or a dataset is missing or malformed.
+        RecordError: the file's structure is damaged (h5py fails to read its metadata).
     """
     import h5py
 
@@ -113,25 +134,35 @@ def open_padded(path: Path, *, max_seq_length: int = 512, max_predictions_per_se
         f = h5py.File(path, "r")
     except FileNotFoundError:
         raise InputError(f"HDF5 file {path} does not exist") from None
-    except OSError as exc:
+    except H5_ERRORS as exc:
         raise InputError(f"{path} is not a readable HDF5 file ({exc}); re-create it with tfrecord-to-hdf5") from None
     try:
-        n = None
-        for name, _, kind in MLPERF_DATASETS:
-            if name not in f:
-                raise InputError(f"{path} has no dataset {name!r}; an MLPerf padded HDF5 has "
-                                 f"{', '.join(d[0] for d in MLPERF_DATASETS)} (make it with tfrecord-to-hdf5)")
-            ds = f[name]
-            want = row_shape(kind, max_seq_length, max_predictions_per_seq)
-            if ds.shape[1:] != want or ds.dtype.kind not in "iu" or (n is not None and ds.shape[0] != n):
-                raise InputError(f"{path}: dataset {name!r} has shape {ds.shape} and dtype {ds.dtype}, expected "
-                                 f"({n if n is not None else 'N'}, {', '.join(map(str, want))}) integers "
-                                 "(check --max_seq_length / --max_predictions_per_seq)")
-            n = ds.shape[0]
+        with reading(path, "its datasets"):
+            _check_padded(f, path, max_seq_length, max_predictions_per_seq)
     except BaseException:
         f.close()
         raise
     return f
+
+
+def _check_padded(f: h5py.File, path: Path, max_seq_length: int, max_predictions_per_seq: int) -> None:
+    import h5py
+
+    n = None
+    for name, _, kind in MLPERF_DATASETS:
+        if name not in f:
+            raise InputError(f"{path} has no dataset {name!r}; an MLPerf padded HDF5 has "
+                             f"{', '.join(d[0] for d in MLPERF_DATASETS)} (make it with tfrecord-to-hdf5)")
+        ds = f[name]
+        if not isinstance(ds, h5py.Dataset):
+            raise InputError(f"{path}: {name!r} is a {type(ds).__name__}, not a dataset; the file is corrupt or "
+                             "not an MLPerf padded HDF5 (make it with tfrecord-to-hdf5)")
+        want = row_shape(kind, max_seq_length, max_predictions_per_seq)
+        if ds.shape[1:] != want or ds.dtype.kind not in "iu" or (n is not None and ds.shape[0] != n):
+            raise InputError(f"{path}: dataset {name!r} has shape {ds.shape} and dtype {ds.dtype}, expected "
+                             f"({n if n is not None else 'N'}, {', '.join(map(str, want))}) integers "
+                             "(check --max_seq_length / --max_predictions_per_seq)")
+        n = ds.shape[0]
 
 
 def chunks(n: int, size: int) -> Iterator[tuple[int, int]]:

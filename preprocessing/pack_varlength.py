@@ -32,6 +32,7 @@ from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
     open_padded,
+    reading,
     sequence_lengths,
     stage_file,
     stage_params,
@@ -51,6 +52,9 @@ VARLEN_DATASETS = (
     ("masked_lm_positions", "int16", "pred"),
     ("masked_lm_ids", "int16", "pred"),
 )
+
+#: The padded datasets read per chunk: the four converted ones, input_mask (lengths) and the labels.
+_READ = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,11 +98,13 @@ def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackCo
         nsl = dst.create_dataset("next_sentence_labels", data=np.zeros(n, dtype="i1"), dtype="i1")
         with progress(total=n, desc=input_hdf5.name, unit="row") as bar:
             for a, b in chunks(n, cfg.chunk_rows):
-                lengths = {"seq": sequence_lengths(src["input_mask"][a:b]),
-                           "pred": (src["masked_lm_positions"][a:b] != 0).sum(axis=1, dtype=np.int64)}
+                with reading(input_hdf5, f"rows {a}..{b - 1}"):
+                    rows = {name: src[name][a:b] for name in _READ}
+                lengths = {"seq": sequence_lengths(rows["input_mask"]),
+                           "pred": (rows["masked_lm_positions"] != 0).sum(axis=1, dtype=np.int64)}
                 for name, dt, kind in VARLEN_DATASETS:
-                    out[name][a:b] = _ragged(src[name][a:b], lengths[kind], dt, name, input_hdf5, a)
-                nsl[a:b] = src["next_sentence_labels"][a:b].astype("i1")
+                    out[name][a:b] = _ragged(rows[name], lengths[kind], dt, name, input_hdf5, a)
+                nsl[a:b] = rows["next_sentence_labels"].astype("i1")
                 bar.update(b - a)
     return n
 

@@ -34,6 +34,7 @@ from preprocessing.hdf5_io import (
     MLPERF_DATASETS,
     chunks,
     open_padded,
+    reading,
     sequence_lengths,
     stage_file,
     stage_params,
@@ -152,7 +153,9 @@ def _count(files: Sequence[Path], cfg: Split4BinsConfig) -> list[int]:
         with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
             mask = f["input_mask"]
             for a, b in chunks(mask.shape[0], cfg.chunk_rows):
-                counts += np.bincount(_bins_of_chunk(mask[a:b], path, a), minlength=len(BINS))
+                with reading(path, f"input_mask rows {a}..{b - 1}"):
+                    rows = mask[a:b]
+                counts += np.bincount(_bins_of_chunk(rows, path, a), minlength=len(BINS))
     return counts.tolist()
 
 
@@ -200,7 +203,8 @@ def _route(files: Sequence[Path], writers: list[_BinWriter], cfg: Split4BinsConf
         for path in files:
             with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
                 for a, b in chunks(f["input_mask"].shape[0], cfg.chunk_rows):
-                    data = {name: f[name][a:b] for name, _, _ in MLPERF_DATASETS}
+                    with reading(path, f"rows {a}..{b - 1}"):
+                        data = {name: f[name][a:b] for name, _, _ in MLPERF_DATASETS}
                     bins = _bins_of_chunk(data["input_mask"], path, a)
                     for i, w in enumerate(writers):
                         sel = bins == i

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from preprocessing.errors import InputError
+from preprocessing.hdf5_io import H5_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _open_h5(path: Path):
 
     try:
         return h5py.File(path, "r")
-    except (OSError, ValueError) as exc:
+    except H5_ERRORS as exc:
         raise InputError(f"cannot read HDF5 shard {path}: {exc}. The file is corrupt or truncated: "
                          "re-create it (tfrecord-to-hdf5 / split-4bins)") from exc
 
@@ -65,18 +66,39 @@ def _open_h5(path: Path):
 def inspect_shard(path: Path, bound: int | None) -> Shard:
     """Check one file's datasets and return its row count (0 for an empty shard, one without datasets)."""
     with _open_h5(path) as h:
-        keys = set(h.keys())
-        if not keys:
-            return Shard(path, 0, bound or 512)
-        missing = [k for k in FIELDS if k not in keys]
-        if missing:
-            raise InputError(f"HDF5 shard {path} lacks dataset(s) {', '.join(missing)}; expected "
-                             f"{', '.join(FIELDS)}. Re-create it with tfrecord-to-hdf5 / split-4bins")
-        n = h["input_ids"].shape[0]
-        bad = [k for k in FIELDS if h[k].shape[0] != n]
-        if bad:
-            raise InputError(f"HDF5 shard {path}: datasets {', '.join(bad)} do not have {n} rows like input_ids")
-        width = h["input_ids"].shape[1]
+        try:
+            return _inspect(h, path, bound)
+        except InputError:
+            raise
+        except H5_ERRORS as exc:  # damaged metadata: h5py raises KeyError, RuntimeError, OSError ...
+            raise InputError(f"cannot read the datasets of HDF5 shard {path} ({type(exc).__name__}: {exc}); the "
+                             "file is corrupt: re-create it (tfrecord-to-hdf5 / split-4bins)") from exc
+
+
+def _inspect(h, path: Path, bound: int | None) -> Shard:  # noqa: ANN001 - an open h5py.File
+    keys = set(h.keys())
+    if not keys:
+        return Shard(path, 0, bound or 512)
+    missing = [k for k in FIELDS if k not in keys]
+    if missing:
+        raise InputError(f"HDF5 shard {path} lacks dataset(s) {', '.join(missing)}; expected "
+                         f"{', '.join(FIELDS)}. Re-create it with tfrecord-to-hdf5 / split-4bins")
+    import h5py
+
+    odd = [f"{k} ({type(h[k]).__name__})" for k in FIELDS if not isinstance(h[k], h5py.Dataset)]
+    if odd:
+        raise InputError(f"HDF5 shard {path}: {', '.join(odd)} not dataset(s); the file is corrupt: re-create it")
+    shapes = {k: h[k].shape for k in FIELDS}
+    want = {k: 1 if k == "next_sentence_labels" else 2 for k in FIELDS}
+    odd = [f"{k} {shapes[k]}" for k in FIELDS if len(shapes[k]) != want[k]]
+    if odd:
+        raise InputError(f"HDF5 shard {path}: dataset(s) of the wrong rank: {', '.join(odd)} (expected "
+                         "(rows, width) and next_sentence_labels (rows,)); re-create it")
+    n = shapes["input_ids"][0]
+    bad = [k for k in FIELDS if shapes[k][0] != n]
+    if bad:
+        raise InputError(f"HDF5 shard {path}: datasets {', '.join(bad)} do not have {n} rows like input_ids")
+    width = shapes["input_ids"][1]
     return Shard(path, n, min(bound or width, width))
 
 
@@ -167,7 +189,7 @@ def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound
         for k in FIELDS:
             try:
                 data = h[k][uniq, :bound] if k in ("input_ids", "input_mask", "segment_ids") else h[k][uniq]
-            except (OSError, KeyError, ValueError) as exc:
+            except H5_ERRORS as exc:
                 raise InputError(f"cannot read {k} rows of HDF5 shard {shards[f].path}: {exc}; the file is "
                                  "corrupt: re-create it") from exc
             if k not in out:
