@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.params import DataParams
-from preprocessing.errors import InputError
+from preprocessing.errors import InputError, ManifestError
 from preprocessing.hdf5_io import stage_params
-from preprocessing.manifest import Manifest, md5_file, stage_key
+from preprocessing.manifest import Manifest, load_manifest, md5_file, stage_key
 from tasks.artifacts import ShardProgress, dataset_summary, stage_table, summarize
 from tasks.calls import StageCall, check_done, manifest_of, result_dict, shutdown_pool
 
@@ -123,7 +123,7 @@ class DataDag:
             try:
                 r = fut.result()
                 if fut.state.name == "Cached":  # Prefect's record (its manifest verified): nothing ran
-                    r.update(cached=True, seconds=0.0)
+                    r = self._cached_result(c)
                 results.setdefault(stage, []).append(r)
             except Exception as exc:  # noqa: BLE001 - let the other shards finish, then re-raise
                 self.log.error("%s failed: %s", c.label, exc)
@@ -135,6 +135,19 @@ class DataDag:
             raise failed[0]
         self._record(results)
         return results
+
+    @staticmethod
+    def _cached_result(c: StageCall) -> dict[str, Any]:
+        """The result of a call Prefect found cached, describing *this* call's directory.
+
+        Prefect's record is keyed by content, so it may come from another work dir (same PREFECT_HOME,
+        same inputs) and name that dir: downstream stages would then read, and depend on, files outside
+        this work dir. The cache policy only hit because this call's own manifest verified: use it.
+        """
+        m = load_manifest(c.out_dir)
+        if m is None:
+            raise ManifestError(f"{c.out_dir}/_manifest.json disappeared during the run; run again to redo {c.label}")
+        return result_dict(c, m, cached=True, seconds=0.0)
 
     def _record(self, results: dict[str, list[dict[str, Any]]]) -> None:
         for stage, rs in results.items():
