@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "show the stages of a work dir: done / missing / corrupt, keys, sizes"),
     "verify": ("verify", "re-check every md5 of a work dir against its manifests"),
     "train": ("train", "pre-train BERT with DeepSpeed (HPU, CUDA or CPU)"),
+    "export-hf": ("export_hf", "a training run's checkpoint -> transformers BertForPreTraining directory"),
+    "import-tf": ("import_tf", "TF1 BERT checkpoint (MLPerf's model.ckpt-28252) -> safetensors / transformers"),
 }
 
 log = logging.getLogger("bertpipe")

@@ -5,7 +5,8 @@
     transformers.BertForPreTraining.from_pretrained("out/hf")
 
     # or straight from a training run's DeepSpeed checkpoint (newest tag unless --tag):
-    python -m pretrain.hf_export OUTPUT_DIR out/hf [--tag 1000]
+    bertpipe export-hf OUTPUT_DIR out/hf [--tag 1000]     # (python -m pretrain.hf_export: the same)
+    bertpipe train --init-checkpoint out/hf ...           # the directory also starts another run
 
 The mapping is name for name except that our fused QKV projection is split into query/key/value and the
 vocabulary padding rows (30522 -> 30528) are dropped, so the exported model has the real vocab_size and gives
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from preprocessing.errors import InputError
 from pretrain.config import BertConfig
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ _VOCAB_SIZED = ("embeddings.word_embeddings.weight", "mlm_head.bias")
 def hf_config(config: BertConfig) -> Any:
     """The `transformers.BertConfig` equivalent of ours (real vocab size, post-LN only)."""
     if config.layer_norm_large_model:
-        raise ValueError(
+        raise InputError(
             "layer_norm_large_model=True (the 1.5B/5B pre-LN variant) has no transformers BertForPreTraining "
             "equivalent; export only post-LN models (tiny/large)"
         )
@@ -112,7 +114,7 @@ def from_hf_state_dict(hf_state: dict[str, Tensor], config: BertConfig) -> dict[
     out: dict[str, Tensor] = {}
     for ours, theirs in _TOP_MAP.items():
         t = hf_state[theirs]
-        out[ours] = pad_vocab(t, config) if ours in _VOCAB_SIZED else t
+        out[ours] = pad_vocab(t, config, theirs) if ours in _VOCAB_SIZED else t
     for i in range(config.num_hidden_layers):
         src, dst = f"bert.encoder.layer.{i}.", f"encoder.layer.{i}."
         for part in ("weight", "bias"):
@@ -124,10 +126,12 @@ def from_hf_state_dict(hf_state: dict[str, Tensor], config: BertConfig) -> dict[
     return out
 
 
-def pad_vocab(t: Tensor, config: BertConfig) -> Tensor:
+def pad_vocab(t: Tensor, config: BertConfig, name: str = "vocab-sized tensor") -> Tensor:
     """Zero-pad the first dimension of a vocab-sized tensor from vocab_size to padded_vocab_size rows."""
     if t.shape[0] != config.vocab_size:
-        raise ValueError(f"vocab-sized tensor has {t.shape[0]} rows, the config says vocab_size={config.vocab_size}")
+        raise InputError(f"{name} has shape {tuple(t.shape)} but the model expects "
+                         f"{(config.vocab_size, *t.shape[1:])}: {t.shape[0]} vocab ids in the checkpoint, "
+                         f"vocab_size={config.vocab_size} in the config")
     pad = t.new_zeros((config.padded_vocab_size - t.shape[0], *t.shape[1:]))
     return torch.cat([t, pad], dim=0)
 
@@ -149,19 +153,31 @@ def export_to_hf(model_or_state: torch.nn.Module | dict[str, Tensor], out_dir: s
     else:
         state = model_or_state
     if config is None:
-        raise ValueError("export_to_hf: pass config= with a bare state dict")
+        raise InputError("export_to_hf: pass config= with a bare state dict")
     hf_model = transformers.BertForPreTraining(hf_config(config))
     hf_state = to_hf_state_dict(state, config)
     missing, unexpected = hf_model.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
     if missing or unexpected:
-        raise ValueError(f"state dict does not match transformers BertForPreTraining: missing {missing}, "
+        raise InputError(f"state dict does not match transformers BertForPreTraining: missing {missing}, "
                          f"unexpected {unexpected}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(out_dir)
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one file: its "Writing model shards" bar is noise on stderr
+    try:
+        hf_model.save_pretrained(out_dir)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     (out_dir / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     log.info("exported %d tensors to %s", len(hf_state), out_dir)
     return out_dir
+
+
+def _tag_order(tag: str) -> tuple:
+    return (0, int(tag), "") if tag.isdigit() else (1, 0, tag)
 
 
 def load_training_checkpoint(output_dir: str | Path, tag: str | None = None) -> tuple[dict[str, Tensor], BertConfig]:
@@ -170,22 +186,40 @@ def load_training_checkpoint(output_dir: str | Path, tag: str | None = None) -> 
     Reads DeepSpeed's `mp_rank_00_model_states.pt` with `torch.load(weights_only=True)`. Under bf16 these are
     the bf16 weights (the fp32 master copy lives in the ZeRO optimizer partitions and differs by bf16
     rounding only).
+
+    Raises:
+        InputError: no such run directory or tag, or an incomplete checkpoint (the message says which).
     """
     from pretrain import checkpoint as ckpt
 
+    root = ckpt.checkpoint_dir(output_dir)
+    if not Path(output_dir).is_dir():
+        raise InputError(f"training run directory {output_dir} does not exist (give the --output-dir of "
+                         "`bertpipe train`, which holds checkpoints/)")
+    tags = sorted((d.name for d in root.iterdir() if d.is_dir()), key=_tag_order) if root.is_dir() else []
     tag = tag or ckpt.latest_tag(output_dir)
     if tag is None:
-        raise ValueError(f"{ckpt.checkpoint_dir(output_dir)}: no 'latest' file; pass the checkpoint tag")
-    d = ckpt.checkpoint_dir(output_dir) / tag
+        raise InputError(f"{root}: no 'latest' file" + (f"; pass --tag, one of {', '.join(tags)}" if tags else
+                                                       " and no checkpoint: the run saved none yet"))
+    d = root / tag
+    if not d.is_dir():
+        raise InputError(f"{root} has no checkpoint {tag!r}" + (f"; there are: {', '.join(tags)}" if tags else ""))
     try:
         config = BertConfig.from_dict(json.loads((d / ckpt.CONFIG_NAME).read_text())["model"])
-        states = torch.load(d / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
+        states = ckpt.weights_only_load(d / "mp_rank_00_model_states.pt", map_location="cpu")
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{d}: not a complete bertpipe training checkpoint ({e})") from e
+        raise InputError(f"{d}: not a complete bertpipe training checkpoint ({e})") from e
     return states["module"], config
 
 
+def export_training_checkpoint(output_dir: str | Path, hf_dir: str | Path, tag: str | None = None) -> Path:
+    """`bertpipe export-hf`: a training run's checkpoint (newest unless `tag`) -> transformers directory."""
+    state, config = load_training_checkpoint(output_dir, tag)
+    return export_to_hf(state, hf_dir, config)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`python -m pretrain.hf_export`: the same as `bertpipe export-hf` (see bertpipe/commands/export_hf.py)."""
     import argparse
 
     p = argparse.ArgumentParser(description="Export a bertpipe training checkpoint to a transformers directory.")
@@ -195,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        state, config = load_training_checkpoint(args.output_dir, args.tag)
-        export_to_hf(state, args.hf_dir, config)
+        export_training_checkpoint(args.output_dir, args.hf_dir, args.tag)
     except ValueError as e:
         print(f"hf_export: error: {e}", file=sys.stderr)
         return 2

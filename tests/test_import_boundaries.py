@@ -32,3 +32,11 @@ def test_cli_start_up_imports_nothing_heavy():
     mods = _modules_after_import("import bertpipe.cli")
     for heavy in ("prefect", "torch", "tensorflow", "deepspeed", "numpy", "h5py"):
         assert heavy not in mods, heavy
+
+
+def test_command_parsers_import_nothing_heavy():
+    """`bertpipe import-tf --help` and friends: the parsers are built without torch or TensorFlow."""
+    mods = _modules_after_import("from bertpipe.cli import build_parser\n"
+                                 "for c in ('import-tf', 'export-hf', 'train'): build_parser(c)")
+    for heavy in ("torch", "tensorflow", "transformers", "safetensors", "deepspeed", "numpy"):
+        assert heavy not in mods, heavy

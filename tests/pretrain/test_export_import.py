@@ -157,23 +157,32 @@ def test_tf1_checkpoint_from_another_config_is_refused(tf1_checkpoint, tmp_path)
         load_tf_checkpoint(BertForPreTraining(model_config("tiny", num_hidden_layers=3)), prefix)
     with pytest.raises(ValueError, match="vocab_size=30000"):
         load_tf_checkpoint(BertForPreTraining(model_config("tiny", vocab_size=30000)), prefix)
-    with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_tf_checkpoint(BertForPreTraining(model_config("tiny")), tmp_path / "missing.ckpt")
+
+
+def write_training_checkpoint(run, model: BertForPreTraining, tag: str = "40", latest: bool = True) -> dict:
+    """OUTPUT_DIR/checkpoints/<tag>/ as pretrain/train.py writes it (DeepSpeed's bf16 module weights + our
+    config); returns the bf16 state dict."""
+    from pretrain import checkpoint as ckpt
+
+    d = ckpt.checkpoint_dir(run) / tag
+    d.mkdir(parents=True)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    torch.save({"module": bf16, "ds_version": "0.19.8", "global_steps": int(tag)}, d / "mp_rank_00_model_states.pt")
+    (d / ckpt.CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict(), "run": {}}))
+    if latest:
+        (d.parent / "latest").write_text(tag)
+    return bf16
 
 
 def test_export_from_a_training_checkpoint(tmp_path):
     """A checkpoint laid out as pretrain/train.py writes it (DeepSpeed bf16 module weights) exports and loads."""
     transformers = pytest.importorskip("transformers")
-    from pretrain import checkpoint as ckpt
     from pretrain.hf_export import main
 
     model = perturbed_tiny()
-    d = ckpt.checkpoint_dir(tmp_path / "run") / "40"
-    d.mkdir(parents=True)
-    bf16 = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
-    torch.save({"module": bf16, "ds_version": "0.19.8", "global_steps": 40}, d / "mp_rank_00_model_states.pt")
-    (d / ckpt.CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict(), "run": {}}))
-    (d.parent / "latest").write_text("40")
+    bf16 = write_training_checkpoint(tmp_path / "run", model)
     assert main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     model.load_state_dict({k: v.float() for k, v in bf16.items()})
@@ -207,3 +216,113 @@ def test_tf_import_command_writes_safetensors_and_hf(tf1_checkpoint, tmp_path):
         got = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
     torch.testing.assert_close(got.seq_relationship_logits, want, rtol=0, atol=ATOL)
     assert main([str(tmp_path / "missing"), "--out-hf", str(tmp_path / "x")]) == 2
+
+
+# --- the commands: bertpipe export-hf / import-tf ------------------------------------------------------------
+
+def hf_logits(hf, b: dict) -> tuple:
+    """transformers' MLM logits at our masked positions (the valid slots) and NSP logits."""
+    with torch.no_grad():
+        ref = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
+    valid = b["masked_lm_positions"] != 0
+    rows = torch.arange(len(valid))[:, None].expand_as(valid)[valid]
+    return ref.prediction_logits[rows, b["masked_lm_positions"][valid]], ref.seq_relationship_logits
+
+
+def cli_error(capsys, argv: list[str]) -> str:
+    """Run `bertpipe ARGV`, which must fail with exit status 2 and one line on stderr; return that line."""
+    from bertpipe.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"bertpipe {argv[0]}: error: ") and "\n" not in err, err
+    return err
+
+
+def test_cli_export_hf_gives_transformers_the_same_logits(tmp_path, capsys):
+    """`bertpipe export-hf` of a training run's checkpoint: the newest one, or the one --tag names."""
+    transformers = pytest.importorskip("transformers")
+    from bertpipe.cli import main
+
+    run = tmp_path / "run"
+    older, newer = perturbed_tiny(seed=3), perturbed_tiny(seed=4)
+    states = {"20": write_training_checkpoint(run, older, "20", latest=False),
+              "40": write_training_checkpoint(run, newer, "40")}
+    assert main(["export-hf", str(run), str(tmp_path / "hf")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(tmp_path / "hf")
+    assert main(["export-hf", str(run), str(tmp_path / "hf20"), "--tag", "20"]) == 0
+    b = batch()
+    for tag, hf_dir in (("40", "hf"), ("20", "hf20")):
+        ours = BertForPreTraining(newer.config).eval()
+        ours.load_state_dict({k: v.float() for k, v in states[tag].items()})  # what training saved (bf16)
+        hf = transformers.BertForPreTraining.from_pretrained(tmp_path / hf_dir).eval()
+        with torch.no_grad():
+            want = ours(**b)
+        mlm, nsp = hf_logits(hf, b)
+        torch.testing.assert_close(mlm, want.mlm_logits, rtol=0, atol=ATOL)
+        torch.testing.assert_close(nsp, want.nsp_logits, rtol=0, atol=ATOL)
+    with torch.no_grad():  # the two checkpoints differ: the tag was honoured
+        assert not torch.allclose(hf_logits(hf, b)[1], hf_logits(
+            transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval(), b)[1])
+
+    x = str(tmp_path / "x")
+    assert "training run directory" in cli_error(capsys, ["export-hf", str(tmp_path / "nothing"), x])
+    assert "has no checkpoint '99'; there are: 20, 40" in cli_error(capsys, ["export-hf", str(run), x, "--tag", "99"])
+    (run / "checkpoints" / "latest").unlink()
+    assert "no 'latest' file; pass --tag, one of 20, 40" in cli_error(capsys, ["export-hf", str(run), x])
+    (run / "checkpoints" / "20" / "mp_rank_00_model_states.pt").unlink()
+    assert "not a complete bertpipe training checkpoint" in cli_error(capsys, ["export-hf", str(run), x, "--tag", "20"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_import_tf_to_safetensors_gives_identical_logits(tf1_checkpoint, tmp_path, capsys):
+    """`bertpipe import-tf` of a checkpoint TensorFlow wrote: the safetensors loads into our model as is."""
+    from safetensors.torch import load_file
+
+    from bertpipe.cli import main
+
+    source, prefix = tf1_checkpoint
+    cfg_path = tmp_path / "bert_config.json"
+    cfg_path.write_text(json.dumps(source.config.to_dict()))
+    out = tmp_path / "init.safetensors"
+    assert main(["import-tf", str(prefix), "--config", str(cfg_path), "--out-safetensors", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    target = BertForPreTraining(source.config).eval()
+    target.load_state_dict(load_file(out))  # strict: every tensor, our names
+    b = batch()
+    with torch.no_grad():
+        got, want = target(**b), source(**b)
+    assert torch.equal(got.mlm_logits, want.mlm_logits) and torch.equal(got.nsp_logits, want.nsp_logits)
+    # the directory form with a preset config gives the same file contents
+    out2 = tmp_path / "dir.safetensors"
+    assert main(["import-tf", str(prefix.parent), "--model", "tiny", "--out_safetensors", str(out2)]) == 0
+    a, c = load_file(out), load_file(out2)
+    assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_cli_import_tf_errors_are_one_line(tf1_checkpoint, tmp_path, capsys):
+    source, prefix = tf1_checkpoint
+    out = tmp_path / "x.safetensors"
+
+    def config(**overrides):
+        path = tmp_path / f"cfg_{'_'.join(overrides)}.json"
+        path.write_text(json.dumps({**source.config.to_dict(), **overrides}))
+        return ["--config", str(path)]
+
+    cases = [
+        ([str(tmp_path / "model.ckpt-1")], "TF checkpoint " + str(tmp_path / "model.ckpt-1") + " does not exist"),
+        ([str(prefix), *config(intermediate_size=128)],
+         "bert/encoder/layer_0/intermediate/dense/kernel has shape (64, 256) but the model expects (64, 128) "
+         "(our encoder.layer.0.ffn_in.weight)"),
+        ([str(prefix), *config(vocab_size=30000)],
+         "bert/embeddings/word_embeddings has shape (30522, 64) but the model expects (30000, 64)"),
+        ([str(prefix), "--model", "large"], "the checkpoint has 2 encoder layers"),
+        ([str(prefix), "--config", str(tmp_path / "missing.json")], "cannot read a BERT config JSON"),
+    ]
+    for argv, message in cases:
+        assert message in cli_error(capsys, ["import-tf", *argv, "--out-safetensors", str(out)])
+    assert "give --out-safetensors FILE and/or --out-hf DIR" in cli_error(capsys, ["import-tf", str(prefix)])
+    assert "layer_norm_large_model" in cli_error(capsys, ["import-tf", str(prefix), "--model", "1.5b", "--out-hf",
+                                                          str(tmp_path / "hf")])
+    assert not out.exists() and not (tmp_path / "hf").exists()

@@ -1,0 +1,58 @@
+"""Convert a TF1 BERT checkpoint (Google / MLPerf variable names) to our weights and/or transformers.
+
+Examples:
+  # MLPerf's initial checkpoint (BERT-Large) and its bert_config.json
+  bertpipe import-tf tf1_ckpt/model.ckpt-28252 --config tf1_ckpt/bert_config.json \\
+      --out-safetensors init.safetensors --out-hf hf/mlperf-init
+  bertpipe train --model large --init-checkpoint init.safetensors ...    # start pre-training from it
+  bertpipe import-tf tf1_ckpt --model tiny --out-safetensors tiny.safetensors  # directory; a preset config
+
+TF_CHECKPOINT is the prefix (model.ckpt-28252: the files model.ckpt-28252.index and .data-*), one of those
+files, or their directory. The model config is --config (a bert_config.json) or a --model preset (default:
+large). Every variable's shape is checked against it before anything is read or built; a mismatch is one
+line naming the TF variable, our tensor and both shapes. Optimizer slots (adam_m/adam_v) and global_step
+are skipped. --out-safetensors holds our tensor names (vocab padded, float32; the config in its metadata);
+--out-hf is a transformers BertForPreTraining directory. Needs TensorFlow (the `tf` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bertpipe.commands._common import flag
+
+PRESETS = ("tiny", "large", "1.5b", "5b")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("tf_checkpoint", metavar="TF_CHECKPOINT",
+                   help="checkpoint prefix (model.ckpt-28252), one of its files, or its directory")
+    g = p.add_mutually_exclusive_group()
+    flag(g, "config", default=None, metavar="BERT_CONFIG_JSON",
+         help="the checkpoint's bert_config.json (Google's field names)")
+    flag(g, "model", choices=PRESETS, default=None, help="a preset config instead (default: large)")
+    flag(p, "out_safetensors", default=None, metavar="FILE",
+         help="write our state dict here (for `bertpipe train --init-checkpoint FILE`)")
+    flag(p, "out_hf", default=None, metavar="DIR", help="write a transformers BertForPreTraining directory here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from preprocessing.errors import BertpipeError, InputError
+
+    if not (args.out_safetensors or args.out_hf):
+        raise InputError("nothing to write: give --out-safetensors FILE and/or --out-hf DIR")
+    from pretrain.config import BertConfig, model_config
+    from pretrain.tf_import import convert_tf_checkpoint
+
+    try:
+        config = BertConfig.from_json_file(args.config) if args.config else model_config(args.model or "large")
+    except ValueError as e:
+        raise InputError(f"--config: {e}") from e
+    try:
+        convert_tf_checkpoint(args.tf_checkpoint, config, out_safetensors=args.out_safetensors, out_hf=args.out_hf)
+    except ImportError as e:
+        raise BertpipeError(str(e)) from e
+    for out in (args.out_safetensors, args.out_hf):
+        if out:
+            print(out)
+    return 0
