@@ -9,7 +9,8 @@ The command is DeepSpeed's launcher (``deepspeed --num_gpus N [--hostfile F --nu
 ...``) or ``torchrun --nproc_per_node N pretrain/train.py ...``. On a CPU host ``--num_gpus`` is the number
 of CPU ranks (DeepSpeed 0.19.8 accepts it with ``DS_ACCELERATOR=cpu``) and each rank gets
 ``OMP_NUM_THREADS = cores // ranks`` unless set. Bad inputs (missing/corrupt shard, eval file, vocab,
-checkpoint of another model) are caught here, before any rank starts, by :func:`preflight`.
+checkpoint of another model, an init checkpoint that is missing or, for safetensors/transformers, of
+another shape) are caught here, before any rank starts, by :func:`preflight`.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def preflight(cfg: TrainConfig) -> None:
     tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
     if tag:
         ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
+    elif cfg.init_checkpoint:  # (a resumed run ignores it)
+        from pretrain.init_checkpoint import check_init_checkpoint
+
+        check_init_checkpoint(cfg.init_checkpoint, mcfg)
 
 
 def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",

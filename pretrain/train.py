@@ -26,9 +26,23 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
 
   # resume after a stop / SIGTERM (SIGTERM writes a checkpoint and exits 0): add --resume, same flags.
 
+  # start from pretrained weights (MLPerf's initial checkpoint): the TF1 prefix itself (each rank imports
+  # TensorFlow to read it), or convert it once and pass the file; a transformers directory works too.
+  # Weights only: the optimizer, step count, schedule and data order start fresh. Every rank loads it
+  # before the DeepSpeed engine is built; a tensor of another shape (vocab, hidden size...) stops the run
+  # before the first step, naming the tensor and both shapes. With --resume and a checkpoint of this run
+  # in OUTPUT_DIR, the init checkpoint is ignored (logged) and the run's own state wins, so the same
+  # command line serves the first start and every restart.
+  bertpipe import-tf tf1_ckpt/model.ckpt-28252 --config bert_config.json --out-safetensors init.safetensors
+  deepspeed --num_gpus 8 pretrain/train.py --model large --init-checkpoint init.safetensors --resume ...
+  deepspeed --num_gpus 8 pretrain/train.py --model large --init-checkpoint tf1_ckpt/model.ckpt-28252 ...
+  deepspeed --num_gpus 2 pretrain/train.py --model tiny --init-checkpoint hf/tiny ...   # bertpipe export-hf
+
 Outputs in OUTPUT_DIR: config.json (resolved), metrics.jsonl (rank 0, one record per log step and per
 eval), tensorboard/, checkpoints/<step>/, summary.json (training_sequences_per_second, e2e_time, final eval
-masked-LM accuracy vs the MLPerf 0.720 target).
+masked-LM accuracy vs the MLPerf 0.720 target). config.json and summary.json also hold "init_checkpoint"
+(this invocation: path, format and tensors loaded, or loaded=false and why) and "weights_from" (the init
+checkpoint the run started from; every checkpoint's bertpipe_config.json keeps it, so resumes carry it).
 """
 
 from __future__ import annotations
@@ -211,13 +225,25 @@ def setup(cfg: TrainConfig):
     with torch.random.fork_rng():  # identical initial weights on every rank, whatever the rank seed
         torch.manual_seed(cfg.seed)
         model = BertForPreTraining(mcfg, static_mlm=cfg.static_mlm or choice.kind == "hpu")
+    from pretrain.init_checkpoint import init_weights
+
+    init = init_weights(model, cfg.init_checkpoint, tag)  # before the engine: every rank, same weights
     zero = ds_cfg.get("zero_optimization", {}).get("stage", 0) > 0
     opt = build_optimizer(cfg.optimizer, model.param_groups(cfg.weight_decay), cfg.learning_rate,
                           zero_enabled=zero)
     sched = PolyWarmUpScheduler(opt, cfg.warmup_proportion, cfg.max_steps, cfg.scheduler_degree,
                                 cfg.constant_proportion)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
-    return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world
+    return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world, init
+
+
+def _recorded_init(output_dir: str | Path, tag: str) -> str | None:
+    """The init checkpoint a checkpoint's run started from (None: random init, or not recorded)."""
+    try:
+        return json.loads((ckpt.checkpoint_dir(output_dir) / tag / ckpt.CONFIG_NAME).read_text())["run"].get(
+            "init_checkpoint")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
 
 
 class Run:
@@ -230,7 +256,9 @@ class Run:
 
         self.cfg, self.stop = cfg, StopFlag()  # SIGTERM during start-up stops before the first step
         (self.choice, self.runtime, self.engine, self.sampler, self.eval_set, self.mcfg, self.ds_cfg, tag,
-         self.rank, self.world) = setup(cfg)
+         self.rank, self.world, self.init) = setup(cfg)
+        # the weights' origin, kept in every checkpoint of the run (a resume carries it over)
+        self.init_origin = _recorded_init(cfg.output_dir, tag) if tag else (self.init or {}).get("path")
         self.out_dir, self.device = Path(cfg.output_dir), self.engine.device
         self.gas, self.global_batch = self.engine.gradient_accumulation_steps(), self.ds_cfg["train_batch_size"]
         self.step = self._resume(tag) if tag else 0
@@ -255,7 +283,8 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(
             {"train": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "deepspeed": self.ds_cfg,
-             "world_size": self.world, "device": self.choice.kind}, indent=2))
+             "world_size": self.world, "device": self.choice.kind, "init_checkpoint": self.init,
+             "weights_from": self.init_origin}, indent=2))
         every = f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else f"{self.interval} samples"
         log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
                  self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
@@ -270,7 +299,8 @@ class Run:
                              self.sampler.state_dict())
         if self.rank == 0:
             ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
-                                  {"optimizer": self.cfg.optimizer, "world_size": self.world})
+                                  {"optimizer": self.cfg.optimizer, "world_size": self.world,
+                                   "init_checkpoint": self.init_origin})
         self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step})
         if self.rank == 0:  # `latest` now names the new tag; older ones beyond the budget go
             ckpt.prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
@@ -337,7 +367,8 @@ class Run:
                    "stopped_by": stopped_by, "final_loss": last.get("loss"), "raw_train_time": train_time,
                    "training_sequences_per_second": self.global_batch * steps_done / train_time if train_time else 0.0,
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
-                   "reached_target": acc is not None and acc >= 0.720}
+                   "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
+                   "weights_from": self.init_origin}
         if self.rank == 0:
             write_summary(self.out_dir, summary)
         self.metrics.close()

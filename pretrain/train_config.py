@@ -75,6 +75,10 @@ class TrainConfig:
     """Keep only the N newest checkpoints (0: keep all; a BERT-1.5B checkpoint with ZeRO states is ~18 GB)."""
     resume: bool = False
     """Continue from OUTPUT_DIR/checkpoints/latest when it exists."""
+    init_checkpoint: str = ""
+    """Start from these weights (optimizer, step and schedule start fresh): a TF1 checkpoint prefix (MLPerf's
+    model.ckpt-28252) or its directory, a .safetensors file (bertpipe import-tf) or a transformers directory
+    (bertpipe export-hf). Shapes must match the model; ignored when --resume finds a checkpoint of this run."""
     eval_interval_steps: int = 0
     """Evaluate every N steps (0: at the MLPerf interval in samples, spec §12), and always at the end."""
     eval_batch_size: int = 16

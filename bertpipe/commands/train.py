@@ -6,6 +6,16 @@ Examples:
   bertpipe train ... --model 1.5b --deepspeed-config deployments/ds_config_bert_1.5b.json --nproc 8
   bertpipe train ... --hostfile hostsfile --num-nodes 4 --nproc 8 --master-addr 10.10.100.101
   bertpipe train ... --resume                          # continue from OUTPUT_DIR/checkpoints/latest
+  bertpipe train ... --model large --init-checkpoint tf1_ckpt/model.ckpt-28252   # MLPerf's initial weights
+  bertpipe train ... --model large --init-checkpoint init.safetensors    # from `bertpipe import-tf`
+  bertpipe train ... --init-checkpoint hf/tiny          # a transformers directory (`bertpipe export-hf`)
+
+--init-checkpoint loads weights only (optimizer, step, LR schedule and data order start fresh), on every
+rank before the DeepSpeed engine is built; a tensor of another shape (vocab, hidden size, layers) stops the
+run before the first step with a line naming it and both shapes (safetensors/transformers: already here,
+before any rank starts). With --resume and a checkpoint of this run in OUTPUT_DIR it is ignored (logged):
+the run's own state wins, so one command line serves the first start and every restart. config.json and
+summary.json record it ("init_checkpoint").
 
 Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/.
 """

@@ -27,6 +27,17 @@ def test_argv_round_trip():
     assert _parse(["--max_steps=9", "--train-dir", "x"]).max_steps == 9  # reference spelling too
 
 
+@pytest.mark.parametrize("path", ["tf1 ckpt/model.ckpt-28252", "/abs/init.safetensors", "hf/tiny"])
+def test_init_checkpoint_round_trips(path):
+    cfg = TrainConfig(train_dir="d", output_dir="o", init_checkpoint=path, resume=True)
+    argv = to_argv(cfg)
+    assert argv[argv.index("--init-checkpoint") + 1] == path  # one argv element, even with a space
+    assert _parse(argv) == cfg
+    assert _parse(["--init_checkpoint=" + path]).init_checkpoint == path  # the underscore spelling too
+    assert "--init-checkpoint" not in to_argv(TrainConfig(train_dir="d"))  # default: not on the command line
+    assert TrainConfig().init_checkpoint == "" and cfg.to_dict()["init_checkpoint"] == path
+
+
 def test_unknown_choices_are_rejected():
     with pytest.raises(SystemExit):
         _parse(["--model", "huge"])
