@@ -95,6 +95,10 @@ def list_wiki_files(root: Path, suffix: str = "", what: str = "input folder") ->
     if not found:
         raise InputError(f"{what} {root} holds no */wiki_??{suffix} files (expected the WikiExtractor "
                          f"layout {root}/AA/wiki_00{suffix}, ...)")
+    for p in found:  # glob also lists directories and broken links of that name: refuse them by name
+        if not os.path.isfile(p):
+            why = "a symbolic link to nothing" if os.path.islink(p) and not os.path.exists(p) else "not a file"
+            raise InputError(f"{p} is {why}; {what} {root} must hold only text files named */wiki_??{suffix}")
     return [Path(p[: len(p) - len(suffix)] if suffix else p) for p in found]
 
 
