@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocessing.errors import InputError
+from preprocessing.errors import InputError, RecordError
 from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
@@ -74,10 +74,23 @@ def _ragged(values: np.ndarray, lengths: np.ndarray, dtype: str, name: str, path
         raise InputError(f"{path}: row {first + row}: {name} holds a value outside {dtype}, which NVIDIA's packed "
                          "format stores (a vocabulary over 32,767 entries does not fit)")
     cast = values.astype(dtype)
+    if len(lengths) and (lengths == lengths[0]).all():
+        # Rows of one length (a chunk of 512-token rows, a last chunk of one row): h5py would turn the
+        # object array into a 2-D one it cannot write to a vlen dataset (TypeError "Can't broadcast").
+        # Its own 2-D path splits a 2-D array into rows: give it that.
+        return np.ascontiguousarray(cast[:, :int(lengths[0])])
     out = np.empty(len(values), dtype=object)
     for i, n in enumerate(lengths.tolist()):
         out[i] = cast[i, :n]
     return out
+
+
+def _check_lengths(seq: np.ndarray, width: int, path: Path, first: int) -> None:
+    """A row's length (sum of its input_mask) is 1..width; anything else is a corrupt input_mask."""
+    bad = np.flatnonzero((seq < 1) | (seq > width))
+    if bad.size:
+        raise RecordError(f"{path}: row {first + int(bad[0])} has sequence length {int(seq[bad[0]])} (sum of "
+                          f"input_mask); expected 1..{width}: the file is corrupt, re-create it")
 
 
 def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackConfig()) -> int:
@@ -102,6 +115,7 @@ def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackCo
                     rows = {name: src[name][a:b] for name in _READ}
                 lengths = {"seq": sequence_lengths(rows["input_mask"]),
                            "pred": (rows["masked_lm_positions"] != 0).sum(axis=1, dtype=np.int64)}
+                _check_lengths(lengths["seq"], cfg.max_seq_length, input_hdf5, a)
                 for name, dt, kind in VARLEN_DATASETS:
                     out[name][a:b] = _ragged(rows[name], lengths[kind], dt, name, input_hdf5, a)
                 nsl[a:b] = rows["next_sentence_labels"].astype("i1")

@@ -6,6 +6,7 @@ Run as a subprocess (h5py on a corrupt file could crash the interpreter: the par
 the last case started). Per case it writes the corrupted bytes to SCRATCH_DIR/case.hdf5 and runs:
 
 * ``bins``: run_split_4bins (open_padded, the counting pass and the routing pass), 2 shards per bin;
+  (bins and pack read 1, 3 or 4096 rows at a time, drawn per case)
 * ``pack``: pack_varlength (padded -> NVIDIA's packed layout);
 * ``train``: pretrain.data's discover_shards + read_rows of every row (the trainer's reader).
 
@@ -69,21 +70,21 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return bytes(b[:len(data)]), f"overwrite@{i}-{n}"
 
 
-def read_bins(path: Path, scratch: Path) -> None:
+def read_bins(path: Path, scratch: Path, chunk_rows: int) -> None:
     from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
 
     out = scratch / "bins"
     shutil.rmtree(out, ignore_errors=True)
-    run_split_4bins([path], out, Split4BinsConfig(n_output_shards=2, chunk_rows=3))
+    run_split_4bins([path], out, Split4BinsConfig(n_output_shards=2, chunk_rows=chunk_rows))
 
 
-def read_pack(path: Path, scratch: Path) -> None:
+def read_pack(path: Path, scratch: Path, chunk_rows: int) -> None:
     from preprocessing.pack_varlength import PackConfig, pack_varlength
 
-    pack_varlength(path, scratch / "packed.hdf5", PackConfig(chunk_rows=3))
+    pack_varlength(path, scratch / "packed.hdf5", PackConfig(chunk_rows=chunk_rows))
 
 
-def read_train(path: Path, scratch: Path) -> None:
+def read_train(path: Path, scratch: Path, chunk_rows: int) -> None:
     from pretrain.data import discover_shards, read_rows
 
     for bound, shards in discover_shards(path).items():
@@ -125,14 +126,17 @@ def main() -> int:
     path = args.scratch / "case.hdf5"
     signal.signal(signal.SIGALRM, _alarm)
     for i in range(args.first, args.first + args.count):
-        bad, what = mutate(data, random.Random(f"{args.seed}-{i}"))
+        rng = random.Random(f"{args.seed}-{i}")
+        bad, what = mutate(data, rng)
+        chunk_rows = rng.choice((1, 3, 4096))  # rows read (and packed) at once: 1 = every chunk one row
+        what += f" chunk_rows={chunk_rows}"
         print(f"start {i} {what}", flush=True)
         path.write_bytes(bad)
         for name, reader in READERS.items():
             rec = {"case": i, "reader": name, "mutation": what, "outcome": "ok", "type": "", "message": ""}
             signal.setitimer(signal.ITIMER_REAL, args.case_timeout)
             try:
-                reader(path, args.scratch)
+                reader(path, args.scratch, chunk_rows)
             except Hang as exc:
                 rec.update(outcome="hang", type="Hang", message=str(exc))
             except BertpipeError as exc:

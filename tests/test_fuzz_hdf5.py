@@ -125,3 +125,35 @@ def test_a_group_where_a_dataset_belongs_is_a_project_error(small_padded: Path, 
         open_padded(bad)
     with pytest.raises(BertpipeError, match="input_mask \\(Group\\) not dataset"):
         discover_shards(bad)
+
+
+def _rows(path: Path) -> dict[str, list[np.ndarray]]:
+    with h5py.File(path, "r") as f:
+        return {k: [np.asarray(x) for x in f[k][()]] for k in f}
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 2])
+def test_pack_varlength_of_chunks_whose_rows_have_one_length(golden: Path, tmp_path: Path, chunk_rows: int) -> None:
+    """Regression (found by the fuzz): rows of equal length in a chunk (a chunk of 512-token rows, a last
+    chunk of one row) made h5py fail with TypeError "Can't broadcast (k, n) -> (k,)"."""
+    from preprocessing.pack_varlength import PackConfig
+
+    out = tmp_path / "packed.hdf5"
+    assert pack_varlength(golden / "eval_100.hdf5", out, PackConfig(chunk_rows=chunk_rows)) == 100
+    ours, ref = _rows(out), _rows(golden / "nvidia_varlength" / "eval_100_varlength.numpy1.hdf5")
+    assert sorted(ours) == sorted(ref)
+    for k in ref:
+        assert len(ours[k]) == len(ref[k]) == 100, k
+        assert all(np.array_equal(a, b) for a, b in zip(ours[k], ref[k], strict=True)), k
+
+
+def test_pack_varlength_refuses_a_corrupt_input_mask(small_padded: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "mask.hdf5"
+    with h5py.File(small_padded, "r") as src, h5py.File(bad, "w") as dst:
+        for name, dtype, _ in MLPERF_DATASETS:
+            data = src[name][()]
+            if name == "input_mask":
+                data[3] = -1  # sums to -512: sliced as [:-512] it silently gave an empty row
+            dst.create_dataset(name, data=data, dtype=dtype)
+    with pytest.raises(BertpipeError, match=f"{bad}: row 3 has sequence length -512"):
+        pack_varlength(bad, tmp_path / "p.hdf5")
