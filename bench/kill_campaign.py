@@ -311,7 +311,8 @@ def run_trial(t: Trial, root: Path, env: dict[str, str], ref: Reference) -> None
 
 
 # -- report --------------------------------------------------------------------------------------
-def report(trials: list[Trial], ref: Reference, wall: float, root: Path, out=sys.stdout) -> int:
+def report(trials: list[Trial], ref: Reference, wall: float, root: Path, out=None) -> int:
+    out = out or sys.stdout
     print(f"\n{'trial':>5}  {'mode':<5}  {'target':<26} {'killed':<6} {'in progress at the kill':<28} "
           f"{'mfw':<3} {'rerun s':>7}  result", file=out)
     for t in trials:

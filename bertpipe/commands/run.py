@@ -127,7 +127,8 @@ def start_reaper() -> None:
     os.environ["BERTPIPE_RUN_TOKEN"] = token
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
+def print_summary(summary: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call, so a redirected/captured stdout is honoured
     print(f"{'stage':<14} {'calls':>5} {'cached':>6} {'files':>6} {'bytes':>14} {'seconds':>8}  dir", file=out)
     for name, s in summary["stages"].items():
         print(f"{name:<14} {s['calls']:>5} {s['cached']:>6} {s['files']:>6} {s['bytes']:>14,} {s['seconds']:>8.2f}  "
