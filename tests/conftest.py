@@ -15,6 +15,8 @@ GOLDEN = SHARED_DATA / "golden"
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("BERTPIPE_PROGRESS", "0")
+# library loggers called in-process after another test loaded Prefect: not a flow, nothing to send
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 
 @pytest.fixture(scope="session")
