@@ -12,21 +12,9 @@ from pathlib import Path
 
 from flowhelpers import FAST, output_md5s
 
+from bench.kill_campaign import descendants as _descendants  # the campaign's process-tree walk
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
-    kids: dict[int, list[int]] = {}
-    for child, parent in zip(out[::2], out[1::2], strict=True):
-        kids.setdefault(int(parent), []).append(int(child))
-    todo, seen = [pid], set()
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if c not in seen:
-                seen.add(c)
-                todo.append(c)
-    return seen
 
 
 def _alive(pid: int) -> bool:
