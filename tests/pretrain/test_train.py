@@ -125,8 +125,11 @@ def test_golden_loss_curve(main_run):
         GOLDEN_LOSSES.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN_LOSSES.write_text("\n".join(lines) + "\n")
     expected = [float(line.split()[1]) for line in GOLDEN_LOSSES.read_text().split("\n") if line.strip()]
-    # Exact on the machine that wrote the file; a CPU with other SIMD kernels may differ in the last bf16 bits.
-    assert [losses[s] for s in range(1, 21)] == pytest.approx(expected, rel=1e-5, abs=0)
+    # Bit-exact run to run on one machine (the resume tests check that); across CPUs oneDNN picks other bf16
+    # kernels (AVX-512 vs AMX, ...) and the curve moves by up to ~4e-4 (measured: an AVX-512 Xeon against the
+    # file's machine). Batch-to-batch differences are ~0.03-0.1, so 3e-3 still catches a change of data order,
+    # masking, model or optimizer.
+    assert [losses[s] for s in range(1, 21)] == pytest.approx(expected, rel=0, abs=3e-3)
 
 
 def test_checkpoint_of_another_model_is_refused(main_run, golden):
