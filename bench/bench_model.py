@@ -40,7 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BINS = (128, 256, 384, 512)
+from core.schema import BIN_BOUNDS  # noqa: E402  (after the path set-up)
+
 DEFAULT_HDF5 = ROOT.parent / "shared" / "data" / "golden" / "sample.hdf5"
 
 
@@ -71,10 +72,10 @@ def make_batches(rows: dict[str, np.ndarray], mode: str, batch_size: int, n: int
     """(bin bound, row indices) for n batches; the same list for both models (fixed seed)."""
     rng = np.random.default_rng(1234)
     lengths = rows["input_mask"].sum(axis=1, dtype=np.int64)
-    by_bin = {b: np.flatnonzero((lengths > b - 128) & (lengths <= b)) for b in BINS}
+    by_bin = {b: np.flatnonzero((lengths > b - 128) & (lengths <= b)) for b in BIN_BOUNDS}
     if mode == "binned":
-        sizes = np.array([len(by_bin[b]) for b in BINS], dtype=float)
-        bounds = rng.choice(BINS, size=n, p=sizes / sizes.sum())
+        sizes = np.array([len(by_bin[b]) for b in BIN_BOUNDS], dtype=float)
+        bounds = rng.choice(BIN_BOUNDS, size=n, p=sizes / sizes.sum())
     else:
         bounds = np.full(n, 128 if mode == "seq128" else 512)
     return [(int(b), rng.choice(by_bin[int(b)], batch_size, replace=False)) for b in bounds]

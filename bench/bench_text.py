@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from core.manifest import StageOutput  # noqa: E402
 from preprocessing import segment  # noqa: E402
 from preprocessing.clean import clean_text  # noqa: E402
 from preprocessing.gather import GatherConfig, gather_into  # noqa: E402
-from preprocessing.manifest import StageOutput  # noqa: E402
 from preprocessing.punkt_345 import Punkt345, english_model, nltk_tokenizer  # noqa: E402
 from preprocessing.segment import segment_text  # noqa: E402
 from preprocessing.split_eval import split_text  # noqa: E402

@@ -6,7 +6,7 @@
    directory but the manifests) and each stage's file count and duration.
 2. Each trial runs the same command in a fresh work dir, in its own session, and SIGKILLs the whole
    process group at a moment chosen by stage, alternating two ways:
-   * hook: ``BERTPIPE_FAULT=STAGE:POINT:N:pg`` (preprocessing/manifest.py) makes the stage kill the
+   * hook: ``BERTPIPE_FAULT=STAGE:POINT:N:pg`` (core/manifest.py) makes the stage kill the
      group itself at a named point: start, rename (an output complete under its temporary name), file
      (after the N-th output), manifest (the manifest written under its temporary name, not renamed),
      done (after the rename). Stages are cycled so that every stage is hit; a third of the points are
@@ -45,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from preprocessing.errors import BertpipeError  # noqa: E402
-from preprocessing.manifest import FAULT_ENV, MANIFEST_NAME, load_manifest, md5_file, verify_manifest  # noqa: E402
+from core.errors import BertpipeError  # noqa: E402
+from core.manifest import FAULT_ENV, MANIFEST_NAME, load_manifest, md5_file, verify_manifest  # noqa: E402
 from tasks.workdir import scan  # noqa: E402
 
 BERTPIPE = str(Path(sys.executable).parent / "bertpipe")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 
@@ -76,6 +77,9 @@ def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
 
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    if verbose:  # create_pretraining_data's example dumps (reference-style), here and in worker processes
+        os.environ["BERTPIPE_LOG_EXAMPLES"] = "1"
+        logging.getLogger("preprocessing.create_pretraining_data.examples").setLevel(logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
 
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     # ignored, the write fails with EFBIG instead and the stage reports it cleanly (DiskFullError).
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    from preprocessing.errors import BertpipeError
+    from core.errors import BertpipeError
 
     try:
         if hasattr(module, "run_for"):

@@ -1,42 +1,59 @@
-"""Wiring of the data DAG: stage calls, their keys and directories, waves of parallel shard tasks.
+"""The data DAG as a generic walk over the stage registry (``preprocessing/registry.py``).
 
-No algorithm lives here: each call names a library stage function (preprocessing/), its inputs (paths
-from upstream manifests) and its config; the tasks (tasks/stages.py) run them.
+No stage is named here. A stage starts as soon as every stage it reads is complete: it is planned into
+calls (one per part file for per-shard stages; a chained stage such as the HDF5 conversion rides in its
+upstream's calls, shard by shard), the calls are grouped into batches (a few dozen shards per Prefect task,
+so a 500-part run is not 1,000 task runs), and the batches are submitted to the task runner: threads plus
+the local worker pool, Prefect's process pool, or a Dask cluster. Each stage's key is computed from its
+parameters and its upstream outputs' digests, so a stage is found again (cached) exactly when its inputs and
+parameters are unchanged; the manifests on disk, not Prefect's records, decide what is done.
+
+``--only``/``stages`` names the stages wanted: what they read is run too when it is not done (and the log
+says so). Stages outside the selection that are already done are reported as well, so ``last_run.json``
+always names the whole data set (train_dir, eval_hdf5, vocab).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
-import re
-from dataclasses import replace
+import math
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flows.params import DataParams
-from preprocessing.errors import InputError, ManifestError
-from preprocessing.hdf5_io import stage_params
-from preprocessing.manifest import Manifest, load_manifest, md5_file, stage_key
+from core.errors import InputError, ManifestError
+from core.manifest import load_manifest, stage_key
+from core.pools import default_workers
+from core.stage import Plan, Result, Stage, Unit
+from preprocessing import registry
+from preprocessing.params import DataParams, current_surface, spell
 from tasks.artifacts import ShardProgress, dataset_summary, stage_table, summarize
-from tasks.calls import StageCall, check_done, manifest_of, result_dict, shutdown_pool
+from tasks.calls import Batch, Call, check_done, manifest_of, progress_hook, result_dict, shutdown_pool
 
-PART = re.compile(r"^part-\d{5}-of-\d{5}$")
-_LIB = "preprocessing"
-#: stage -> the stages whose outputs it reads.
-INPUTS = {"extract": {"download"}, "text": {"extract"}, "vocab": {"text"}, "tfrecord": {"text", "vocab"},
-          "eval_tfrecord": {"text", "vocab"}, "hdf5": {"tfrecord"}, "eval_10k": {"eval_tfrecord"},
-          "bins": {"hdf5"}, "eval_hdf5": {"eval_10k"}}
+#: A batch (one Prefect task) holds at most this many calls; fewer when that leaves workers idle.
+MAX_BATCH = 64
 
 
-def _with_ancestors(stages: set[str]) -> set[str]:
-    """``stages`` and every stage they (transitively) read from."""
-    out, todo = set(), list(stages)
-    while todo:
-        s = todo.pop()
-        if s not in out:
-            out.add(s)
-            todo.extend(INPUTS.get(s, ()))
-    return out
+@dataclass
+class _Group:
+    """The calls of one stage and the stages chained into it, while they run."""
+
+    stages: list[str]
+    expected: int
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    done: int = 0
+    bar: Any = None
+    artifact: Any = None
+
+
+def identity(result: Result) -> str:
+    """What downstream keys depend on: the digest of a stage's outputs (all shards' for a per-shard stage)."""
+    if list(result.manifests) == [""]:
+        return result.manifest.digest
+    joined = "\n".join(f"{s}:{m.digest}" for s, m in sorted(result.manifests.items()))
+    return hashlib.md5(joined.encode()).hexdigest()
 
 
 class DataDag:
@@ -45,20 +62,299 @@ class DataDag:
     def __init__(self, p: DataParams, logger: logging.Logger | logging.LoggerAdapter) -> None:
         self.p, self.log = p, logger
         self.work = Path(p.work_dir).resolve()
-        self.workers = p.workers or os.cpu_count() or 1
+        self.workers = p.workers or default_workers()
         self.kind = p.resolved_runner()
-        self.inline = self.kind != "local" or self.workers == 1  # shard calls: here, or in the local pool
-        self.only = set(p.stages) if p.stages else None
-        self.needed = _with_ancestors(self.only) if self.only else None
-        self.results: dict[str, list[dict[str, Any]]] = {}
-        self.summary: dict[str, dict[str, Any]] = {}
+        self.inline = self.kind != "local" or self.workers == 1  # calls run here, or in the local pool
+        self.stages = registry.active(p)
+        self.by_name = {s.name: s for s in self.stages}
+        self._check_selection()
+        self.selected = set(p.stages) if p.stages else set(self.by_name)
+        self.targets = self._with_ancestors(self.selected)
+        self.cfgs = {s.name: s.configure(p) for s in self.stages}
+        self.keys: dict[str, str] = {}
+        self.results: dict[str, Result] = {}
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.planned: dict[str, list[Unit]] = {}
+        self.task_runs: dict[str, int] = {}  # "tfrecord+hdf5" -> task runs (batches) submitted
         self.runner: Any = None
 
-    # -- plumbing ----------------------------------------------------------------------------------
+    # -- selection ---------------------------------------------------------------------------------
+    def _check_selection(self) -> None:
+        for s in sorted(set(self.p.stages or ()) | set(self.p.force)):
+            if s not in self.by_name:
+                why = {"text": f"{spell('text_dir')} was given", "mlcommons": f"{spell('source')} is mlcommons",
+                       "dump": "the source is a dump"}[self.p.source_kind]
+                raise InputError(f"stage '{s}' is not part of this run ({why}); its stages are: "
+                                 f"{', '.join(self.by_name)}")
+
+    def _with_ancestors(self, names: set[str]) -> set[str]:
+        out, todo = set(), list(names)
+        while todo:
+            n = todo.pop()
+            if n not in out:
+                out.add(n)
+                todo.extend(self.by_name[n].reads)
+        return out
+
+    # -- keys and plans ------------------------------------------------------------------------------
+    def _key(self, s: Stage) -> str:
+        up = [self.keys[r] if s.chain else identity(self.results[r]) for r in s.reads]
+        params = {**s.key_params(self.cfgs[s.name]), **(s.key_extra(self.p) if s.key_extra else {})}
+        return stage_key(s.name, s.version, params, up)
+
+    def _plan(self, s: Stage) -> list[Unit]:
+        self.keys[s.name] = key = self._key(s)
+        units = s.plan(Plan(s, self.p, self.cfgs[s.name], key, self.work, self.results, self.planned))
+        self.planned[s.name] = units
+        return units
+
+    def _calls(self, s: Stage) -> tuple[list[str], list[Call]]:
+        """``s`` planned, with the stages chained to it: (stage names, one call per shard)."""
+        chained = [c for c in self.stages if c.chain and c.reads == (s.name,) and c.name in self.targets]
+        units = self._plan(s)
+        extra = [{u.shard: u for u in self._plan(c)} for c in chained]
+        fused = chained[0].fused if len(chained) == 1 else None
+        force = frozenset(self.p.force)
+        calls = [Call(units=(u, *(e[u.shard] for e in extra)), force=force, check_md5=self.p.verify_md5,
+                      root=str(self.work), surface=current_surface(), fused=fused) for u in units]
+        return [s.name, *(c.name for c in chained)], calls
+
+    def _batches(self, calls: list[Call], progress_id: str) -> list[Batch]:
+        size = max(1, min(MAX_BATCH, math.ceil(len(calls) / (4 * self._slots()))))
+        return [Batch(calls=tuple(calls[i:i + size]), inline=self.inline, progress_id=progress_id)
+                for i in range(0, len(calls), size)]
+
+    def _slots(self) -> int:
+        """How many calls can run at once: local workers, or the Dask cluster's worker threads."""
+        client = getattr(self.runner, "_client", None)
+        if self.kind == "dask" and client is not None:
+            try:
+                return max(1, sum(client.nthreads().values()))
+            except Exception:  # noqa: BLE001 - the scheduler did not answer: guess from --workers
+                pass
+        return self.workers
+
+    # -- the walk ----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run every target stage (and report every stage found done); the run's summary."""
+        import time
+
+        self.t0 = time.perf_counter()
+        with self._make_runner() as runner:
+            self.runner = runner
+            try:
+                self._walk()
+            except BaseException:
+                shutdown_pool(failed=True)
+                raise
+            shutdown_pool()
+        self._find_done_rest()
+        self._say_what_ran_too()
+        if self.p.keep == "training":
+            self._drop_intermediates()
+        return self._finish()
+
+    def _ready(self) -> list[Stage]:
+        return [s for s in self.stages if s.name in self.targets and not s.chain and s.name not in self.keys
+                and all(r in self.results for r in s.reads)]
+
+    def _walk(self) -> None:
+        from prefect.futures import as_completed
+
+        from tasks.stages import task_for
+
+        pending: dict[Any, tuple[_Group, Batch]] = {}
+        failed: list[BaseException] = []
+        while True:
+            ready = self._ready() if not failed else []
+            for s in ready:
+                self._start(s, pending, task_for)
+            if ready:  # a stage found done without a task (or with no calls) may unblock others at once
+                continue
+            if not pending:
+                break
+            fut = next(iter(as_completed(list(pending))))
+            group, batch = pending.pop(fut)
+            try:
+                rows = fut.result()
+                if fut.state.name == "Cached":  # Prefect's record (every manifest verified): nothing ran
+                    rows = self._cached_rows(batch)
+            except Exception as exc:  # noqa: BLE001 - let the other batches finish, then re-raise
+                self.log.error("%s failed: %s: %s", batch.label, type(exc).__name__, exc)
+                failed.append(exc)
+                continue
+            self._collect(group, batch, rows)
+        if failed:
+            raise failed[0]
+
+    def _start(self, s: Stage, pending: dict[Any, tuple[_Group, Batch]], task_for: Any) -> None:
+        from core.progress import progress
+
+        if any(self.results[r].dropped for r in s.reads) and self._done_without_running(s):
+            return
+        names, calls = self._calls(s)
+        label = "+".join(names)
+        group = _Group(stages=names, expected=len(calls), rows={n: [] for n in names})
+        if not calls:
+            self._complete(group)
+            return
+        pid = f"{label}-{uuid.uuid4().hex[:8]}"
+        group.bar = progress(total=len(calls), desc=label, unit="call")
+        group.artifact = ShardProgress(label, len(calls))
+        if not self.inline:
+            progress_hook(pid, group.bar.update)
+        retries = max(self.by_name[n].retries for n in names)
+        batches = self._batches(calls, pid)
+        self.task_runs[label] = self.task_runs.get(label, 0) + len(batches)
+        for b in batches:
+            fut = self.runner.submit(task_for(label, retries), {"batch": b, "workers": self.workers})
+            pending[fut] = (group, b)
+
+    # -- the disk budget (--keep training) ------------------------------------------------------------------
+    def _done_without_running(self, s: Stage) -> bool:
+        """``s`` reads a stage whose files were dropped: done already (recorded), or revive what it needs."""
+        units = self._plan(s)
+        found = [check_done(u, self.p.verify_md5) for u in units]
+        if units and all(found) and s.name not in self.p.force:
+            self._record(s.name, [result_dict(u, m, cached=True, seconds=0.0) for u, m in zip(units, found,
+                                                                                                strict=True)])
+            return True
+        self._revive(s)
+        return False
+
+    def _revive(self, s: Stage) -> None:
+        """Rebuild the dropped files ``s`` reads (and, first, the dropped files those need), same keys."""
+        from prefect.futures import wait
+
+        from tasks.stages import task_for
+
+        heads: list[str] = []
+        todo = [r for r in s.reads if self.results[r].dropped]
+        while todo:
+            r = todo.pop()
+            stage = self.by_name[r]
+            head = stage.reads[0] if stage.chain else r
+            if head not in heads:
+                heads.append(head)
+                todo += [u for u in self.by_name[head].reads if self.results[u].dropped]
+        for head in sorted(heads, key=[x.name for x in self.stages].index):
+            names, calls = self._calls(self.by_name[head])
+            calls = [replace(c, revive=True) for c in calls if any(u.shard in self.results[u.stage].dropped
+                                                                   for u in c.units)]
+            self.log.info("rebuilding the dropped %s files of %d call(s): %s needs them", "+".join(names), len(calls),
+                          s.name)
+            batches = self._batches(calls, "")
+            self.task_runs["+".join(names)] = self.task_runs.get("+".join(names), 0) + len(batches)
+            futures = [self.runner.submit(task_for("+".join(names)), {"batch": b, "workers": self.workers})
+                       for b in batches]
+            wait(futures)
+            rows = [r for f in futures for r in f.result()]
+            for name in names:
+                kept = [r for r in self.rows.get(name, []) if r["shard"] not in {x["shard"] for x in rows}]
+                self._record(name, sorted(kept + [r for r in rows if r["stage"] == name], key=lambda r: r["shard"]))
+
+    def _drop_intermediates(self) -> None:
+        """--keep training: delete the files of droppable stages whose readers are all done (verified in this run)."""
+        from core.manifest import drop_files
+
+        freed = 0
+        for s in self.stages:
+            readers = [t.name for t in self.stages if s.name in t.reads]
+            if not s.droppable or s.name not in self.results or not all(t in self.results for t in readers):
+                continue
+            for shard in self.results[s.name].manifests:
+                freed += drop_files(self.results[s.name].unit_dir(shard), "--keep training")
+            self.results[s.name].dropped = set(self.results[s.name].manifests)
+            for r in self.rows[s.name]:
+                r["dropped"] = True
+        if freed:
+            self.log.info("--keep training: deleted %.2f GB of intermediate files (manifests kept)", freed / 1e9)
+
+    def _collect(self, group: _Group, batch: Batch, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            group.rows[r["stage"]].append(r)
+        group.done += len(batch.calls)
+        if self.inline:
+            group.bar.update(len(batch.calls))
+        for _ in batch.calls:
+            group.artifact.step()
+        if group.done == group.expected:
+            group.bar.close()
+            progress_hook(batch.progress_id, None)
+            self._complete(group)
+
+    def _complete(self, group: _Group) -> None:
+        for name in group.stages:
+            rows = sorted(group.rows[name], key=lambda r: r["shard"])
+            self._record(name, rows)
+
+    def _record(self, name: str, rows: list[dict[str, Any]]) -> None:
+        d = self.work / name / self.keys[name]
+        self.results[name] = Result(stage=name, key=self.keys[name], dir=d,
+                                    manifests={r["shard"]: manifest_of(r) for r in rows},
+                                    ran={r["shard"]: not r["cached"] for r in rows},
+                                    dropped={r["shard"] for r in rows if r.get("dropped")})
+        self.rows[name] = rows
+        stage_table(name, rows)
+
+    def _cached_rows(self, batch: Batch) -> list[dict[str, Any]]:
+        """Rows for a batch Prefect found cached, describing *this* work dir's directories.
+
+        Prefect's record is keyed by content, so it may come from another work dir (same PREFECT_HOME,
+        same inputs) and name that dir. The cache policy only hit because these manifests verified.
+        """
+        rows = []
+        for u in (u for c in batch.calls for u in c.units):
+            m = load_manifest(u.out_dir)
+            if m is None:
+                raise ManifestError(f"{u.out_dir}/_manifest.json disappeared during the run; run again to redo "
+                                    f"{u.label}")
+            rows.append(result_dict(u, m, cached=True, seconds=0.0))
+        return rows
+
+    # -- after the walk ----------------------------------------------------------------------------------
+    def _find_done_rest(self) -> None:
+        """Stages outside the selection whose outputs are done (sizes checked): the rest of the data set."""
+        for s in self.stages:
+            if s.name in self.results or not all(r in self.results for r in s.reads):
+                continue
+            if s.chain and s.reads[0] not in self.planned:
+                continue
+            try:
+                units = self._plan(s)
+            except (InputError, KeyError, OSError):
+                continue
+            found = [check_done(u, check_md5=False) for u in units]
+            if units and all(found):
+                self._record(s.name, [result_dict(u, m, cached=True, seconds=0.0) for u, m in zip(units, found,
+                                                                                                    strict=True)])
+
+    def _say_what_ran_too(self) -> None:
+        extra = sorted(n for n in self.targets - self.selected if n in self.results
+                       and any(self.results[n].ran.values()))
+        if extra and self.p.stages:
+            self.log.info("also ran %s: the selected stage(s) %s need them and they were not done",
+                          ", ".join(extra), ", ".join(sorted(self.selected)))
+
+    def _finish(self) -> dict[str, Any]:
+        summary = {s.name: summarize(self.rows[s.name]) for s in self.stages if self.rows.get(s.name)}
+        outputs = {}
+        for s in self.stages:
+            if s.name in self.results:
+                for out_name, rel in s.outputs.items():
+                    outputs[out_name] = str(self.results[s.name].dir / rel) if rel else str(self.results[s.name].dir)
+        import time
+
+        source = self.p.text_dir or self.p.source
+        dataset_summary(source, summary, self.rows)
+        return {"work_dir": str(self.work), "source": source, "stages": summary, "outputs": outputs,
+                "task_runs": self.task_runs, "wall_seconds": round(time.perf_counter() - self.t0, 3)}
+
     def _make_runner(self) -> Any:
         if self.kind == "dask":
             if not self.p.dask_address:
-                raise InputError("runner 'dask' needs a scheduler address: pass --dask-address tcp://HOST:8786")
+                raise InputError(f"runner 'dask' needs a scheduler address: pass {spell('dask_address')} "
+                                 "tcp://HOST:8786")
             from prefect_dask import DaskTaskRunner
 
             return DaskTaskRunner(address=self.p.dask_address)
@@ -69,243 +365,3 @@ class DataDag:
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=self.workers)
-
-    def _task(self, stage: str) -> Any:
-        from tasks.stages import TASKS
-
-        return TASKS[stage]
-
-    def selected(self, stage: str) -> bool:
-        return self.only is None or stage in self.only
-
-    def call(self, stage: str, key: str, func: str, *args: Any, shard: str = "", upstream: tuple[str, ...] = (),
-             inline: bool = True, **kwargs: Any) -> StageCall:
-        out = self.work / stage / key / shard if shard else self.work / stage / key
-        return StageCall(stage=stage, key=key, out_dir=str(out), func=f"{_LIB}.{func}", args=args, kwargs=kwargs,
-                         shard=shard, upstream_dirs=upstream, force=stage in self.p.force, inline=inline,
-                         check_md5=self.p.verify_md5, root=str(self.work))
-
-    def _existing(self, stage: str, calls: list[StageCall]) -> list[dict[str, Any]]:
-        """A stage left out by --only: its outputs must be done (sizes checked; its consumer checks md5s)."""
-        out = []
-        for c in calls:
-            m = check_done(replace(c, check_md5=False))
-            if m is None:
-                raise InputError(
-                    f"stage '{stage}' is not done in {self.work} ({c.out_dir} has no complete output), but "
-                    f"{', '.join(sorted(self.only or ()))} needs it; run it first (--only {stage}) or run without "
-                    "--only")
-            out.append(result_dict(c, m, cached=True, seconds=0.0))
-        return out
-
-    def wave(self, calls_by_stage: dict[str, list[StageCall]]) -> dict[str, list[dict[str, Any]]]:
-        """Run the calls of one or more stages in parallel; a stage not selected must already be done."""
-        from prefect.futures import as_completed
-
-        from preprocessing.progress import progress
-
-        results: dict[str, list[dict[str, Any]]] = {}
-        todo = {}
-        calls_by_stage = {s: c for s, c in calls_by_stage.items() if self.needed is None or s in self.needed}
-        for stage, calls in calls_by_stage.items():
-            if self.selected(stage):
-                todo.update({self.runner.submit(self._task(stage), {"call": c, "workers": self.workers}): (stage, c)
-                             for c in calls})
-            else:
-                results[stage] = self._existing(stage, calls)
-        if not todo:
-            self._record(results)
-            return results
-        names = " + ".join(s for s in calls_by_stage if self.selected(s))
-        bar, prog, failed = progress(total=len(todo), desc=names, unit="call"), ShardProgress(names, len(todo)), []
-        for fut in as_completed(list(todo)):
-            stage, c = todo[fut]
-            try:
-                r = fut.result()
-                if fut.state.name == "Cached":  # Prefect's record (its manifest verified): nothing ran
-                    r = self._cached_result(c)
-                results.setdefault(stage, []).append(r)
-            except Exception as exc:  # noqa: BLE001 - let the other shards finish, then re-raise
-                self.log.error("%s failed: %s", c.label, exc)
-                failed.append(exc)
-            bar.update(1)
-            prog.step()
-        bar.close()
-        if failed:
-            raise failed[0]
-        self._record(results)
-        return results
-
-    @staticmethod
-    def _cached_result(c: StageCall) -> dict[str, Any]:
-        """The result of a call Prefect found cached, describing *this* call's directory.
-
-        Prefect's record is keyed by content, so it may come from another work dir (same PREFECT_HOME,
-        same inputs) and name that dir: downstream stages would then read, and depend on, files outside
-        this work dir. The cache policy only hit because this call's own manifest verified: use it.
-        """
-        m = load_manifest(c.out_dir)
-        if m is None:
-            raise ManifestError(f"{c.out_dir}/_manifest.json disappeared during the run; run again to redo {c.label}")
-        return result_dict(c, m, cached=True, seconds=0.0)
-
-    def _record(self, results: dict[str, list[dict[str, Any]]]) -> None:
-        for stage, rs in results.items():
-            rs.sort(key=lambda r: r["shard"])
-            self.results[stage] = rs
-            self.summary[stage] = summarize(rs)
-            stage_table(stage, rs)
-
-    def one(self, stage: str, call: StageCall) -> Manifest | None:
-        """Run (or find) a whole-stage call; None when --only leaves the stage out of this run."""
-        rs = self.wave({stage: [call]}).get(stage)
-        return manifest_of(rs[0]) if rs else None
-
-    # -- the DAG -------------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        self._check_selection()
-        with self._make_runner() as runner:
-            self.runner = runner
-            try:
-                text_dir, text_m = self._text()
-                if text_m is None:  # --only download / extract
-                    return self._finish({})
-                parts = sorted(f.name for f in text_m.files if PART.match(f.name))
-                if not parts or "eval.txt" not in {f.name for f in text_m.files}:
-                    raise InputError(f"the text stage in {text_dir} produced no part files or no eval.txt")
-                vocab_file = self._vocab(text_dir, text_m, parts)
-                outputs = {"text_dir": str(text_dir)}
-                if vocab_file is not None:
-                    outputs = self._data(text_dir, text_m, parts, vocab_file)
-            finally:
-                shutdown_pool()
-        return self._finish(outputs)
-
-    def _finish(self, outputs: dict[str, str]) -> dict[str, Any]:
-        source = self.p.text_dir or self.p.source
-        dataset_summary(source, self.summary, self.results)
-        return {"work_dir": str(self.work), "source": source, "stages": self.summary, "outputs": outputs}
-
-    def _check_selection(self) -> None:
-        absent = {"download", "extract"} if self.p.text_dir else set()
-        if self.p.vocab:
-            absent.add("vocab")
-        for s in sorted((self.only or set()) | set(self.p.force)):
-            if s in absent:
-                why = "--text-dir was given" if s != "vocab" else "--vocab was given"
-                raise InputError(f"stage '{s}' is not part of this run ({why})")
-
-    def _text(self) -> tuple[Path, Manifest | None]:
-        p = self.p
-        if p.text_dir:
-            from preprocessing.text_import import (
-                STAGE_VERSION,
-                TextImportConfig,
-                list_text_files,
-                source_stats,
-            )
-
-            src = Path(p.text_dir).resolve()
-            files = list_text_files(src)
-            key = stage_key("text", STAGE_VERSION, {"text_dir": str(src), "names": [f.name for f in files]})
-            cfg = TextImportConfig(link=p.link_text)
-            c = replace(self.call("text", key, "text_import:run_import_text", str(src), cfg=cfg), pass_upstream=False,
-                        source_stats=source_stats(files))
-            return Path(c.out_dir), self.one("text", c)
-        from preprocessing import download, extract, text_pipeline
-
-        src, md5 = p.source, p.source_md5
-        if p.is_sample:
-            from preprocessing.sample import SAMPLE_MD5, sample_dump_path
-
-            src, md5 = str(sample_dump_path()), SAMPLE_MD5
-        key = stage_key("download", download.STAGE_VERSION, {"source": src, "md5": md5})
-        c = replace(self.call("download", key, "download:run_download", src, md5=md5), pass_upstream=False)
-        dl = self.one("download", c)
-        if dl is None:
-            return Path(c.out_dir), None
-        dump = Path(c.out_dir) / dl.files[0].name
-        xcfg = extract.ExtractConfig(current_time=p.resolved_current_time(), processes=self.workers)
-        key = stage_key("extract", extract.STAGE_VERSION, xcfg.params(), [dl.digest])
-        c = self.call("extract", key, "extract:run_extract", str(dump), cfg=xcfg, upstream=(c.out_dir,))
-        ex = self.one("extract", c)
-        if ex is None:
-            return Path(c.out_dir), None
-        tcfg = text_pipeline.TextConfig(num_test_articles=p.resolved_test_articles(), workers=self.workers)
-        key = stage_key("text", text_pipeline.STAGE_VERSION, tcfg.params(), [ex.digest])
-        c = self.call("text", key, "text_pipeline:run_text_stages", c.out_dir, cfg=tcfg, upstream=(c.out_dir,))
-        return Path(c.out_dir), self.one("text", c)
-
-    def _vocab(self, text_dir: Path, text_m: Manifest, parts: list[str]) -> Path | None:
-        if self.p.vocab:
-            path = Path(self.p.vocab).resolve()
-            if not path.is_file():
-                raise InputError(f"--vocab {self.p.vocab} does not exist; pass a BERT vocab.txt or leave it out "
-                                 "to learn one (vocab stage)")
-            return path
-        from preprocessing import vocab
-
-        cfg = vocab.VocabConfig(vocab_size=self.p.resolved_vocab_size(), lowercase=self.p.do_lower_case)
-        key = stage_key("vocab", vocab.STAGE_VERSION, stage_params(cfg), [text_m.digest])
-        c = self.call("vocab", key, "vocab:run_vocab", [str(text_dir / n) for n in parts], cfg=cfg,
-                      upstream=(str(text_dir),))
-        if self.one("vocab", c) is None:
-            return None
-        return Path(c.out_dir) / vocab.VOCAB_NAME
-
-    def _data(self, text_dir: Path, text_m: Manifest, parts: list[str], vocab_file: Path) -> dict[str, str]:
-        from preprocessing import create_pretraining_data as cpd
-        from preprocessing import pick_eval_samples as pick
-        from preprocessing import split_4bins as bins
-        from preprocessing import tfrecord_to_hdf5 as h5
-
-        p, up = self.p, (str(text_dir),)
-        ccfg = cpd.CreatePretrainingDataConfig(
-            vocab_file=str(vocab_file), do_lower_case=p.do_lower_case, max_seq_length=p.max_seq_length,
-            max_predictions_per_seq=p.max_predictions_per_seq, random_seed=p.random_seed, dupe_factor=p.dupe_factor,
-            masked_lm_prob=p.masked_lm_prob, short_seq_prob=p.short_seq_prob)
-        params = {**ccfg.output_params(), "vocab_file": md5_file(vocab_file)}  # the vocab's bytes, not its path
-        tkey = stage_key("tfrecord", cpd.STAGE_VERSION, params, [text_m.digest])
-        ekey = stage_key("eval_tfrecord", cpd.STAGE_VERSION, params, [text_m.digest])
-        run_cpd = "create_pretraining_data:run_create_pretraining_data"
-        self.wave({
-            "tfrecord": [self.call("tfrecord", tkey, run_cpd, [str(text_dir / n)], cfg=ccfg, output_name=n, shard=n,
-                                   upstream=up, inline=self.inline) for n in parts],
-            "eval_tfrecord": [self.call("eval_tfrecord", ekey, run_cpd, [str(text_dir / "eval.txt")], cfg=ccfg,
-                                        output_name="eval_intermediate", upstream=up, inline=self.inline)]})
-        hcfg = h5.HDF5Config(max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
-        pcfg = pick.PickEvalConfig(num_examples_to_pick=p.num_eval_examples, allow_fewer=True,
-                                   max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
-        wave: dict[str, list[StageCall]] = {}
-        if tf_rs := self.results.get("tfrecord"):
-            hkey = stage_key("hdf5", h5.STAGE_VERSION, stage_params(hcfg), [r["manifest"]["digest"] for r in tf_rs])
-            wave["hdf5"] = [self.call("hdf5", hkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5",
-                                      str(Path(r["dir"]) / r["shard"]), cfg=hcfg, output_name=r["shard"] + ".hdf5",
-                                      shard=r["shard"], upstream=(r["dir"],), inline=self.inline) for r in tf_rs]
-        if ev := self.results.get("eval_tfrecord"):
-            pkey = stage_key("eval_10k", pick.STAGE_VERSION, stage_params(pcfg), [ev[0]["manifest"]["digest"]])
-            wave["eval_10k"] = [self.call("eval_10k", pkey, "pick_eval_samples:run_pick_eval_samples",
-                                          str(Path(ev[0]["dir"]) / "eval_intermediate"), cfg=pcfg,
-                                          output_name="eval_10k", upstream=(ev[0]["dir"],), inline=self.inline)]
-        self.wave(wave)
-        bcfg = bins.Split4BinsConfig(n_output_shards=p.resolved_shards(),
-                                     max_predictions_per_seq=p.max_predictions_per_seq)
-        wave = {}
-        if h_rs := self.results.get("hdf5"):
-            bkey = stage_key("bins", bins.STAGE_VERSION, stage_params(bcfg), [r["manifest"]["digest"] for r in h_rs])
-            files = sorted((str(Path(r["dir"]) / (r["shard"] + ".hdf5")) for r in h_rs), key=lambda f: Path(f).name)
-            wave["bins"] = [self.call("bins", bkey, "split_4bins:run_split_4bins", files, cfg=bcfg,
-                                      upstream=tuple(r["dir"] for r in h_rs))]
-        if e10 := self.results.get("eval_10k"):
-            xkey = stage_key("eval_hdf5", h5.STAGE_VERSION, stage_params(hcfg), [e10[0]["manifest"]["digest"]])
-            wave["eval_hdf5"] = [self.call("eval_hdf5", xkey, "tfrecord_to_hdf5:run_tfrecord_to_hdf5",
-                                           str(Path(e10[0]["dir"]) / "eval_10k"), cfg=hcfg,
-                                           output_name="eval_10k.hdf5", upstream=(e10[0]["dir"],),
-                                           inline=self.inline)]
-        self.wave(wave)
-        outputs = {"text_dir": str(text_dir), "vocab": str(vocab_file)}
-        if "bins" in self.results:
-            outputs["train_dir"] = self.results["bins"][0]["dir"]
-        if "eval_hdf5" in self.results:
-            outputs["eval_hdf5"] = str(Path(self.results["eval_hdf5"][0]["dir"]) / "eval_10k.hdf5")
-        return outputs

@@ -3,59 +3,68 @@ eval.txt -> TFRecord -> eval_10k -> HDF5.
 
     bertpipe run --work-dir work                                   # the built-in sample
     bertpipe run --text-dir results --vocab vocab.txt --work-dir work --n-output-shards 2048
-    bertpipe run ... --only hdf5          # one stage (its inputs must be done)
+    bertpipe run ... --only hdf5          # one stage (and whatever it needs that is not done)
     bertpipe run ... --force tfrecord     # redo one stage
+    prefect deployment run 'bertpipe-data/data' --param work_dir=$PWD/work/data --param 'stages=["vocab"]'
     python -c "from flows.data_flow import run_sample; print(run_sample('work/demo'))"
 
-Stages run in waves (tfrecord shards + eval_tfrecord, then hdf5 shards + eval_10k, then bins +
-eval_hdf5); the shards of a wave run in parallel. Each stage's key is computed from its upstream
-manifests, so a stage is found again (cached) exactly when its inputs and parameters are unchanged.
+The flow's parameters are :class:`preprocessing.params.DataParams`' fields, one for one (its signature is
+generated from them, so the Prefect UI and the deployments show every field with its default and help).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
+from core.lock import WorkDirLock
+from core.manifest import atomic_write_text
 from flows.dag import DataDag
-from flows.params import DataParams
-from preprocessing.manifest import atomic_write_text
-from tasks.lock import WorkDirLock
-
-_D = DataParams()
+from preprocessing.params import DataParams
 
 
 def run_data(p: DataParams) -> dict[str, Any]:
     """The body of the data flow (call it inside a flow run): lock the work dir, run the DAG."""
     work = Path(p.work_dir).resolve()
     with WorkDirLock(work, wait_s=p.wait_lock_s):
-        atomic_write_text(work / "run_config.json", json.dumps(p.model_dump(), indent=1, sort_keys=True) + "\n")
+        atomic_write_text(work / "run_config.json", json.dumps(p.to_dict(), indent=1, sort_keys=True) + "\n")
         dag = DataDag(p, get_run_logger())
         summary = dag.run()
         atomic_write_text(work / "last_run.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return summary
 
 
-@flow(name="bertpipe-data", description="MLPerf BERT data: text -> TFRecords -> HDF5 -> 4 bins, and eval_10k")
-def data_flow(work_dir: str = _D.work_dir, source: str = _D.source, source_md5: str | None = None,
-              text_dir: str | None = None, link_text: bool = False, vocab: str | None = None,
-              vocab_size: int | None = None,
-              num_test_articles: int | None = None, current_time: str | None = None,
-              max_seq_length: int = _D.max_seq_length, max_predictions_per_seq: int = _D.max_predictions_per_seq,
-              dupe_factor: int = _D.dupe_factor, masked_lm_prob: float = _D.masked_lm_prob,
-              random_seed: int = _D.random_seed, short_seq_prob: float = _D.short_seq_prob,
-              do_lower_case: bool = _D.do_lower_case, num_eval_examples: int = _D.num_eval_examples,
-              n_output_shards: int | None = None, workers: int = _D.workers, runner: str = _D.runner,
-              dask_address: str | None = None, stages: list[str] | None = None, force: list[str] | None = None,
-              verify_md5: bool = True, wait_lock_s: float = 0.0) -> dict[str, Any]:
-    """Run the data DAG; returns a summary: per stage key, dir, calls, cached, files, bytes, seconds."""
-    params = {k: v for k, v in locals().items() if v is not None or k in ("stages",)}
-    params["force"] = force or []
+def _data_flow(**params: Any) -> dict[str, Any]:
     return run_data(DataParams(**params))
+
+
+def _signature() -> inspect.Signature:
+    """DataParams' fields as keyword parameters (name, annotation, default)."""
+    hints = typing.get_type_hints(DataParams)
+    out = []
+    for f in fields(DataParams):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[f.name]))
+    return inspect.Signature(out, return_annotation=dict[str, Any])
+
+
+def _docstring() -> str:
+    args = "\n".join(f"    {f.name}: {f.metadata['help']}" for f in fields(DataParams))
+    return ("Run the data DAG; returns a summary: per stage key, dir, calls, cached, files, bytes, seconds.\n\n"
+            f"Args:\n{args}\n")
+
+
+_data_flow.__signature__ = _signature()  # type: ignore[attr-defined]
+_data_flow.__doc__ = _docstring()
+data_flow = flow(_data_flow, name="bertpipe-data",
+                 description="MLPerf BERT data: text -> TFRecords -> HDF5 -> 4 bins, and eval_10k")
 
 
 def run_sample(work_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:

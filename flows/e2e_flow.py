@@ -12,8 +12,8 @@ from typing import Any
 from prefect import flow
 
 from flows.data_flow import run_data
-from flows.params import DataParams
 from flows.pretrain_flow import pretrain_flow
+from preprocessing.params import DataParams
 
 
 @flow(name="bertpipe-e2e", description="MLPerf BERT data DAG, then DeepSpeed pre-training on it")

@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,58 +23,42 @@ def vocab_lines(vocab: str | None) -> int:
         return sum(1 for _ in f)
 
 
-def resolve_dataset(train_dir: str, eval_file: str, vocab: str | None) -> tuple[str, str, str | None]:
-    """A data-flow work dir (e.g. ``datasets/latest``) stands for its 4 bins, eval_10k.hdf5 and vocab."""
-    summary = Path(train_dir) / "last_run.json"
-    if not summary.is_file():
-        return train_dir, eval_file, vocab
-    out = json.loads(summary.read_text(encoding="utf-8")).get("outputs", {})
-    if "train_dir" not in out:
-        from preprocessing.errors import InputError
+def resolve_dataset(train_dir: str, eval_file: str, vocab: str | None,
+                    evaluate: bool = True) -> tuple[str, str, str | None]:
+    """A data-flow work dir (e.g. ``datasets/latest``) stands for its 4 bins, eval_10k.hdf5 and vocab.
 
-        raise InputError(f"{train_dir} is a work dir whose last data run made no 4-bin output; run the data flow")
-    return out["train_dir"], eval_file or out.get("eval_hdf5", ""), vocab or out.get("vocab")
+    With ``evaluate`` (the default) an eval file is required: a data set whose eval branch is missing is
+    refused here, before any rank starts, rather than trained without evaluation.
+    """
+    from core.errors import InputError
+    from tasks.workdir import last_run
+
+    if (Path(train_dir) / "last_run.json").is_file():
+        out = last_run(Path(train_dir)).get("outputs", {})
+        if "train_dir" not in out:
+            raise InputError(f"{train_dir} is a work dir whose last data run made no 4-bin output; run the data flow "
+                             "on it first")
+        if evaluate and not eval_file and "eval_hdf5" not in out:
+            raise InputError(f"{train_dir} holds no eval HDF5 (its eval stages are not done): run the data flow on "
+                             "it, pass eval_file, or set evaluate=false to train without evaluation")
+        train_dir, eval_file, vocab = out["train_dir"], eval_file or out.get("eval_hdf5", ""), vocab or out.get("vocab")
+    if evaluate and not eval_file:
+        raise InputError("no eval file: pass eval_file (an eval_10k.hdf5), point train_dir at a data work dir, or "
+                         "set evaluate=false to train without evaluation")
+    if evaluate and not Path(eval_file).is_file():
+        raise InputError(f"eval_file {eval_file} does not exist; pass the eval HDF5 of the data set")
+    return train_dir, eval_file if evaluate else "", vocab
 
 
 @flow(name="bertpipe-pretrain", description="BERT pre-training with DeepSpeed on a 4-bin HDF5 data set")
 def pretrain_flow(train_dir: str, eval_file: str = "", output_dir: str = "results/pretrain", model: str = "tiny",
                   max_steps: int = 20, nproc: int = 1, vocab: str | None = None, resume: bool = False,
-                  options: dict[str, Any] | None = None) -> dict[str, Any]:
+                  options: dict[str, Any] | None = None, evaluate: bool = True) -> dict[str, Any]:
     """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size when it is not the preset's.
 
     ``train_dir`` may also be a data work dir (``datasets/latest``): its bins, eval file and vocab are used.
+    ``evaluate``: evaluate on the eval file (required then); false trains without evaluation.
     """
-    train_dir, eval_file, vocab = resolve_dataset(train_dir, eval_file, vocab)
+    train_dir, eval_file, vocab = resolve_dataset(train_dir, eval_file, vocab, evaluate)
     return launch_pretraining(train_dir, eval_file, output_dir, model=model, max_steps=max_steps, nproc=nproc,
                               vocab_size=vocab_lines(vocab), resume=resume, options=options)
-
-
-def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """TrainConfig fields set on the command line (``--learning-rate``)."""
-    lr = getattr(args, "learning_rate", None)
-    return {"learning_rate": lr} if lr is not None else None
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """``bertpipe run pretrain|e2e``."""
-    from preprocessing.errors import InputError
-
-    if args.flow == "pretrain":
-        if not args.train_dir:
-            raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
-        pretrain_flow(train_dir=args.train_dir, eval_file=args.eval_file or "",
-                      output_dir=args.output_dir or str(Path(args.work_dir) / "pretrain"), model=args.model,
-                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab, options=train_options(args))
-        return 0
-    from bertpipe.commands.run import data_params, print_summary
-    from flows.e2e_flow import e2e_flow
-
-    out = e2e_flow(data=data_params(args).model_dump(), output_dir=args.output_dir, model=args.model,
-                   max_steps=args.max_steps, nproc=args.nproc, options=train_options(args))
-    print_summary(out["data"])
-    s = out["pretrain"]["summary"]
-    brief = ", ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}"
-                      for k in ("steps", "final_loss", "training_sequences_per_second", "final_eval_mlm_accuracy")
-                      if s.get(k) is not None)
-    print(f"pre-training: {out['pretrain']['output_dir']}/  {brief or 'no summary.json written'}")
-    return 0

@@ -24,18 +24,27 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from core.errors import InputError
+from core.lock import WorkDirLock
+from core.manifest import atomic_write_text
 from flows.data_flow import run_data
-from flows.params import DataParams
-from preprocessing.errors import InputError
-from preprocessing.manifest import atomic_write_text
-from tasks.lock import WorkDirLock
+from preprocessing.params import DataParams, surface
 
 SOURCE_FILE = "SOURCE.json"
 
 
 def published_md5(source: str) -> str:
-    """The md5 the source's publisher gives for it (InputError when there is none: nothing to compare)."""
+    """The md5 the source's publisher gives for it (InputError when there is none: nothing to compare).
+
+    ``sample`` (the packaged dump) has its md5 in the package: a refresh of it builds once, then never again.
+    """
     from preprocessing.download import resolve
+    from preprocessing.params import SAMPLE
+
+    if source == SAMPLE:
+        from preprocessing.sample import SAMPLE_MD5
+
+        return SAMPLE_MD5
 
     res = resolve(source)
     if not res.md5:
@@ -69,7 +78,15 @@ def move_latest(datasets_dir: Path, version_dir: Path) -> None:
 @flow(name="bertpipe-refresh", description="Rebuild the data set into a new version when the dump's checksum changed")
 def refresh_flow(source: str = "enwiki-latest", datasets_dir: str = "datasets", vocab: str | None = None,
                  data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``data``: further data-flow parameters (flags, shards, workers); work_dir/source are set here."""
+    """``data``: further data-flow parameters (flags, shards, workers); work_dir/source are set here.
+
+    Errors about those parameters name them as ``data.<name>`` (the deployment's parameter).
+    """
+    with surface("data."):
+        return _refresh(source, datasets_dir, vocab, data or {})
+
+
+def _refresh(source: str, datasets_dir: str, vocab: str | None, data: dict[str, Any]) -> dict[str, Any]:
     logger = get_run_logger()
     root = Path(datasets_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -81,7 +98,7 @@ def refresh_flow(source: str = "enwiki-latest", datasets_dir: str = "datasets", 
             return {"rebuilt": False, "version": cur["version"], "md5": md5}
         vdir = _find_version(root, md5) or root / "versions" / f"{time.strftime('%Y%m%dT%H%M%S')}-{md5[:8]}"
         logger.info("source %s has md5 %s (was %s): building %s", source, md5, cur and cur.get("md5"), vdir)
-        params = DataParams(**{**(data or {}), "work_dir": str(vdir), "source": source, "source_md5": md5,
+        params = DataParams(**{**data, "work_dir": str(vdir), "source": source, "source_md5": md5,
                                "vocab": vocab, "text_dir": None})
         summary = run_data(params)
         info = {"version": vdir.name, "source": source, "md5": md5, "built": time.strftime("%Y-%m-%dT%H:%M:%S"),

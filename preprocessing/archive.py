@@ -10,7 +10,7 @@ import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 
 def _check_member(archive: Path, m: tarfile.TarInfo) -> None:

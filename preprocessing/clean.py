@@ -26,13 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
+from core.manifest import Manifest, StageOutput
+from core.pools import default_workers, ordered_map
+from core.progress import progress
 from preprocessing.textio import (
     check_output_dir,
-    default_workers,
     list_wiki_files,
-    ordered_map,
     read_utf8,
     relative_name,
     universal_newlines,

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import InputError
+from core.manifest import raise_if_disk_full
 from preprocessing.create_pretraining_data import (
     LOG_EXAMPLES,
     CreatePretrainingDataConfig,
     Stats,
     create_pretraining_data,
 )
-from preprocessing.errors import InputError
-from preprocessing.manifest import raise_if_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +117,9 @@ def run_jobs(jobs: Sequence[Job], cfg: CreatePretrainingDataConfig, workers: int
         from preprocessing import cpd_fast
 
         cpd_fast.load()  # build/load the extension once, before the workers fork
-    import multiprocessing  # only here: a single job does not pay for the import
-    from concurrent.futures import ProcessPoolExecutor
+    from core.pools import run_all
 
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_job, job, cfg, n) for job, n in zip(jobs, examples, strict=True)]
-        return [f.result() for f in futures]
+    return run_all(_run_job, [(job, cfg, n) for job, n in zip(jobs, examples, strict=True)], workers)
 
 
 def summary(stats: Sequence[Stats], seconds: float) -> str:

@@ -22,19 +22,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
-from preprocessing.errors import InputError, ManifestError
+from core.errors import InputError, ManifestError
+from core.schema import FEATURES
+from core.stage import Stage
 from preprocessing.tokenization import FullTokenizer, check_vocab, iter_gfile_lines
 
 if TYPE_CHECKING:
-    from preprocessing.manifest import Manifest
+    from core.manifest import Manifest
 
 # Imported where used (manifest, tfrecord): the fast CLI path starts without them.
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
-            "next_sentence_labels")  # = preprocessing.tfrecord.FEATURES
 
 log = logging.getLogger(__name__)
+#: The reference's "*** Example ***" dumps of the first instances: 512-token arrays, so only shown when asked
+#: (``bertpipe ... -v`` sets BERTPIPE_LOG_EXAMPLES=1, which worker processes inherit).
+examples_log = logging.getLogger(__name__ + ".examples")
+examples_log.setLevel(logging.INFO if os.environ.get("BERTPIPE_LOG_EXAMPLES") == "1" else logging.WARNING)
 
 STAGE = "create_pretraining_data"
 STAGE_VERSION = "1"
@@ -270,10 +274,12 @@ def instance_features(inst: Instance, max_seq_length: int, max_predictions: int)
 def log_example(features: dict[str, list], vocab_words: Sequence[str]) -> None:
     """One "*** Example ***" block, as the reference logs it."""
     n = sum(features["input_mask"])
-    log.info("*** Example ***")
-    log.info("tokens: %s", " ".join(vocab_words[i] for i in features["input_ids"][:n]))
+    if not examples_log.isEnabledFor(logging.INFO):
+        return
+    examples_log.info("*** Example ***")
+    examples_log.info("tokens: %s", " ".join(vocab_words[i] for i in features["input_ids"][:n]))
     for name in FEATURES:
-        log.info("%s: %s", name, " ".join(str(x) for x in features[name]))
+        examples_log.info("%s: %s", name, " ".join(str(x) for x in features[name]))
 
 
 def write_instances(instances: Sequence[Instance], outputs: Sequence[BinaryIO], cfg: CreatePretrainingDataConfig,
@@ -343,7 +349,7 @@ def create_pretraining_data(input_files: Sequence[Path], outputs: Sequence[Binar
 # Stage entry point (DAG): one invocation, one TFRecord, written through StageOutput.
 def _verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
     """Check every input (and nothing else) against the upstream manifests that list its name."""
-    from preprocessing.manifest import verify_file
+    from core.manifest import verify_file
 
     entries = {}
     for m in upstream:
@@ -366,7 +372,7 @@ def run_create_pretraining_data(input_files: Sequence[Path], out_dir: Path,
     Counters: documents, instances, input_bytes, skipped_invalid_utf8_lines; "impl" says which
     implementation ran. Returns the Manifest.
     """
-    from preprocessing.manifest import StageOutput, md5_file
+    from core.manifest import StageOutput, md5_file
 
     cfg.validate()
     inputs = [Path(p) for p in input_files]
@@ -390,3 +396,46 @@ def run_create_pretraining_data(input_files: Sequence[Path], out_dir: Path,
     log.info("%s: %d documents, %d instances in %.2f s (%.2f MB/s of text, %s)", output_name, stats.documents,
              stats.instances, secs, stats.input_bytes / 1e6 / max(secs, 1e-9), stats.impl)
     return out.manifest
+
+
+# -- the DAG's declarations of this stage (core/stage.py) ----------------------------------------------
+def _cpd_config(p: Any) -> CreatePretrainingDataConfig:
+    """MLPerf's flags from the run's parameters (the vocab file is the vocab stage's output)."""
+    return CreatePretrainingDataConfig(do_lower_case=p.do_lower_case, max_seq_length=p.max_seq_length,
+                                       max_predictions_per_seq=p.max_predictions_per_seq, random_seed=p.random_seed,
+                                       dupe_factor=p.dupe_factor, masked_lm_prob=p.masked_lm_prob,
+                                       short_seq_prob=p.short_seq_prob)
+
+
+def _with_vocab(plan: Any) -> CreatePretrainingDataConfig:
+    from dataclasses import replace
+
+    return replace(plan.cfg, vocab_file=str(plan.result("vocab").path("vocab.txt")))
+
+
+def _plan_parts(plan: Any) -> list[Any]:
+    """One call per part file, each with its own random.Random(seed) as MLPerf runs them."""
+    text, cfg = plan.result("text"), _with_vocab(plan)
+    return [plan.unit([str(text.path(n))], cfg=cfg, output_name=n, shard=n) for n in text.names()]
+
+
+def _plan_eval(plan: Any) -> list[Any]:
+    return [plan.unit([str(plan.result("text").path("eval.txt"))], cfg=_with_vocab(plan),
+                      output_name="eval_intermediate")]
+
+
+def _cpd_key(cfg: CreatePretrainingDataConfig) -> dict[str, Any]:
+    d = cfg.output_params()
+    d.pop("vocab_file")  # the vocab's content is in the key (the vocab stage), its path is not
+    return d
+
+
+DAG_STAGES = (
+    Stage(name="tfrecord", title="create_pretraining_data: one TFRecord per part file (seed 12345 each)",
+          reads=("text", "vocab"), run=run_create_pretraining_data, version=STAGE_VERSION,
+          config=CreatePretrainingDataConfig, configure=_cpd_config, key_params=_cpd_key, plan=_plan_parts,
+          per_shard=True, droppable=True, aliases=("create_pretraining_data",)),
+    Stage(name="eval_tfrecord", title="create_pretraining_data over eval.txt", reads=("text", "vocab"),
+          run=run_create_pretraining_data, version=STAGE_VERSION, config=CreatePretrainingDataConfig,
+          configure=_cpd_config, key_params=_cpd_key, plan=_plan_eval, droppable=True),
+)

@@ -38,10 +38,12 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from preprocessing.errors import ChecksumError, DiskFullError, InputError
-from preprocessing.manifest import Manifest, StageOutput, md5_file
-from preprocessing.progress import progress
+from core.errors import ChecksumError, DiskFullError, InputError
+from core.manifest import Manifest, StageOutput, md5_file
+from core.progress import progress
+from core.stage import Stage
 from preprocessing.textio import check_output_dir
 
 log = logging.getLogger(__name__)
@@ -434,3 +436,39 @@ def _append_body(r: http.client.HTTPResponse, url: str, part: Path, meta: Path, 
             bar.update(len(block))
     if total is not None and done < total:
         raise _Retry(f"connection closed after {done} of {total} bytes")
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _dump(p: Any) -> tuple[str, str | None]:
+    """(source, md5) of a dump run: the packaged sample, or the source and md5 given."""
+    if p.is_sample:
+        from preprocessing.sample import SAMPLE_MD5, sample_dump_path
+
+        return str(sample_dump_path()), SAMPLE_MD5
+    return p.source, p.source_md5
+
+
+def _plan_download(plan: Any) -> list[Any]:
+    source, md5 = _dump(plan.params)
+    return [plan.unit(source, md5=md5)]
+
+
+def _check_source(p: Any) -> None:
+    """A local dump (a path or file:// URL) must exist before the run starts; URLs are checked when fetched."""
+    source, _ = _dump(p)
+    if _WIKI_PRESET.match(source) or source.startswith("mlcommons:"):
+        return
+    url = _to_url(source)
+    if url.startswith("file://") and not Path(_file_path(url)).is_file():
+        raise InputError(f"{source}: no such file; give an existing dump, an https URL or a preset (enwiki-latest)")
+
+
+def _download_key(p: Any) -> dict[str, Any]:
+    source, md5 = _dump(p)
+    return {"source": source, "md5": md5}
+
+
+DAG_STAGES = (Stage(name="download", title="the dump, md5-verified against its published checksum", reads=(),
+                    run=run_download, version=STAGE_VERSION, configure=lambda p: None, plan=_plan_download,
+                    key_extra=_download_key, check=_check_source, when=lambda p: p.source_kind == "dump", pass_upstream=False,
+                    retries=2),)

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import io
 import logging
-import multiprocessing
 import re
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -39,9 +37,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import InputError
+from core.errors import InputError
+from core.manifest import Manifest, StageOutput, verify_file
+from core.pools import ordered_map
+from core.stage import Stage
 from preprocessing.extract_streams import open_lines
-from preprocessing.manifest import Manifest, StageOutput, verify_file
 from preprocessing.textio import check_output_dir
 
 log = logging.getLogger(__name__)
@@ -257,14 +257,9 @@ def _extract_pages(dump: Path, info: _DumpInfo, clock: dict[str, str], cfg: Extr
         finally:
             reset_worker()
         return
-    with multiprocessing.get_context().Pool(cfg.processes, initializer=init_worker, initargs=setup) as pool:
-        pending: deque = deque()
-        for batch in batches:  # at most 2 jobs per worker in flight: bounded memory on a 20 GB dump
-            pending.append(pool.apply_async(extract_batch, (batch,)))
-            if len(pending) > 2 * cfg.processes:
-                yield from _keep(pending.popleft().get(), out)
-        while pending:
-            yield from _keep(pending.popleft().get(), out)
+    # at most 2 batches per worker in flight: bounded memory on a 20 GB dump
+    for texts in ordered_map(extract_batch, batches, cfg.processes, initializer=init_worker, initargs=setup):
+        yield from _keep(texts, out)
 
 
 def _keep(texts: list[str | None], out: StageOutput) -> Iterator[str]:
@@ -400,3 +395,21 @@ def _pinned_clock_extractor(clock: dict[str, str]) -> type:
             return wxe.compact(text, mark_headers=mark_headers, extractor=self)
 
     return PinnedClockExtractor
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _plan_extract(plan: Any) -> list[Any]:
+    dl = plan.result("download")
+    return [plan.unit(str(dl.path(dl.manifest.files[0].name)), cfg=plan.cfg)]
+
+
+def _extract_config(p: Any) -> ExtractConfig:
+    from core.pools import default_workers
+
+    return ExtractConfig(current_time=p.resolved_current_time(), processes=p.workers or default_workers())
+
+
+DAG_STAGES = (Stage(name="extract", title="WikiExtractor: the dump's articles as text/AA/wiki_00 ...",
+                    reads=("download",), run=run_extract, version=STAGE_VERSION, config=ExtractConfig,
+                    configure=_extract_config, key_params=ExtractConfig.params, plan=_plan_extract,
+                    when=lambda p: p.source_kind == "dump"),)

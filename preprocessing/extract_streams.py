@@ -19,18 +19,17 @@ from __future__ import annotations
 import bz2
 import io
 import logging
-import multiprocessing
 import queue
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import InputError
-from preprocessing.progress import progress
+from core.errors import InputError
+from core.pools import ordered_map
+from core.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -211,18 +210,10 @@ def ordered(fn: Callable[[tuple], Any], jobs: Sequence[tuple], processes: int, s
                 yield _checked(fn(job))
                 bar.update(size)
             return
-        with multiprocessing.get_context().Pool(processes, initializer=init, initargs=initargs) as pool:
-            pending: deque = deque()
-            for k, job in enumerate(jobs):
-                pending.append((pool.apply_async(fn, (job,)), sizes[k]))
-                if len(pending) > 2 * processes:
-                    result, size = pending.popleft()
-                    yield _checked(result.get())
-                    bar.update(size)
-            while pending:
-                result, size = pending.popleft()
-                yield _checked(result.get())
-                bar.update(size)
+        for result, size in zip(ordered_map(fn, jobs, processes, initializer=init, initargs=initargs), sizes,
+                                strict=True):
+            yield _checked(result)
+            bar.update(size)
 
 
 def _checked(result: Any) -> Any:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from preprocessing.errors import InputError
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
+from core.errors import InputError
+from core.manifest import Manifest, StageOutput
+from core.progress import progress
 from preprocessing.textio import (
     check_input_dir,
     check_output_dir,

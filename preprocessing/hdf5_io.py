@@ -21,28 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from preprocessing.errors import BertpipeError, InputError, ManifestError, RecordError
-from preprocessing.manifest import Manifest, StageOutput, raise_if_disk_full, verify_file
+from core.errors import BertpipeError, InputError, ManifestError, RecordError
+from core.manifest import Manifest, StageOutput, raise_if_disk_full, verify_file
+from core.schema import H5_ERRORS, HDF5_DATASETS, row_shape
 
 if TYPE_CHECKING:
     import h5py
-
-#: (name, HDF5 dtype, width kind) in creation order; kind "seq" = max_seq_length, "pred" =
-#: max_predictions_per_seq, "" = one value per row.
-MLPERF_DATASETS: tuple[tuple[str, str, str], ...] = (
-    ("input_ids", "i4", "seq"),
-    ("input_mask", "i1", "seq"),
-    ("segment_ids", "i1", "seq"),
-    ("masked_lm_positions", "i4", "pred"),
-    ("masked_lm_ids", "i4", "pred"),
-    ("next_sentence_labels", "i1", ""),
-)
-
-
-def row_shape(kind: str, max_seq_length: int, max_predictions_per_seq: int) -> tuple[int, ...]:
-    """The shape of one row of a dataset of the given width kind."""
-    return {"seq": (max_seq_length,), "pred": (max_predictions_per_seq,), "": ()}[kind]
-
 
 #: Config fields that change how fast a stage runs, never what it writes: kept out of the stage key.
 EXECUTION_ONLY = frozenset({"batch_size", "chunk_rows", "validate_batch"})
@@ -101,11 +85,6 @@ def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
         verify_file(p, entry.md5, entry.bytes, what="per the upstream manifest")
 
 
-#: What h5py raises on a damaged file, depending on where the damage is (a B-tree, a heap, an object
-#: header, raw data past the end of the file...): never a clear message by itself.
-H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError)
-
-
 @contextmanager
 def reading(path: Path, what: str) -> Iterator[None]:
     """Turn h5py's errors while reading ``what`` of ``path`` into a RecordError naming the file.
@@ -149,10 +128,10 @@ def _check_padded(f: h5py.File, path: Path, max_seq_length: int, max_predictions
     import h5py
 
     n = None
-    for name, _, kind in MLPERF_DATASETS:
+    for name, _, kind in HDF5_DATASETS:
         if name not in f:
             raise InputError(f"{path} has no dataset {name!r}; an MLPerf padded HDF5 has "
-                             f"{', '.join(d[0] for d in MLPERF_DATASETS)} (make it with tfrecord-to-hdf5)")
+                             f"{', '.join(d[0] for d in HDF5_DATASETS)} (make it with tfrecord-to-hdf5)")
         ds = f[name]
         if not isinstance(ds, h5py.Dataset):
             raise InputError(f"{path}: {name!r} is a {type(ds).__name__}, not a dataset; the file is corrupt or "

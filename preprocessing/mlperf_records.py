@@ -21,10 +21,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from preprocessing.errors import RecordError
+from core.errors import RecordError
+from core.schema import FEATURE_WIDTHS, FEATURES, FLOAT_FEATURES
 from preprocessing.tfrecord import (
-    FEATURES,
-    FLOAT_FEATURES,
     decode_example,
     encode_mlperf_example,
     masked_crc,
@@ -41,11 +40,7 @@ class RecordShape:
     max_predictions_per_seq: int = 76  # masked_lm_positions / masked_lm_ids / masked_lm_weights
 
     def length(self, name: str) -> int:
-        if name in ("input_ids", "input_mask", "segment_ids"):
-            return self.max_seq_length
-        if name == "next_sentence_labels":
-            return 1
-        return self.max_predictions_per_seq
+        return {"seq": self.max_seq_length, "pred": self.max_predictions_per_seq, "": 1}[FEATURE_WIDTHS[name]]
 
 
 class _Unusual(Exception):
@@ -320,10 +315,7 @@ def _varints(data: np.ndarray, last: np.ndarray) -> np.ndarray:
 
 
 def _wrong_length(path: str | os.PathLike, index: int, name: str, got: float, want: int) -> None:
-    if name in ("input_ids", "input_mask", "segment_ids"):
-        flag = "--max_seq_length"
-    else:
-        flag = "" if name == "next_sentence_labels" else "--max_predictions_per_seq"
+    flag = {"seq": "--max_seq_length", "pred": "--max_predictions_per_seq", "": ""}[FEATURE_WIDTHS[name]]
     hint = f" (check {flag}: the file was written with another value)" if flag else ""
     raise RecordError(f"{path}: record {index}: feature {name!r} has {got:g} values, expected {want}{hint}")
 

@@ -27,7 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocessing.errors import InputError, RecordError
+from core.errors import InputError, RecordError
+from core.manifest import Manifest, StageOutput
+from core.progress import progress
+from core.schema import HDF5_FIELDS
 from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
@@ -38,8 +41,6 @@ from preprocessing.hdf5_io import (
     stage_params,
     verify_inputs,
 )
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ VARLEN_DATASETS = (
 )
 
 #: The padded datasets read per chunk: the four converted ones, input_mask (lengths) and the labels.
-_READ = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+_READ = HDF5_FIELDS
 
 
 @dataclass(frozen=True, kw_only=True)

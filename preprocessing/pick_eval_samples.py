@@ -19,11 +19,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from preprocessing.errors import InputError, RecordError
+from core.errors import InputError, RecordError
+from core.manifest import Manifest, StageOutput
+from core.stage import Stage
 from preprocessing.hdf5_io import atomic_path, stage_params, verify_inputs
-from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.mlperf_records import RecordShape, decode_batch
 from preprocessing.tfrecord import count_records, frame, iter_records
 
@@ -124,3 +125,18 @@ def pick_eval_samples_file(input_tfrecord: Path, output_tfrecord: Path, cfg: Pic
     """The CLI's form: write ``output_tfrecord`` atomically, without a manifest."""
     with atomic_path(Path(output_tfrecord)) as tmp, open(tmp, "wb") as f:
         return pick_eval_samples(Path(input_tfrecord), f, cfg)
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _pick_config(p: Any) -> PickEvalConfig:
+    """MLPerf's 10,000 picks; a small eval set keeps every record once (logged, counted as `picked`)."""
+    return PickEvalConfig(num_examples_to_pick=p.num_eval_examples, allow_fewer=True, max_seq_length=p.max_seq_length,
+                          max_predictions_per_seq=p.max_predictions_per_seq)
+
+
+DAG_STAGES = (Stage(name="eval_10k", title="pick_eval_samples: evenly spaced eval records (MLPerf: 10,000)",
+                    reads=("eval_tfrecord",), run=run_pick_eval_samples, version=STAGE_VERSION,
+                    config=PickEvalConfig, configure=_pick_config, key_params=stage_params,
+                    plan=lambda plan: [plan.unit(str(plan.result("eval_tfrecord").path("eval_intermediate")),
+                                                 cfg=plan.cfg, output_name="eval_10k")],
+                    droppable=True, aliases=("pick_eval_samples", "pick_eval")),)

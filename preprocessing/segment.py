@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
+from core.manifest import Manifest, StageOutput
+from core.pools import default_workers, ordered_map
+from core.progress import progress
 from preprocessing.punkt_345 import Punkt345
 from preprocessing.textio import (
     check_output_dir,
-    default_workers,
     iter_lines,
     list_wiki_files,
-    ordered_map,
     read_utf8,
     relative_name,
     universal_newlines,

@@ -26,12 +26,16 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from preprocessing.errors import InputError, RecordError
+from core.errors import InputError, RecordError
+from core.manifest import MANIFEST_NAME, Manifest, StageOutput
+from core.progress import progress
+from core.schema import BIN_BOUNDS, HDF5_DATASETS
+from core.stage import Stage
 from preprocessing.hdf5_io import (
-    MLPERF_DATASETS,
     chunks,
     open_padded,
     reading,
@@ -40,13 +44,10 @@ from preprocessing.hdf5_io import (
     stage_params,
     verify_inputs,
 )
-from preprocessing.manifest import MANIFEST_NAME, Manifest, StageOutput
-from preprocessing.progress import progress
 
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
-BINS = (128, 256, 384, 512)  # inclusive upper bounds; the lower bound of the first bin is 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +68,7 @@ def shard_sizes(n_rows: int, n_shards: int) -> list[int]:
 
 def bin_of(lengths: np.ndarray) -> np.ndarray:
     """Bin index 0..3 of each sequence length (1..512)."""
-    return np.searchsorted(np.asarray(BINS), lengths, side="left")
+    return np.searchsorted(np.asarray(BIN_BOUNDS), lengths, side="left")
 
 
 def shard_name(bin_upper: int, k: int, n: int) -> str:
@@ -76,10 +77,10 @@ def shard_name(bin_upper: int, k: int, n: int) -> str:
 
 def _bins_of_chunk(mask: np.ndarray, path: Path, first_row: int) -> np.ndarray:
     lengths = sequence_lengths(mask)
-    bad = np.flatnonzero((lengths < 1) | (lengths > BINS[-1]))
+    bad = np.flatnonzero((lengths < 1) | (lengths > BIN_BOUNDS[-1]))
     if bad.size:
         raise RecordError(f"{path}: row {first_row + int(bad[0])} has sequence length {int(lengths[bad[0]])} "
-                          f"(sum of input_mask); expected 1..{BINS[-1]}")
+                          f"(sum of input_mask); expected 1..{BIN_BOUNDS[-1]}")
     return bin_of(lengths)
 
 
@@ -91,14 +92,14 @@ class _BinWriter:
         self.out, self.bin, self.sizes, self.widths, self.chunk = out, bin_upper, sizes, widths, chunk_rows
         self.k, self.filled, self.empty = 0, 0, 0
         self.scratch = {name: open(out.path(f".scratch-{bin_upper}-{name}.tmp-split"), "w+b")  # noqa: SIM115
-                        for name, _, _ in MLPERF_DATASETS}
+                        for name, _, _ in HDF5_DATASETS}
         self._skip_empty()
 
     def append(self, rows: dict[str, np.ndarray]) -> None:
         n, at = len(rows["input_ids"]), 0
         while at < n:
             take = min(n - at, self.sizes[self.k] - self.filled)
-            for name, dtype, _ in MLPERF_DATASETS:
+            for name, dtype, _ in HDF5_DATASETS:
                 self.scratch[name].write(np.ascontiguousarray(rows[name][at:at + take], dtype=dtype).data)
             at, self.filled = at + take, self.filled + take
             if self.filled == self.sizes[self.k]:
@@ -114,7 +115,7 @@ class _BinWriter:
 
         n = self.sizes[self.k]
         with stage_file(self.out, shard_name(self.bin, self.k, len(self.sizes))) as tmp, h5py.File(tmp, "w") as f:
-            for name, dtype, _ in MLPERF_DATASETS if n else ():
+            for name, dtype, _ in HDF5_DATASETS if n else ():
                 src = self.scratch[name]
                 src.seek(0)
                 ds = f.create_dataset(name, (n, *self.widths[name]), dtype=dtype)
@@ -148,14 +149,14 @@ def _check_out_dir(out_dir: Path, expected: set[str]) -> None:
 
 
 def _count(files: Sequence[Path], cfg: Split4BinsConfig) -> list[int]:
-    counts = np.zeros(len(BINS), dtype=np.int64)
+    counts = np.zeros(len(BIN_BOUNDS), dtype=np.int64)
     for path in files:
         with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
             mask = f["input_mask"]
             for a, b in chunks(mask.shape[0], cfg.chunk_rows):
                 with reading(path, f"input_mask rows {a}..{b - 1}"):
                     rows = mask[a:b]
-                counts += np.bincount(_bins_of_chunk(rows, path, a), minlength=len(BINS))
+                counts += np.bincount(_bins_of_chunk(rows, path, a), minlength=len(BIN_BOUNDS))
     return counts.tolist()
 
 
@@ -168,19 +169,19 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
     if cfg.n_output_shards < 1:
         raise InputError(f"n_output_shards must be at least 1, got {cfg.n_output_shards}")
     n = cfg.n_output_shards
-    _check_out_dir(Path(out_dir), {shard_name(b, k, n) for b in BINS for k in range(n)})
+    _check_out_dir(Path(out_dir), {shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
     verify_inputs(files, upstream)
     counts = _count(files, cfg)  # pass 1
-    log.info("rows per bin %s: %s", "/".join(map(str, BINS)), counts)
-    for b, c in zip(BINS, counts, strict=True):
+    log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), counts)
+    for b, c in zip(BIN_BOUNDS, counts, strict=True):
         if c < n:  # the reference crashes (0 < c < n) or leaves empty files (c == 0) here
             log.warning("bin %d has %d rows for %d shards: %d shard(s) will be empty HDF5 files (no datasets)",
                         b, c, n, n - c)
     widths = {name: {"seq": (512,), "pred": (cfg.max_predictions_per_seq,), "": ()}[kind]
-              for name, _, kind in MLPERF_DATASETS}
+              for name, _, kind in HDF5_DATASETS}
     with StageOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION) as out:
-        writers = [_BinWriter(out, b, shard_sizes(c, n), widths, cfg.chunk_rows) for b, c in zip(BINS, counts,
+        writers = [_BinWriter(out, b, shard_sizes(c, n), widths, cfg.chunk_rows) for b, c in zip(BIN_BOUNDS, counts,
                                                                                                    strict=True)]
         try:
             _route(files, writers, cfg, total=sum(counts))
@@ -191,7 +192,7 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
         if incomplete:  # pass 1 counted the rows pass 2 routed: only a file changed meanwhile gets here
             raise InputError(f"bins {incomplete}: fewer rows than counted; did an input file change during the split?")
         out.count("rows", sum(counts))
-        for b, c in zip(BINS, counts, strict=True):
+        for b, c in zip(BIN_BOUNDS, counts, strict=True):
             out.count(f"rows_{b}", c)
         out.count("empty_shards", sum(w.empty for w in writers))
     return out.manifest
@@ -204,10 +205,26 @@ def _route(files: Sequence[Path], writers: list[_BinWriter], cfg: Split4BinsConf
             with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
                 for a, b in chunks(f["input_mask"].shape[0], cfg.chunk_rows):
                     with reading(path, f"rows {a}..{b - 1}"):
-                        data = {name: f[name][a:b] for name, _, _ in MLPERF_DATASETS}
+                        data = {name: f[name][a:b] for name, _, _ in HDF5_DATASETS}
                     bins = _bins_of_chunk(data["input_mask"], path, a)
                     for i, w in enumerate(writers):
                         sel = bins == i
                         if sel.any():
                             w.append({name: v[sel] for name, v in data.items()})
                     bar.update(b - a)
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _plan_bins(plan: Any) -> list[Any]:
+    """Every part's HDF5, in part order (the reference's input order decides which shard a row lands in)."""
+    h5 = plan.result("hdf5")
+    files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
+    return [plan.unit(files, cfg=plan.cfg, upstream=[h5.unit_dir(s) for s in h5.shards])]
+
+
+DAG_STAGES = (Stage(name="bins", title="split_4bins: 4 length bins x N shards, what trainers read",
+                    reads=("hdf5",), run=run_split_4bins, version=STAGE_VERSION, config=Split4BinsConfig,
+                    configure=lambda p: Split4BinsConfig(n_output_shards=p.resolved_shards(),
+                                                         max_predictions_per_seq=p.max_predictions_per_seq),
+                    key_params=stage_params, plan=_plan_bins, outputs={"train_dir": ""},
+                    aliases=("split_4bins", "4bins")),)

@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.errors import InputError
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
+from core.errors import InputError
+from core.manifest import Manifest, StageOutput
+from core.pools import default_workers, ordered_map
+from core.progress import progress
+from preprocessing.params import spell
 from preprocessing.textio import (
     check_output_dir,
-    default_workers,
     list_wiki_files,
-    ordered_map,
     read_utf8,
     relative_name,
     verify_upstream,
@@ -69,7 +69,7 @@ def split_text(text: str, file_id: int, num_files: int, num_test_articles: int,
     if num_tests > len(articles):
         raise InputError(
             f"{name or f'file {file_id}'}: {num_tests} test articles are due from this file but it holds only "
-            f"{len(articles)} (counting the empty trailing one); lower --num-test-articles "
+            f"{len(articles)} (counting the empty trailing one); lower {spell('num_test_articles')} "
             f"(the reference script loops forever here)")
     picked = set(pick_test_ids(len(articles), num_tests, seed + file_id * 13))
     train: list[str] = []
@@ -103,7 +103,7 @@ def run_split_eval(in_dir: Path, out_dir: Path, cfg: SplitEvalConfig = SplitEval
     verify_upstream(in_dir, upstream)
     check_output_dir(out_dir, in_dir)
     if cfg.num_test_articles < 0:
-        raise InputError(f"--num-test-articles must be >= 0, got {cfg.num_test_articles}")
+        raise InputError(f"{spell('num_test_articles')} must be >= 0, got {cfg.num_test_articles}")
     jobs = [(b, ".3", k, len(files), cfg.num_test_articles, cfg.seed) for k, b in enumerate(files)]
     params = {"num_test_articles": cfg.num_test_articles, "seed": cfg.seed}
     with StageOutput(out_dir, "split_eval", params=params, upstream=upstream, code_version=STAGE_VERSION) as out:

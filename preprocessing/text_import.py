@@ -16,11 +16,14 @@ import os
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from preprocessing.errors import ChecksumError, InputError
-from preprocessing.manifest import Manifest, StageOutput
+from core.errors import ChecksumError, InputError
+from core.manifest import Manifest, StageOutput
+from core.stage import Stage
+from preprocessing.params import spell
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ def list_text_files(text_dir: Path, *, require_eval: bool = True) -> list[Path]:
     """
     text_dir = Path(text_dir)
     if not text_dir.is_dir():
-        raise InputError(f"--text-dir {text_dir} is not a folder; expected MLCommons' results/ folder "
+        raise InputError(f"{spell('text_dir')} {text_dir} is not a folder; expected MLCommons' results/ folder "
                          "(part-XXXXX-of-00500 files and eval.txt)")
     parts = sorted(p for p in text_dir.iterdir() if PART.match(p.name) and p.is_file())
     if not parts:
@@ -103,3 +106,22 @@ def run_import_text(text_dir: Path, out_dir: Path, cfg: TextImportConfig = TextI
 
 
 __all__ = ["TextImportConfig", "list_text_files", "run_import_text", "source_stats"]
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _import_key(p: Any) -> dict[str, Any]:
+    src = Path(p.text_dir).resolve()
+    return {"text_dir": str(src), "names": [f.name for f in list_text_files(src)]}
+
+
+def _plan_import(plan: Any) -> list[Any]:
+    src = Path(plan.params.text_dir).resolve()
+    unit = plan.unit(str(src), cfg=plan.cfg)
+    return [replace(unit, fresh={"source_stats": source_stats(list_text_files(src))})]
+
+
+DAG_STAGES = (Stage(name="text", title="MLCommons' text (part files + eval.txt), copied or hard-linked in",
+                    reads=(), run=run_import_text, version=STAGE_VERSION, config=TextImportConfig,
+                    configure=lambda p: TextImportConfig(link=p.link_text), key_extra=_import_key, check=_import_key,
+                    plan=_plan_import,
+                    when=lambda p: p.source_kind == "text", pass_upstream=False, outputs={"text_dir": ""}),)

@@ -21,20 +21,21 @@ from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from core.errors import InputError
+from core.manifest import Manifest, StageOutput
+from core.pools import default_workers, ordered_map
+from core.progress import progress
+from core.stage import Stage
 from preprocessing.clean import clean_text, warn_nul
-from preprocessing.errors import InputError
 from preprocessing.gather import GatherConfig, PartWriter, gather_content
-from preprocessing.manifest import Manifest, StageOutput
-from preprocessing.progress import progress
+from preprocessing.params import spell
 from preprocessing.segment import segment_text
 from preprocessing.split_eval import eval_md5_line, split_text
 from preprocessing.textio import (
     check_output_dir,
-    default_workers,
     list_wiki_files,
-    ordered_map,
     read_utf8,
     relative_name,
     verify_upstream,
@@ -48,7 +49,8 @@ STAGE_VERSION = "1"
 
 @dataclass(frozen=True, kw_only=True)
 class TextConfig:
-    num_test_articles: int = 10000  # articles withheld for eval over all files (seperate_test_set.py)
+    num_test_articles: int | None = 10000  # articles withheld for eval over all files (seperate_test_set.py);
+    # None: sized from the articles found (:func:`auto_test_articles`)
     seed: int = 12345  # eval selection seed; file k draws with seed + 13*k
     block_size_mb: float = 26.92  # part size limit, MiB of raw extractor input (do_gather.py --block_size)
     num_outputs: int = 500  # the "-of-00500" in part names (names only)
@@ -87,10 +89,58 @@ def process_file(job: tuple[Path, int, int, TextConfig]) -> FileResult:
 
 
 def _check_cfg(cfg: TextConfig) -> None:
-    if cfg.num_test_articles < 0:
-        raise InputError(f"--num-test-articles must be >= 0, got {cfg.num_test_articles}")
+    if cfg.num_test_articles is not None and cfg.num_test_articles < 0:
+        raise InputError(f"{spell('num_test_articles')} must be >= 0, got {cfg.num_test_articles}")
     if not cfg.block_size_mb > 0:
         raise InputError(f"--block-size-mb must be > 0, got {cfg.block_size_mb}")
+
+
+#: MLPerf withholds 10,000 of ~6 M articles; a smaller dump gets 10 % of its articles.
+AUTO_TEST_ARTICLES, AUTO_TEST_FRACTION = 10000, 0.1
+
+
+def auto_test_articles(docs_per_file: Sequence[int]) -> int:
+    """The eval split for a dump of ``docs_per_file`` articles per extractor file when none is given.
+
+    10 % of the articles, at most 10,000 (MLPerf's figure), and no more than every file can give:
+    seperate_test_set.py asks file k for ``int((k+1)N/F) - int(kN/F)`` articles whatever its size (and
+    loops forever when a file has fewer), so N is the largest value whose quotas fit every file.
+    """
+    from preprocessing.split_eval import num_tests_for
+
+    n_files = len(docs_per_file)
+    cap = min(AUTO_TEST_ARTICLES, max(1, int(sum(docs_per_file) * AUTO_TEST_FRACTION)))
+
+    def fits(n: int) -> bool:
+        return all(num_tests_for(k, n_files, n) <= d for k, d in enumerate(docs_per_file))
+
+    lo, hi = 0, cap  # quotas grow with N: the largest N that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def count_docs(path: Path) -> int:
+    """Articles in one extractor file (its ``<doc `` lines)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return data.count(b"\n<doc ") + data.startswith(b"<doc ")
+
+
+def _sized(cfg: TextConfig, files: Sequence[Path]) -> TextConfig:
+    """``cfg`` with the eval split decided (auto: from the articles of ``files``)."""
+    if cfg.num_test_articles is not None:
+        return cfg
+    from dataclasses import replace
+
+    n = auto_test_articles([count_docs(f) for f in files])
+    if n < 1:
+        raise InputError(f"the extractor files hold too few articles to withhold any for eval; pass "
+                         f"{spell('num_test_articles')} explicitly")
+    log.info("text: withholding %d of the dump's articles for eval (10%%, at most 10000; set %s to choose)", n,
+             spell("num_test_articles"))
+    return replace(cfg, num_test_articles=n)
 
 
 def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextConfig(),
@@ -110,8 +160,10 @@ def run_text_stages(extracted_dir: Path, out_dir: Path, cfg: TextConfig = TextCo
     verify_upstream(extracted_dir, upstream)
     check_output_dir(out_dir, extracted_dir)
     t0 = time.perf_counter()
+    params, cfg = cfg.params(), _sized(cfg, files)
     jobs = [(f, k, len(files), cfg) for k, f in enumerate(files)]
-    with StageOutput(out_dir, "text", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:
+    with StageOutput(out_dir, "text", params=params, upstream=upstream, code_version=STAGE_VERSION) as out:
+        out.manifest.counters["num_test_articles"] = cfg.num_test_articles
         writer = PartWriter(out, cfg.gather())
         bar = progress(total=sum(f.stat().st_size for f in files), desc="text", unit="B", unit_scale=True)
         try:
@@ -151,3 +203,17 @@ def _write_file_result(out: StageOutput, writer: PartWriter, ev: TextIO, md5s: T
     if res.has_nul:
         warn_nul(name, "\x00")
         out.count("files_with_nul")
+
+
+# -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def _text_config(p: Any) -> TextConfig:
+    from core.pools import default_workers
+
+    return TextConfig(num_test_articles=p.resolved_test_articles(), workers=p.workers or default_workers())
+
+
+DAG_STAGES = (Stage(name="text", title="cleanup, sentences, eval split, gather -> part files + eval.txt",
+                    reads=("extract",), run=run_text_stages, version=STAGE_VERSION, config=TextConfig,
+                    configure=_text_config, key_params=TextConfig.params,
+                    plan=lambda plan: [plan.unit(str(plan.result("extract").dir), cfg=plan.cfg)],
+                    when=lambda p: p.source_kind == "dump", outputs={"text_dir": ""}, aliases=("text_stages",)),)

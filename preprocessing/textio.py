@@ -9,14 +9,11 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from itertools import islice
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -107,38 +104,6 @@ def relative_name(base: Path, root: Path, suffix: str = "") -> str:
     return Path(base).relative_to(root).as_posix() + suffix
 
 
-def ordered_map(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, window: int = 0) -> Iterator[Any]:
-    """``map(fn, items)`` in order, on ``workers`` processes (in this process when workers <= 1).
-
-    At most ``window`` (default 3 x workers) items are in flight, so finished results waiting for a
-    slow earlier item cannot pile up in memory. On an error the items not yet started are cancelled.
-    """
-    if workers <= 1 or len(items) <= 1:
-        yield from map(fn, items)
-        return
-    workers = min(workers, len(items))
-    todo = iter(items)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        pending = deque(pool.submit(fn, item) for item in islice(todo, window or 3 * workers))
-        try:
-            while pending:
-                result = pending.popleft().result()
-                for item in islice(todo, 1):
-                    pending.append(pool.submit(fn, item))
-                yield result
-        finally:
-            for fut in pending:
-                fut.cancel()
-
-
-def default_workers() -> int:
-    """One worker per available CPU."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def total_bytes(paths: Iterable[Path]) -> int:
     return sum(Path(p).stat().st_size for p in paths)
 
@@ -151,7 +116,7 @@ def write_bytes(out: Any, name: str, data: bytes) -> None:
 
 def verify_upstream(root: Path, upstream: Sequence[Any]) -> None:
     """Check every file listed in the upstream manifests that lives under ``root`` (size and md5)."""
-    from preprocessing.manifest import verify_file
+    from core.manifest import verify_file
 
     for m in upstream:
         for f in m.files:

@@ -16,19 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from preprocessing.errors import RecordError
-
-#: The seven features of an MLPerf pre-training record, in the order they are written.
-FEATURES = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_labels",
-)
-FLOAT_FEATURES = frozenset({"masked_lm_weights"})
+from core.errors import RecordError
+from core.schema import FEATURES, FLOAT_FEATURES
 
 # ---------------------------------------------------------------------------------------------
 # CRC32C (Castagnoli). The `crc32c` package uses SSE4.2/ARMv8 instructions; the table fallback

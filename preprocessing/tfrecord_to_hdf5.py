@@ -1,7 +1,7 @@
 """Stage 9: TFRecord -> padded HDF5 in the Samsung MLPerf layout (spec §10).
 
 Reference: Samsung MLPerf v1.1 ``trans_tfrecord_to_hdf5.py``: count the records, create the six
-datasets (:data:`preprocessing.hdf5_io.MLPERF_DATASETS`) empty and in order, then fill them row by
+datasets (:data:`preprocessing.hdf5_io.HDF5_DATASETS`) empty and in order, then fill them row by
 row (~630 records/s). Here records are CRC-checked, validated and decoded in batches with NumPy
 (:mod:`preprocessing.mlperf_records`) and written in chunks of rows, so memory stays bounded by
 ``cfg.batch_size`` whatever the file size (12,606 records of golden/sample.tfrecord -> 46 MB).
@@ -21,21 +21,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from preprocessing.errors import RecordError
+from core.errors import RecordError
+from core.manifest import Manifest, StageOutput
+from core.progress import progress
+from core.schema import HDF5_DATASETS, row_shape
+from core.stage import Stage
 from preprocessing.hdf5_io import (
-    MLPERF_DATASETS,
     atomic_path,
-    row_shape,
     stage_file,
     stage_params,
     verify_inputs,
 )
-from preprocessing.manifest import Manifest, StageOutput
 from preprocessing.mlperf_records import RecordShape, count_records_fast, iter_batches
-from preprocessing.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +82,12 @@ def convert_tfrecord_to_hdf5(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5C
     done = 0
     with h5py.File(output_hdf5, "w") as f, progress(total=n, desc=input_tfrecord.name, unit="rec") as bar:
         datasets = [f.create_dataset(name, (n, *row_shape(kind, cfg.max_seq_length, cfg.max_predictions_per_seq)),
-                                     dtype=dtype) for name, dtype, kind in MLPERF_DATASETS]
+                                     dtype=dtype) for name, dtype, kind in HDF5_DATASETS]
         for first, arrays in iter_batches(input_tfrecord, shape, cfg.batch_size):
             stop = first + len(arrays["input_ids"])
             if stop > n:  # pragma: no cover - count_records and iter_records read the same framing
                 raise RecordError(f"{input_tfrecord}: more records than counted; was the file modified meanwhile?")
-            for ds, (name, dtype, kind) in zip(datasets, MLPERF_DATASETS, strict=True):
+            for ds, (name, dtype, kind) in zip(datasets, HDF5_DATASETS, strict=True):
                 values = arrays[name][:, 0] if not kind else arrays[name]
                 ds[first:stop] = _checked(values, dtype, name, input_tfrecord, first)
             done = stop
@@ -133,3 +134,29 @@ def tfrecord_to_hdf5_file(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5Conf
     """Convert to an explicit output path, atomically, without a manifest (the CLI's file form)."""
     with atomic_path(Path(output_hdf5)) as tmp:
         return convert_tfrecord_to_hdf5(Path(input_tfrecord), tmp, cfg)
+
+
+# -- the DAG's declarations of this stage (core/stage.py) ----------------------------------------------
+def _hdf5_config(p: Any) -> HDF5Config:
+    return HDF5Config(max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
+
+
+def _plan_shards(plan: Any) -> list[Any]:
+    """Part i's HDF5 from part i's TFRecord, in the same call (the TFRecord stage's units)."""
+    return [plan.unit(str(Path(u.out_dir) / u.shard), cfg=plan.cfg, output_name=u.shard + ".hdf5", shard=u.shard,
+                      upstream=[u.out_dir]) for u in plan.units_of("tfrecord")]
+
+
+def _plan_eval(plan: Any) -> list[Any]:
+    return [plan.unit(str(plan.result("eval_10k").path("eval_10k")), cfg=plan.cfg, output_name="eval_10k.hdf5")]
+
+
+DAG_STAGES = (
+    Stage(name="hdf5", title="tfrecord_to_hdf5: one padded HDF5 per part file (Samsung's layout)",
+          reads=("tfrecord",), run=run_tfrecord_to_hdf5, version=STAGE_VERSION, config=HDF5Config,
+          configure=_hdf5_config, key_params=stage_params, plan=_plan_shards, per_shard=True, chain=True,
+          droppable=True, aliases=("tfrecord_to_hdf5",)),
+    Stage(name="eval_hdf5", title="tfrecord_to_hdf5 over eval_10k: the eval set trainers read",
+          reads=("eval_10k",), run=run_tfrecord_to_hdf5, version=STAGE_VERSION, config=HDF5Config,
+          configure=_hdf5_config, key_params=stage_params, plan=_plan_eval, outputs={"eval_hdf5": "eval_10k.hdf5"}),
+)

@@ -27,9 +27,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
-from preprocessing.errors import InputError
-from preprocessing.manifest import Manifest, StageOutput, verify_file
+from core.errors import InputError
+from core.manifest import Manifest, StageOutput, md5_file, verify_file
+from core.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +191,50 @@ def run_vocab(part_files: Sequence[Path], out_dir: Path, cfg: VocabConfig = Voca
         log.info("vocab: the corpus supports only %d of the %d requested entries", len(tokens), cfg.vocab_size)
     log.info("vocab: %d tokens from %d part files -> %s", len(tokens), len(files), out.path(VOCAB_NAME))
     return out.manifest
+
+
+def run_import_vocab(vocab_file: Path, out_dir: Path) -> Manifest:
+    """Stage function: a given vocab.txt copied into ``out_dir`` (the data set carries the vocab it was made
+    with); refused when it is not a BERT vocab (a special token missing)."""
+    from preprocessing.tokenization import check_vocab, load_vocab
+
+    vocab_file = Path(vocab_file)
+    tokens = load_vocab(vocab_file)
+    check_vocab(tokens, vocab_file)
+    data = vocab_file.read_bytes()
+    with StageOutput(out_dir, "vocab", params={"source": str(vocab_file)}, code_version=STAGE_VERSION) as out:
+        with out.open(VOCAB_NAME) as f:
+            f.write(data)
+        out.count("tokens", len(tokens))
+    log.info("vocab: %s -> %s", vocab_file, out.path(VOCAB_NAME))
+    return out.manifest
+
+
+# -- the DAG's declarations of this stage (core/stage.py) ----------------------------------------------
+def _plan_learn(plan: Any) -> list[Any]:
+    text = plan.result("text")
+    return [plan.unit([str(text.path(n)) for n in text.names()], cfg=plan.cfg)]
+
+
+def _given(p: Any) -> Path:
+    path = Path(p.vocab).resolve()
+    if not path.is_file():
+        from preprocessing.params import spell
+
+        raise InputError(f"{spell('vocab')} {p.vocab}: no such file; pass a BERT vocab.txt or leave it out to "
+                         "learn one (the vocab stage)")
+    return path
+
+
+DAG_STAGES = (
+    Stage(name="vocab", title="an uncased WordPiece vocab.txt learned from the training part files",
+          reads=("text",), run=run_vocab, version=STAGE_VERSION, config=VocabConfig,
+          configure=lambda p: VocabConfig(vocab_size=p.resolved_vocab_size(), lowercase=p.do_lower_case),
+          key_params=asdict, plan=_plan_learn, when=lambda p: p.vocab is None and p.source_kind != "mlcommons",
+          outputs={"vocab": VOCAB_NAME}),
+    Stage(name="vocab", title="the given vocab.txt, copied into the data set", reads=(), run=run_import_vocab,
+          version=STAGE_VERSION, configure=lambda p: None, key_extra=lambda p: {"md5": md5_file(_given(p))},
+          check=_given,
+          plan=lambda plan: [plan.unit(str(_given(plan.params)))], when=lambda p: p.vocab is not None,
+          pass_upstream=False, outputs={"vocab": VOCAB_NAME}),
+)

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 CONFIG_NAME = "bertpipe_config.json"
 STATE_VERSION = 1

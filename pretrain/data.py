@@ -32,14 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocessing.errors import InputError
-from preprocessing.hdf5_io import H5_ERRORS
+from core.errors import InputError
+from core.schema import BIN_BOUNDS, H5_ERRORS, HDF5_FIELDS, SEQ_FEATURES
 
 log = logging.getLogger(__name__)
 
-BIN_BOUNDS = (128, 256, 384, 512)
-FIELDS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-          "next_sentence_labels")
 _PART = re.compile(r"^part_(\d+)_of_(\d+)\.hdf5$")
 
 
@@ -79,23 +76,23 @@ def _inspect(h, path: Path, bound: int | None) -> Shard:  # noqa: ANN001 - an op
     keys = set(h.keys())
     if not keys:
         return Shard(path, 0, bound or 512)
-    missing = [k for k in FIELDS if k not in keys]
+    missing = [k for k in HDF5_FIELDS if k not in keys]
     if missing:
         raise InputError(f"HDF5 shard {path} lacks dataset(s) {', '.join(missing)}; expected "
-                         f"{', '.join(FIELDS)}. Re-create it with tfrecord-to-hdf5 / split-4bins")
+                         f"{', '.join(HDF5_FIELDS)}. Re-create it with tfrecord-to-hdf5 / split-4bins")
     import h5py
 
-    odd = [f"{k} ({type(h[k]).__name__})" for k in FIELDS if not isinstance(h[k], h5py.Dataset)]
+    odd = [f"{k} ({type(h[k]).__name__})" for k in HDF5_FIELDS if not isinstance(h[k], h5py.Dataset)]
     if odd:
         raise InputError(f"HDF5 shard {path}: {', '.join(odd)} not dataset(s); the file is corrupt: re-create it")
-    shapes = {k: h[k].shape for k in FIELDS}
-    want = {k: 1 if k == "next_sentence_labels" else 2 for k in FIELDS}
-    odd = [f"{k} {shapes[k]}" for k in FIELDS if len(shapes[k]) != want[k]]
+    shapes = {k: h[k].shape for k in HDF5_FIELDS}
+    want = {k: 1 if k == "next_sentence_labels" else 2 for k in HDF5_FIELDS}
+    odd = [f"{k} {shapes[k]}" for k in HDF5_FIELDS if len(shapes[k]) != want[k]]
     if odd:
         raise InputError(f"HDF5 shard {path}: dataset(s) of the wrong rank: {', '.join(odd)} (expected "
                          "(rows, width) and next_sentence_labels (rows,)); re-create it")
     n = shapes["input_ids"][0]
-    bad = [k for k in FIELDS if shapes[k][0] != n]
+    bad = [k for k in HDF5_FIELDS if shapes[k][0] != n]
     if bad:
         raise InputError(f"HDF5 shard {path}: datasets {', '.join(bad)} do not have {n} rows like input_ids")
     width = shapes["input_ids"][1]
@@ -186,9 +183,9 @@ def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound
         if f not in handles:
             handles[f] = _open_h5(shards[f].path)
         h = handles[f]
-        for k in FIELDS:
+        for k in HDF5_FIELDS:
             try:
-                data = h[k][uniq, :bound] if k in ("input_ids", "input_mask", "segment_ids") else h[k][uniq]
+                data = h[k][uniq, :bound] if k in SEQ_FEATURES else h[k][uniq]
             except H5_ERRORS as exc:
                 raise InputError(f"cannot read {k} rows of HDF5 shard {shards[f].path}: {exc}; the file is "
                                  "corrupt: re-create it") from exc

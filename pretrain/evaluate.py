@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.data import BIN_BOUNDS, FIELDS, _open_h5, check_vocab, inspect_shard
+from core.schema import BIN_BOUNDS, HDF5_FIELDS, SEQ_FEATURES
+from pretrain.data import _open_h5, check_vocab, inspect_shard
 
 MLPERF_TARGET_ACCURACY = 0.720
 
@@ -25,13 +26,13 @@ class EvalSet:
                  vocab_size: int | None = None, max_samples: int | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            from preprocessing.errors import InputError
+            from core.errors import InputError
 
             raise InputError(f"eval file {self.path} does not exist; pass the eval HDF5 (e.g. eval_10k.hdf5)")
         shard = inspect_shard(self.path, None)
         n = shard.rows if max_samples is None else min(shard.rows, max_samples)
         with _open_h5(self.path) as h:
-            data = {k: np.asarray(h[k][:n]).astype(np.int64) for k in FIELDS}
+            data = {k: np.asarray(h[k][:n]).astype(np.int64) for k in HDF5_FIELDS}
         if vocab_size is not None:
             check_vocab(data, vocab_size, f"eval file {self.path}")
         mine = np.arange(rank, n, world)
@@ -57,7 +58,7 @@ class EvalSet:
         for bound, idx in self.groups:
             for i in range(0, len(idx), self.batch_size):
                 sel = idx[i:i + self.batch_size]
-                yield {k: (v[sel, :bound] if k in ("input_ids", "input_mask", "segment_ids") else v[sel])
+                yield {k: (v[sel, :bound] if k in SEQ_FEATURES else v[sel])
                        for k, v in self.data.items()}
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from pretrain.config import BertConfig
 
 log = logging.getLogger(__name__)

@@ -100,7 +100,7 @@ def preflight(cfg: TrainConfig) -> None:
     Raises:
         InputError: naming the bad file and what to do.
     """
-    from preprocessing.errors import InputError
+    from core.errors import InputError
     from pretrain import checkpoint as ckpt
     from pretrain.data import _open_h5, check_vocab, discover_shards, inspect_shard
     from pretrain.train import model_config_for

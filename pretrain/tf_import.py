@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from pretrain.config import BertConfig
 
 log = logging.getLogger(__name__)

@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    from preprocessing.errors import BertpipeError
+    from core.errors import BertpipeError
 
     try:
         train(from_args(args))

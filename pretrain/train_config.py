@@ -146,14 +146,14 @@ def load_ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     try:
         ds = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        from preprocessing.errors import InputError
+        from core.errors import InputError
 
         raise InputError(f"cannot read DeepSpeed config {path}: {exc}") from exc
     micro = cfg.micro_batch or int(ds.get("train_micro_batch_size_per_gpu", 8))
     gas = int(ds.get("gradient_accumulation_steps", 1))
     total = cfg.global_batch or int(ds.get("train_batch_size", micro * gas * world_size))
     if total % (micro * world_size):
-        from preprocessing.errors import InputError
+        from core.errors import InputError
 
         raise InputError(f"global batch {total} is not a multiple of micro-batch {micro} x {world_size} ranks")
     ds.update(train_batch_size=total, train_micro_batch_size_per_gpu=micro,

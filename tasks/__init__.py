@@ -1,1 +1,1 @@
-"""Prefect tasks around the library stages (tasks/stages.py); tasks/calls.py and tasks/lock.py are Prefect-free."""
+"""Prefect tasks around the library stages (tasks/stages.py); tasks/calls.py is Prefect-free; the work-dir lock is core/lock.py."""

@@ -123,4 +123,6 @@ def summarize(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "files": sum(len(r["manifest"]["files"]) for r in rs),
             "bytes": sum(f["bytes"] for r in rs for f in r["manifest"]["files"]),
             "seconds": round(sum(r["seconds"] for r in rs), 3), **counters,
-            "shards": [r["shard"] for r in rs if r["shard"]]}
+            "dropped": sum(bool(r.get("dropped")) for r in rs), "shards": [r["shard"] for r in rs if r["shard"]],
+            "redone": [f"{r['shard'] or r['stage']}: {r['why']}" for r in rs
+                       if not r["cached"] and r.get("why") and not r["why"].startswith("never done")][:20]}

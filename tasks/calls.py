@@ -1,99 +1,179 @@
-"""One stage (or shard) call, and how it runs, without Prefect.
+"""Running stage units, without Prefect: decide with the manifest on disk, run what is due, say why.
 
-A :class:`StageCall` names a library stage function (``"module:function"``), its arguments, its stage
-directory ``work/<stage>/<key>[/<shard>]`` and the upstream stage directories whose manifests it is
-given. :func:`execute` decides with the manifest on disk: a directory whose ``_manifest.json``
-verifies (files, sizes, md5s) and was built from the same upstream manifests is done, and nothing
-runs; otherwise the function runs, inline or in a local worker process (spawned, no Prefect import),
-and the records it logged come back with the result so the Prefect task can forward them.
+A :class:`Call` is what one task does for one shard (or one whole stage): its units in order (part i's
+TFRecord, then part i's HDF5), the stages forced to run again, and, when the registry declares one, the
+function that writes a chain of units in one pass. :func:`execute` looks at each unit's directory: a
+``_manifest.json`` that verifies (files, sizes, md5s) and was built from the same upstream manifests means
+done, and nothing runs; otherwise the unit runs, and the log says why ("md5 mismatch in FILE", "missing
+FILE", "never done"). A :class:`Batch` of calls is one Prefect task: its calls run in this process, or
+side by side in the local worker pool.
 
-Prefect-free on purpose: ``bertpipe status`` / ``verify`` and pool worker processes import this module.
+Prefect-free on purpose: ``bertpipe status`` / ``verify``, pool workers and Dask workers import this module.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import multiprocessing
-import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preprocessing.manifest import Manifest, check_inside, is_done, load_manifest
+from core.errors import ChecksumError, ManifestError
+from core.manifest import (
+    Manifest,
+    check_inside,
+    dropped_info,
+    load_manifest,
+    recording_stats,
+    verify_manifest,
+)
+from core.pools import make_pool, terminate
+from core.stage import Unit
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class StageCall:
-    """Everything one stage (or shard) run needs; small and picklable (paths, configs, no data)."""
+class Call:
+    """One shard's (or one whole stage's) chain of units, run in order in one place."""
 
-    stage: str  # DAG stage name (text, vocab, tfrecord, hdf5, bins, eval_tfrecord, ...)
-    key: str  # the stage's content key: names work/<stage>/<key>
-    out_dir: str  # work/<stage>/<key> or work/<stage>/<key>/<shard>
-    func: str  # "module:function" of the library stage function
-    args: tuple = ()  # positional arguments before out_dir (input paths)
-    kwargs: dict[str, Any] = field(default_factory=dict)  # configs, output_name ...
-    shard: str = ""  # shard name for per-shard stages, "" for whole-stage ones
-    upstream_dirs: tuple[str, ...] = ()  # stage/shard dirs whose manifests are passed as upstream=
-    pass_upstream: bool = True  # the function takes upstream= (download does not)
-    force: bool = False  # redo even when the manifest verifies
-    inline: bool = True  # run in this process (Dask / Prefect process workers) or in the local pool
-    check_md5: bool = True  # "done" re-hashes every output (False: sizes only)
-    source_stats: dict[str, list[int]] | None = None  # must equal the manifest's (text import freshness)
-    root: str = ""  # the work dir: out_dir must resolve inside it (a symlink must not lead writes elsewhere)
+    units: tuple[Unit, ...]
+    force: frozenset[str] = frozenset()  # stages to redo even when their manifests verify
+    check_md5: bool = True  # "done" re-hashes outputs (False: sizes only)
+    root: str = ""  # the work dir: every out_dir must resolve inside it (a symlink must not lead writes out)
+    surface: str = "flow"  # how errors spell parameters (preprocessing.params.surface)
+    fused: Callable[..., tuple[Manifest, ...]] | None = None  # writes the whole chain in one pass, when all due
+    revive: bool = False  # dropped units (--keep training) are due: a later stage needs their files
 
     @property
     def label(self) -> str:
-        return f"{self.stage}[{self.shard}]" if self.shard else self.stage
+        u = self.units[0]
+        stages = "+".join(dict.fromkeys(x.stage for x in self.units))
+        return f"{stages}[{u.shard}]" if u.shard else stages
 
 
-def upstream_manifests(call: StageCall) -> list[Manifest]:
-    """The manifests of ``call``'s upstream directories (each must exist: upstream stages ran first)."""
+@dataclass(frozen=True)
+class Batch:
+    """The calls of one task (a few dozen shards at most, so orchestration stays a small share)."""
+
+    calls: tuple[Call, ...]
+    inline: bool = True  # run here (serial runs, Dask or Prefect process workers) or in the local pool
+    progress_id: str = ""  # a local run's progress counter (see :func:`progress_hook`)
+
+    @property
+    def label(self) -> str:
+        first, last = self.calls[0].label, self.calls[-1].label
+        return first if len(self.calls) == 1 else f"{first}..{last.rsplit('[', 1)[-1].rstrip(']')} ({len(self.calls)})"
+
+
+def upstream_manifests(unit: Unit) -> list[Manifest]:
+    """The manifests of ``unit``'s upstream directories (each must exist: upstream stages ran first)."""
     out = []
-    for d in call.upstream_dirs:
+    for d in unit.upstream_dirs:
         m = load_manifest(d)
         if m is None:
-            from preprocessing.errors import ManifestError
-
-            raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {call.label} is not done")
+            raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {unit.label} is not done; "
+                                "run again to redo it")
         out.append(m)
     return out
 
 
-def check_done(call: StageCall) -> Manifest | None:
-    """The verified manifest of ``call.out_dir`` if it is complete and built from the same upstream."""
-    m = is_done(call.out_dir, check_md5=call.check_md5)
+def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> tuple[Manifest | None, str]:
+    """(the verified manifest, "") when ``unit`` is done, else (None, why it is not).
+
+    A unit whose files were dropped (``--keep training``) counts as done, its manifest standing for it,
+    unless ``revive``: then a later stage needs its files back.
+    """
+    m = load_manifest(unit.out_dir)
     if m is None:
-        return None
+        return None, "never done (or interrupted before its manifest)"
+    if dropped_info(unit.out_dir) is not None:
+        return (None, "dropped by --keep training, and a later stage needs its files") if revive else (m, "")
     try:
-        expected = {f"{u.stage}:{u.key}": u.digest for u in upstream_manifests(call)} if call.pass_upstream else {}
-    except Exception:  # noqa: BLE001 - an unreadable upstream means "not done here"
-        return None
-    if call.pass_upstream and m.upstream != expected:
-        log.warning("%s: %s was built from other upstream outputs; redoing it", call.label, call.out_dir)
-        return None
-    if call.source_stats is not None and m.counters.get("source_stats") != call.source_stats:
-        log.info("%s: the source files changed since %s was made; redoing it", call.label, call.out_dir)
-        return None
-    return m
+        m = verify_manifest(unit.out_dir, check_md5=check_md5, trust_stat=True)
+    except (ManifestError, ChecksumError) as exc:
+        return None, str(exc).split(";")[0]
+    if unit.pass_upstream:
+        try:
+            expected = {f"{u.stage}:{u.key}": u.digest for u in upstream_manifests(unit)}
+        except ManifestError as exc:
+            return None, str(exc)
+        if m.upstream != expected:
+            return None, "built from other upstream outputs"
+    for k, v in (unit.fresh or {}).items():
+        if m.counters.get(k) != v:
+            return None, f"its source changed since it was made ({k})"
+    return m, ""
 
 
-def invoke(call: StageCall) -> Manifest:
-    """Run the library stage function of ``call`` in this process."""
-    module, name = call.func.split(":")
-    fn = getattr(importlib.import_module(module), name)
-    kwargs = dict(call.kwargs)
-    if call.pass_upstream:
-        kwargs["upstream"] = upstream_manifests(call)
-    return fn(*call.args, Path(call.out_dir), **kwargs)
+def check_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> Manifest | None:
+    return why_not_done(unit, check_md5, revive)[0]
 
 
+def invoke(unit: Unit) -> Manifest:
+    """Run ``unit``'s library function in this process."""
+    kwargs = dict(unit.kwargs)
+    if unit.pass_upstream:
+        kwargs["upstream"] = upstream_manifests(unit)
+    return unit.run(*unit.args, Path(unit.out_dir), **kwargs)
+
+
+def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: str = "") -> dict[str, Any]:
+    """What a task returns per unit (JSON types only: Prefect stores it with the json serializer)."""
+    return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir,
+            "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3), "why": why,
+            "dropped": cached and dropped_info(unit.out_dir) is not None}
+
+
+def execute(call: Call) -> list[dict[str, Any]]:
+    """Do what ``call``'s units need, in order; one result per unit."""
+    from preprocessing.params import surface
+
+    with surface(call.surface), recording_stats():
+        return _execute(call)
+
+
+def _execute(call: Call) -> list[dict[str, Any]]:
+    t0 = time.perf_counter()
+    for u in call.units:
+        if call.root:
+            check_inside(u.out_dir, call.root)
+    state = [(None, "forced") if u.stage in call.force else why_not_done(u, call.check_md5, call.revive)
+             for u in call.units]
+    due = [i for i, (m, _) in enumerate(state) if m is None]
+    if call.fused is not None and len(due) == len(call.units) > 1:
+        for u, (_, why) in zip(call.units, state, strict=True):
+            _log_redo(u, why)
+        manifests = call.fused(*call.units)
+        secs = (time.perf_counter() - t0) / len(call.units)
+        return [result_dict(u, m, cached=False, seconds=secs, why=why)
+                for u, m, (_, why) in zip(call.units, manifests, state, strict=True)]
+    out, ran = [], False
+    for u, (m, why) in zip(call.units, state, strict=True):
+        t = time.perf_counter()
+        if ran and u.stage not in call.force:  # its upstream was just made: look again
+            m, why = why_not_done(u, call.check_md5, call.revive)
+        if m is not None:
+            out.append(result_dict(u, m, cached=True, seconds=time.perf_counter() - t))
+            continue
+        _log_redo(u, why)
+        out.append(result_dict(u, invoke(u), cached=False, seconds=time.perf_counter() - t, why=why))
+        ran = True
+    return out
+
+
+def _log_redo(unit: Unit, why: str) -> None:
+    # a first run's "never done" is the normal case: only a redo of something that existed is news
+    level = logging.DEBUG if why.startswith("never done") else logging.INFO
+    log.log(level, "%s: running (%s)", unit.label, why)
+
+
+# -- batches: here, or in the local worker pool ----------------------------------------------------------
 class _ListHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -103,72 +183,79 @@ class _ListHandler(logging.Handler):
         self.records.append((record.levelno, record.name, record.getMessage()))
 
 
-def _invoke_captured(call: StageCall) -> tuple[str, list[tuple[int, str, str]]]:
-    """Pool worker entry: run the call, return the manifest (JSON) and the records it logged."""
+def _execute_captured(call: Call) -> tuple[str, list[tuple[int, str, str]]]:
+    """Pool worker entry: run the call, return its results (JSON) and the records it logged."""
     handler = _ListHandler()
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
     try:
-        return invoke(call).to_json(), handler.records
+        return json.dumps(execute(call)), handler.records
     finally:
         root.removeHandler(handler)
 
 
-def _watch_parent(parent: int) -> None:
-    """Pool worker initializer: exit when the flow process dies (kill -9), so no orphan keeps writing."""
-    def loop() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=loop, daemon=True, name="bertpipe-parent-watch").start()
-
-
 _POOL: ProcessPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+_PROGRESS: dict[str, Callable[[int], None]] = {}
 
 
 def get_pool(workers: int) -> ProcessPoolExecutor:
-    """The local worker pool of this flow process (created on first use: a cached run spawns nothing)."""
+    """The local worker pool of this flow process (created on first use: a cached run starts none)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_watch_parent, initargs=(os.getpid(),))
+            _POOL = make_pool(workers)
         return _POOL
 
 
-def shutdown_pool() -> None:
+def shutdown_pool(*, failed: bool = False) -> None:
+    """Close the local pool: wait for it after a good run, terminate it (no waiting) after an error."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is not None:
-            _POOL.shutdown(wait=True, cancel_futures=True)
-            _POOL = None
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        terminate(pool) if failed else pool.shutdown(wait=True, cancel_futures=True)
 
 
-def result_dict(call: StageCall, m: Manifest, *, cached: bool, seconds: float) -> dict[str, Any]:
-    """What a stage task returns (JSON types only: Prefect stores it with the json serializer)."""
-    return {"stage": call.stage, "shard": call.shard, "key": call.key, "dir": call.out_dir,
-            "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3)}
-
-
-def execute(call: StageCall, workers: int = 1) -> tuple[dict[str, Any], list[tuple[int, str, str]]]:
-    """Do ``call`` unless its manifest on disk says it is done; returns (result, forwarded log records)."""
-    t0 = time.perf_counter()
-    if call.root:
-        check_inside(call.out_dir, call.root)
-    if not call.force:
-        m = check_done(call)
-        if m is not None:
-            return result_dict(call, m, cached=True, seconds=time.perf_counter() - t0), []
-    if call.inline:
-        m, records = invoke(call), []
+def progress_hook(progress_id: str, step: Callable[[int], None] | None) -> None:
+    """Register (or with None drop) the per-call progress callback of a local run."""
+    if step is None:
+        _PROGRESS.pop(progress_id, None)
     else:
-        text, records = get_pool(workers).submit(_invoke_captured, call).result()
-        m = Manifest.from_dict(json.loads(text))
-    return result_dict(call, m, cached=False, seconds=time.perf_counter() - t0), records
+        _PROGRESS[progress_id] = step
+
+
+@dataclass
+class BatchResult:
+    results: list[dict[str, Any]] = field(default_factory=list)
+    records: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def execute_batch(batch: Batch, workers: int = 1) -> BatchResult:
+    """Run a batch's calls: in order here (``inline``), or all at once on the local pool."""
+    out = BatchResult()
+    step = _PROGRESS.get(batch.progress_id)
+    if batch.inline:
+        for call in batch.calls:
+            out.results += execute(call)
+            if step:
+                step(1)
+        return out
+    pool = get_pool(workers)
+    futures = [pool.submit(_execute_captured, call) for call in batch.calls]
+    try:
+        for fut in futures:
+            text, records = fut.result()
+            out.results += json.loads(text)
+            out.records += records
+            if step:
+                step(1)
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return out
 
 
 def manifest_of(result: dict[str, Any]) -> Manifest:

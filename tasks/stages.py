@@ -1,51 +1,54 @@
-"""Prefect tasks: one thin task per stage (called once per shard for per-file stages).
+"""The Prefect task of the data DAG: one batch of stage calls, named after its stages (from the registry).
 
-Every task takes a :class:`~tasks.calls.StageCall` and returns a small JSON dict (stage, shard, key,
-dir, manifest, cached, seconds); the work itself is the library function named in the call.
+Every task takes a :class:`~tasks.calls.Batch` and returns small JSON dicts, one per unit (stage, shard,
+key, dir, manifest, cached, seconds, why); the work itself is the library functions the units name.
 
-Caching (architecture.md, "Artifacts, manifests, caching"): the Prefect cache key is the stage's
-content key (stage, stage code version, resolved parameters, upstream manifest digests: the ``key``
-of the call, which also names ``work/<stage>/<key>``) plus the shard name — never the run id. The
-manifest on disk decides: :class:`ManifestCachePolicy` only hands Prefect the key when the stage
-directory's manifest verifies; when it does not (files deleted or changed) but Prefect holds a record
-under that key, the policy returns a one-off key so the record is not trusted and the task runs. The
-task body checks the manifest again, so a run without any Prefect record (new PREFECT_HOME, another
-machine) still skips finished work.
+Caching (architecture.md, "Artifacts, manifests, caching"): the Prefect cache key is made of the units'
+content keys (stage, stage code version, resolved parameters, upstream digests: the ``key`` that also
+names ``work/<stage>/<key>``) and shard names, never the run id. The manifest on disk decides:
+:class:`ManifestCachePolicy` only hands Prefect the key while every unit's manifest verifies; when one does
+not (files deleted or changed) but Prefect holds a record under that key, the policy returns a one-off key
+so the record is not trusted and the task runs. The task body checks the manifests again, so a run without
+any Prefect record (new PREFECT_HOME, another machine) still skips finished work.
 
 Library loggers (``preprocessing``, ``pretrain``) reach the run logger through Prefect's
-``PREFECT_LOGGING_EXTRA_LOGGERS`` (set by ``bertpipe run`` and the deployments); records logged in a
-local worker process come back with the result and are re-logged here.
+``PREFECT_LOGGING_EXTRA_LOGGERS`` (set by ``bertpipe run`` and the deployments); records logged in a local
+worker process come back with the result and are re-logged here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
-from tasks.calls import StageCall, check_done, execute
+from tasks.calls import Batch, check_done, execute_batch
 
 
-def cache_key(call: StageCall) -> str:
-    """Prefect's key for a stage (or shard) call: its content key, never the run."""
-    return f"bertpipe-{call.stage}-{call.key}-{call.shard or 'all'}"
+def cache_key(batch: Batch) -> str:
+    """Prefect's key for a batch: its units' content keys and shards, never the run."""
+    units = [f"{u.stage}/{u.key}/{u.shard}" for c in batch.calls for u in c.units]
+    digest = hashlib.md5("\n".join(units).encode()).hexdigest()[:16]
+    return f"bertpipe-{batch.calls[0].label.split('[')[0]}-{digest}"
 
 
 @dataclass
 class ManifestCachePolicy(CachePolicy):
-    """Cache key = the stage content key, but only while the stage directory's manifest verifies."""
+    """Cache key = the units' content keys, but only while every unit's manifest verifies."""
 
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str | None:
-        call = inputs.get("call")
-        if not isinstance(call, StageCall) or call.force:
+        batch = inputs.get("batch")
+        if not isinstance(batch, Batch) or any(c.force for c in batch.calls):
             return None  # forced: run, and leave the existing record alone
-        key = cache_key(call)
-        if check_done(call) is not None:
+        key = cache_key(batch)
+        if all(check_done(u, c.check_md5, c.revive) is not None for c in batch.calls for u in c.units):
             return key
         try:
             known = task_ctx.result_store.exists(key)
@@ -55,66 +58,25 @@ class ManifestCachePolicy(CachePolicy):
         return f"{key}-redo-{uuid.uuid4().hex[:12]}" if known else key
 
 
-def _run(call: StageCall, workers: int) -> dict[str, Any]:
+def _run(batch: Batch, workers: int = 1) -> list[dict[str, Any]]:
     logger = get_run_logger()
-    result, records = execute(call, workers)
-    for level, name, message in records:
+    out = execute_batch(batch, workers)
+    for level, name, message in out.records:
         logger.log(level, "%s: %s", name, message)
-    how = "cached (manifest verifies)" if result["cached"] else "done"
-    logger.info("%s %s in %.2f s -> %s", call.label, how, result["seconds"], call.out_dir)
-    return result
+    ran = [r for r in out.results if not r["cached"]]
+    logger.info("%s: %d of %d unit(s) ran, %.2f s", batch.label, len(ran), len(out.results),
+                sum(r["seconds"] for r in out.results))
+    return out.results
 
 
-_OPTS: dict[str, Any] = {"cache_policy": ManifestCachePolicy(), "persist_result": True, "result_serializer": "json",
-                         "task_run_name": "{call.label}"}
+_stage_batch = task(_run, name="stage", cache_policy=ManifestCachePolicy(), persist_result=True,
+                    result_serializer="json", task_run_name="{batch.label}")
 
 
-@task(name="download", retries=2, retry_delay_seconds=[10, 60], **_OPTS)
-def download(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    """Fetch the dump (resumable, md5-checked); retried as a whole on top of the library's HTTP retries."""
-    return _run(call, workers)
-
-
-@task(name="extract", **_OPTS)
-def extract(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    return _run(call, workers)
-
-
-@task(name="text", **_OPTS)
-def text(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    """Text stages (clean, segment, split_eval, gather) of a dump, or the import of MLCommons' text."""
-    return _run(call, workers)
-
-
-@task(name="vocab", **_OPTS)
-def vocab(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    return _run(call, workers)
-
-
-@task(name="create_pretraining_data", **_OPTS)
-def create_pretraining_data(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    """One part file (or eval.txt) -> one TFRecord."""
-    return _run(call, workers)
-
-
-@task(name="pick_eval_samples", **_OPTS)
-def pick_eval_samples(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    return _run(call, workers)
-
-
-@task(name="tfrecord_to_hdf5", **_OPTS)
-def tfrecord_to_hdf5(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    """One TFRecord -> one padded HDF5."""
-    return _run(call, workers)
-
-
-@task(name="split_4bins", **_OPTS)
-def split_4bins(call: StageCall, workers: int = 1) -> dict[str, Any]:
-    return _run(call, workers)
-
-
-#: DAG stage name -> its task.
-TASKS = {"download": download, "extract": extract, "text": text, "vocab": vocab,
-         "tfrecord": create_pretraining_data, "eval_tfrecord": create_pretraining_data,
-         "eval_10k": pick_eval_samples, "hdf5": tfrecord_to_hdf5, "eval_hdf5": tfrecord_to_hdf5,
-         "bins": split_4bins}
+@cache
+def task_for(stages: str, retries: int = 0) -> Any:
+    """The Prefect task of a group of stages ("tfrecord+hdf5"): the one task, named after them."""
+    opts: dict[str, Any] = {"name": stages}
+    if retries:
+        opts.update(retries=retries, retry_delay_seconds=[10, 60])
+    return _stage_batch.with_options(**opts)

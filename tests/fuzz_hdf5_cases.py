@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from preprocessing.errors import BertpipeError  # noqa: E402
+from core.errors import BertpipeError  # noqa: E402
 
 #: Where the HDF5 metadata lives in a small file (superblock, object headers, B-tree, heap): half the
 #: flips and insertions aim there, the rest anywhere (mostly raw data).

@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
+from core.errors import InputError
 from preprocessing.archive import safe_extract_tar
-from preprocessing.errors import InputError
 
 
 def _tar(path, members):

@@ -13,8 +13,8 @@ WRITER = textwrap.dedent(
     """
     import signal, sys
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    from preprocessing.manifest import StageOutput
-    from preprocessing.errors import DiskFullError
+    from core.manifest import StageOutput
+    from core.errors import DiskFullError
     out = sys.argv[1]
     try:
         with StageOutput(out, "bigwrite", params={"n": 3}) as st:
@@ -50,7 +50,7 @@ def test_efbig_fails_clearly_without_manifest_then_rerun_completes(tmp_path):
 
     r = _run(out, limit=None)
     assert r.returncode == 0, r.stderr
-    from preprocessing.manifest import verify_manifest
+    from core.manifest import verify_manifest
 
     m = verify_manifest(out)
     assert [f.name for f in m.files] == ["shard0.bin", "shard1.bin", "shard2.bin"]

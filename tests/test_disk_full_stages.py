@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.manifest import MANIFEST_NAME, md5_file, verify_manifest
+from core.manifest import MANIFEST_NAME, md5_file, verify_manifest
 
 BERTPIPE = str(Path(sys.executable).parent / "bertpipe")
 
@@ -99,7 +99,7 @@ def test_create_pretraining_data_file_hits_efbig_without_debris(golden: Path, sh
 
 
 def test_disk_full_errno_sees_through_h5py_errors() -> None:
-    from preprocessing.manifest import disk_full_errno
+    from core.manifest import disk_full_errno
 
     try:  # what h5py raises: the failed write, then a failure to close the file while handling it
         try:

@@ -1,4 +1,4 @@
-"""The fault-injection hook (BERTPIPE_FAULT, preprocessing/manifest.py) on real stages: a stage SIGKILLed at a
+"""The fault-injection hook (BERTPIPE_FAULT, core/manifest.py) on real stages: a stage SIGKILLed at a
 named point leaves no manifest that lies (none before the manifest rename, a verifying one after it) and
 the re-run writes the bytes of an uninterrupted run. bench/kill_campaign.py uses the same hook on the DAG."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import ChecksumError, ManifestError
-from preprocessing.manifest import (
+from core.errors import ChecksumError, ManifestError
+from core.manifest import (
     FAULT_ENV,
     MANIFEST_NAME,
     StageOutput,

@@ -16,8 +16,9 @@ import h5py
 import numpy as np
 import pytest
 
-from preprocessing.errors import BertpipeError
-from preprocessing.hdf5_io import MLPERF_DATASETS, open_padded
+from core.errors import BertpipeError
+from core.schema import HDF5_DATASETS
+from preprocessing.hdf5_io import open_padded
 from preprocessing.pack_varlength import pack_varlength
 from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
 from pretrain.data import discover_shards
@@ -36,7 +37,7 @@ def small_padded(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         rows = sorted(int(i) for lo, hi in ((1, 128), (129, 256), (257, 384), (385, 512))
                       for i in np.flatnonzero((lengths >= lo) & (lengths <= hi))[:2])
         assert len(rows) == 8
-        for name, dtype, _ in MLPERF_DATASETS:
+        for name, dtype, _ in HDF5_DATASETS:
             dst.create_dataset(name, data=src[name][rows], dtype=dtype)
     return path
 
@@ -116,7 +117,7 @@ def test_a_group_where_a_dataset_belongs_is_a_project_error(small_padded: Path, 
     """Regression: a name that resolves to a group (or a named datatype) gave AttributeError: no .shape."""
     bad = tmp_path / "group.hdf5"
     with h5py.File(small_padded, "r") as src, h5py.File(bad, "w") as dst:
-        for name, _, _ in MLPERF_DATASETS:
+        for name, _, _ in HDF5_DATASETS:
             if name == "input_mask":
                 dst.create_group(name)
             else:
@@ -150,7 +151,7 @@ def test_pack_varlength_of_chunks_whose_rows_have_one_length(golden: Path, tmp_p
 def test_pack_varlength_refuses_a_corrupt_input_mask(small_padded: Path, tmp_path: Path) -> None:
     bad = tmp_path / "mask.hdf5"
     with h5py.File(small_padded, "r") as src, h5py.File(bad, "w") as dst:
-        for name, dtype, _ in MLPERF_DATASETS:
+        for name, dtype, _ in HDF5_DATASETS:
             data = src[name][()]
             if name == "input_mask":
                 data[3] = -1  # sums to -512: sliced as [:-512] it silently gave an empty row

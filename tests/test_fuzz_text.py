@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import BertpipeError
 from preprocessing.clean import CleanConfig, clean_text, run_clean
-from preprocessing.errors import BertpipeError
 from preprocessing.gather import GatherConfig, run_gather
 from preprocessing.segment import SegmentConfig, run_segment, segment_text
 from preprocessing.split_eval import SplitEvalConfig, run_split_eval, split_text

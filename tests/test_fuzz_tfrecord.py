@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from preprocessing.errors import RecordError
-from preprocessing.tfrecord import FEATURES, encode_mlperf_example, frame, read_examples
+from core.errors import RecordError
+from core.schema import FEATURES
+from preprocessing.tfrecord import encode_mlperf_example, frame, read_examples
 
 
 def _valid_file(tmp_path, n: int = 6):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import ChecksumError, ManifestError
-from preprocessing.manifest import (
+from core.errors import ChecksumError, ManifestError
+from core.manifest import (
     MANIFEST_NAME,
     StageOutput,
     is_done,
@@ -109,7 +110,7 @@ def test_refuses_path_escaping_stage_dir(tmp_path):
 
 
 def test_symlinked_stage_dir_escaping_the_work_dir_is_refused(tmp_path):
-    from preprocessing.errors import InputError
+    from core.errors import InputError
 
     work, outside = tmp_path / "work", tmp_path / "outside"
     work.mkdir()
@@ -120,3 +121,32 @@ def test_symlinked_stage_dir_escaping_the_work_dir_is_refused(tmp_path):
     assert not list(outside.iterdir())
     with StageOutput(work / "ok" / "k", "s", root=work) as st, st.open("a") as f:  # a normal dir is fine
         f.write(b"x")
+
+
+def test_stat_records_spare_rehashing_untouched_files_and_catch_edited_ones(tmp_path, monkeypatch) -> None:
+    """verify_manifest(trust_stat=True) re-hashes only files whose size/mtime/ctime/inode changed since the
+    md5 was last known; a same-size edit with the old mtime put back still changes the ctime."""
+    import os
+
+    import core.manifest as mf
+
+    with mf.recording_stats(), mf.StageOutput(tmp_path / "s", "demo") as out:
+        for name in ("a.bin", "b.bin"):
+            with out.open(name) as f:
+                f.write(os.urandom(4096))
+    assert (tmp_path / "s" / mf.STAT_NAME).is_file()
+    hashed = []
+    real = mf.md5_file
+    monkeypatch.setattr(mf, "md5_file", lambda p, *a: hashed.append(Path(p).name) or real(p, *a))
+    mf.verify_manifest(tmp_path / "s", trust_stat=True)
+    assert hashed == []  # nothing changed: no file read
+    b = tmp_path / "s" / "b.bin"
+    st = b.stat()
+    data = bytearray(b.read_bytes())
+    data[0] ^= 1
+    b.write_bytes(bytes(data))
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(mf.ChecksumError, match="b.bin"):
+        mf.verify_manifest(tmp_path / "s", trust_stat=True)
+    assert hashed == ["b.bin"]
+    mf.verify_manifest(tmp_path / "s", check_md5=False)  # sizes only: the edit goes unseen, by request

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir = Path(args.output_dir)
         names = [p.name for p in inputs]
         if len(set(names)) != len(names):
-            from preprocessing.errors import InputError
+            from core.errors import InputError
 
             raise InputError("--output_dir needs input files with distinct names; use --output_file instead")
         jobs = [Job((p,), (out_dir / f"{p.name}{args.output_suffix}",)) for p in inputs]

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.errors import BertpipeError, InputError
+    from core.errors import BertpipeError, InputError
 
     if not (args.out_safetensors or args.out_hf):
         raise InputError("nothing to write: give --out-safetensors FILE and/or --out-hf DIR")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bertpipe.commands._common import flag
 from bertpipe.commands.tfrecord_to_hdf5 import expand_inputs
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -19,47 +19,55 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from bertpipe.commands._common import bool_flag, flag
+from bertpipe.commands._common import bool_flag
+
+GROUPS = {"source": "source (default: the built-in sample)", "data": "reference flags (MLPerf defaults)",
+          "run": "execution"}
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per DataParams field, generated: its declared flags (else ``--dashed`` and ``--under_scored``),
+    its help and default; booleans in absl style (``--do_lower_case=False``), lists repeatable."""
+    import typing
+    from dataclasses import MISSING, fields
+
+    from preprocessing.params import DataParams, cli_flags
+
+    hints = typing.get_type_hints(DataParams)
+    groups = {k: p.add_argument_group(v) for k, v in GROUPS.items()}
+    for f in fields(DataParams):
+        meta, g = f.metadata, groups[f.metadata["group"]]
+        text = meta["help"].replace("%", "%%")  # argparse formats help with %
+        opts = cli_flags(f.name, meta)
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        hint, args = hints[f.name], typing.get_args(hints[f.name])
+        shown = "" if default is None or default == [] else f" (default: {default})"
+        if hint is bool:
+            if opts[0].startswith("--no-"):
+                g.add_argument(*opts, dest=f.name, action="store_false", help=text)
+            elif default is False:
+                g.add_argument(*opts, dest=f.name, action="store_true", help=text)
+            else:
+                bool_flag(g, f.name, default, text)
+        elif typing.get_origin(hint) is list or list in {typing.get_origin(a) for a in args}:
+            g.add_argument(*opts, dest=f.name, action="append", default=None if default is None else list(default),
+                           metavar="STAGE", help=text + " (repeatable)")
+        elif typing.get_origin(hint) is typing.Literal:
+            g.add_argument(*opts, dest=f.name, choices=args, default=default, help=text + shown)
+        else:
+            kind = next((a for a in (args or (hint,)) if a is not type(None)), str)
+            g.add_argument(*opts, dest=f.name, type=kind, default=default, help=text + shown)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("flow", nargs="?", choices=("data", "pretrain", "e2e"), default="data",
                    help="which flow (default: data)")
-    src = p.add_argument_group("source (default: the built-in sample)")
-    src.add_argument("--text-dir", "--text_dir", dest="text_dir", help="MLCommons' text: part-*-of-00500 + eval.txt")
-    src.add_argument("--link-text", dest="link_text", action="store_true",
-                     help="hard-link --text-dir's files into the work dir instead of copying them")
-    src.add_argument("--dump", help="a dump path, URL or preset (enwiki-latest, enwiki-20200101)")
-    src.add_argument("--dump-md5", "--dump_md5", dest="source_md5", help="expected md5 of --dump")
-    src.add_argument("--vocab", "--vocab_file", dest="vocab", help="BERT vocab.txt (default: learn one: vocab stage)")
-    flag(src, "vocab_size", type=int, help="size of a learned vocab (default 30522; sample 8000)")
-    flag(src, "num_test_articles", type=int, help="eval articles withheld from a dump (default 10000; sample 5)")
-    flag(src, "current_time", help="ISO time for {{CURRENTYEAR}} & co. during extraction")
-    p.add_argument("--work-dir", "--work_dir", dest="work_dir", default="work", help="work dir (default: work)")
-    ref = p.add_argument_group("reference flags (MLPerf defaults)")
-    flag(ref, "max_seq_length", type=int, default=512)
-    flag(ref, "max_predictions_per_seq", type=int, default=76)
-    flag(ref, "dupe_factor", type=int, default=10)
-    flag(ref, "masked_lm_prob", type=float, default=0.15)
-    flag(ref, "random_seed", type=int, default=12345)
-    flag(ref, "short_seq_prob", type=float, default=0.1)
-    bool_flag(ref, "do_lower_case", True, "lower-case the text (uncased vocab)")
-    flag(ref, "num_examples_to_pick", type=int, default=10000, help="eval_10k size")
-    flag(ref, "n_output_shards", type=int, help="shards per length bin (default 2048; sample 8)")
-    run = p.add_argument_group("execution")
-    run.add_argument("--only", action="append", default=None, metavar="STAGE", help="run only this stage (repeatable)")
-    run.add_argument("--force", action="append", default=[], metavar="STAGE", help="redo this stage (repeatable)")
-    run.add_argument("--workers", type=int, default=0, help="parallel shard tasks (0: one per CPU; 1: serial)")
-    run.add_argument("--runner", choices=("local", "prefect-process", "dask"), default="local",
-                     help="local: threads + worker processes (default); prefect-process: Prefect's process pool")
-    run.add_argument("--dask-address", "--dask_address", dest="dask_address", help="run shard tasks on this Dask cluster")
-    run.add_argument("--no-md5", dest="verify_md5", action="store_false",
-                     help="'done' checks sizes only (fast re-runs of huge work dirs; `bertpipe verify` checks md5s)")
-    run.add_argument("--wait-lock", dest="wait_lock_s", type=float, default=0.0, metavar="SECONDS",
-                     help="wait this long for a work dir in use by another run (default: refuse at once)")
+    add_data_arguments(p)
     tr = p.add_argument_group("pre-training (pretrain / e2e)")
     tr.add_argument("--model", default="tiny", help="tiny | large | 1.5b | 5b (default: tiny)")
     tr.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=20)
@@ -71,36 +79,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tr.add_argument("--output-dir", dest="output_dir", help="training output (default: <work>/pretrain)")
 
 
-def data_params(args: argparse.Namespace):  # -> DataParams (pydantic imported lazily)
-    """The flow parameters of ``args`` (InputError with pydantic's message when one is invalid)."""
-    from pydantic import ValidationError
+def data_params(args: argparse.Namespace):  # -> DataParams
+    """The DataParams of ``args`` (one attribute per field: no hand mapping); errors name the flags."""
+    from dataclasses import fields
 
-    from flows.params import DataParams
-    from preprocessing.errors import InputError
+    from preprocessing.params import DataParams, surface
 
-    values = {"work_dir": args.work_dir, "text_dir": args.text_dir, "link_text": args.link_text, "source": args.dump or "sample",
-              "source_md5": args.source_md5, "vocab": args.vocab, "vocab_size": args.vocab_size,
-              "num_test_articles": args.num_test_articles, "current_time": args.current_time,
-              "max_seq_length": args.max_seq_length, "max_predictions_per_seq": args.max_predictions_per_seq,
-              "dupe_factor": args.dupe_factor, "masked_lm_prob": args.masked_lm_prob, "random_seed": args.random_seed,
-              "short_seq_prob": args.short_seq_prob, "do_lower_case": args.do_lower_case,
-              "num_eval_examples": args.num_examples_to_pick, "n_output_shards": args.n_output_shards,
-              "workers": args.workers, "runner": args.runner, "dask_address": args.dask_address,
-              "stages": args.only, "force": args.force, "verify_md5": args.verify_md5, "wait_lock_s": args.wait_lock_s}
-    try:
-        return DataParams(**values)
-    except ValidationError as exc:
-        msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise InputError(f"invalid parameters: {msgs}") from None
+    with surface("cli"):
+        return DataParams(**{f.name: getattr(args, f.name) for f in fields(DataParams)})
 
 
 def prefect_env(quiet: bool = False) -> None:
     """Before Prefect is imported: forward library loggers to the run logger; quieter console if asked."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "preprocessing,pretrain,tasks,flows")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # a temporary server reports nothing
     if quiet:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     for noisy in ("httpx", "httpcore", "distributed", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _KnownErrorsOnce(logging.Filter):
+    """Console only: a bertpipe error (bad input, checksum, disk full) is printed once, as one line, by the CLI.
+    Prefect's own report of it (a traceback per task and flow run) is dropped here; the run's logs in the
+    Prefect UI keep everything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from core.errors import BertpipeError
+
+        self.base = BertpipeError
+        names, todo = set(), [BertpipeError]
+        while todo:
+            cls = todo.pop()
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+        self.pattern = re.compile(rf"\b({'|'.join(sorted(names))})\b")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("prefect") or record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, self.base):
+            return False
+        return not self.pattern.search(record.getMessage())
+
+
+def quiet_known_errors() -> None:
+    """Attach :class:`_KnownErrorsOnce` to the console handlers Prefect configured (call after importing it)."""
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
+                                      if n.startswith("prefect"))]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, logging.StreamHandler) and not any(isinstance(f, _KnownErrorsOnce) for f in h.filters):
+                h.addFilter(_KnownErrorsOnce())
+
+
+def check_dask_server(params) -> None:
+    """Dask workers report their task runs to the Prefect server in their PREFECT_API_URL: a temporary server
+    on this machine's 127.0.0.1 cannot be theirs (each would start its own, and the runs would not show)."""
+    if params.resolved_runner() != "dask":
+        return
+    from prefect.settings import PREFECT_API_URL
+
+    from core.errors import InputError
+
+    if not PREFECT_API_URL.value():
+        raise InputError("--dask-address needs a standing Prefect server that every Dask worker reaches: run "
+                         "`prefect server start --host <this host>` (behind your own authentication), then export "
+                         "PREFECT_API_URL=http://<host>:4200/api here and in the environment of every `dask worker`")
 
 
 _REAPER = r"""
@@ -133,6 +180,9 @@ def print_summary(summary: dict, out=None) -> None:
     for name, s in summary["stages"].items():
         print(f"{name:<14} {s['calls']:>5} {s['cached']:>6} {s['files']:>6} {s['bytes']:>14,} {s['seconds']:>8.2f}  "
               f"{s['dir']}", file=out)
+    for name, s in summary["stages"].items():
+        for line in s.get("redone", []):  # why a stage that existed ran again
+            print(f"  redone {name} {line}", file=out)
     done = sum(s["calls"] - s["cached"] for s in summary["stages"].values())
     print(f"{'all stages cached' if not done else f'{done} call(s) ran'}; outputs:", file=out)
     for k, v in summary.get("outputs", {}).items():
@@ -140,9 +190,17 @@ def print_summary(summary: dict, out=None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from preprocessing.params import surface
+
     prefect_env(args.quiet)
-    params = data_params(args)  # invalid flags fail before Prefect starts
-    from tasks.lock import WorkDirLock
+    with surface("cli"):  # errors name --flags, here and inside the flow
+        params = data_params(args)  # invalid flags and inputs fail here, before Prefect starts
+        params.preflight()
+        return _run_flow(args, params)
+
+
+def _run_flow(args: argparse.Namespace, params) -> int:
+    from core.lock import WorkDirLock
 
     # The work dir is locked for the whole command (Prefect's start-up included); the flow takes the
     # same lock again (re-entrant), so a deployment run is protected too.
@@ -154,9 +212,40 @@ def run(args: argparse.Namespace) -> int:
         if args.flow == "data":
             from flows.data_flow import data_flow
 
-            summary = data_flow(**params.model_dump())
-            print_summary(summary)
+            check_dask_server(params)
+            quiet_known_errors()
+            print_summary(data_flow(**params.to_dict()))
             return 0
-        from flows.pretrain_flow import run_from_args
+        return run_training_flow(args)
 
-        return run_from_args(args)
+
+def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """TrainConfig fields set on the command line (``--learning-rate``)."""
+    lr = getattr(args, "learning_rate", None)
+    return {"learning_rate": lr} if lr is not None else None
+
+
+def run_training_flow(args: argparse.Namespace) -> int:
+    """``bertpipe run pretrain|e2e``."""
+    from core.errors import InputError
+    from flows.pretrain_flow import pretrain_flow
+
+    quiet_known_errors()
+    if args.flow == "pretrain":
+        if not args.train_dir:
+            raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
+        pretrain_flow(train_dir=args.train_dir, eval_file=args.eval_file or "",
+                      output_dir=args.output_dir or str(Path(args.work_dir) / "pretrain"), model=args.model,
+                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab, options=train_options(args))
+        return 0
+    from flows.e2e_flow import e2e_flow
+
+    out = e2e_flow(data=data_params(args).to_dict(), output_dir=args.output_dir, model=args.model,
+                   max_steps=args.max_steps, nproc=args.nproc, options=train_options(args))
+    print_summary(out["data"])
+    s = out["pretrain"]["summary"]
+    brief = ", ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}"
+                      for k in ("steps", "final_loss", "training_sequences_per_second", "final_eval_mlm_accuracy")
+                      if s.get(k) is not None)
+    print(f"pre-training: {out['pretrain']['output_dir']}/  {brief or 'no summary.json written'}")
+    return 0

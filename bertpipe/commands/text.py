@@ -74,7 +74,7 @@ def _reusable_extraction(extract_dir: Path, dump: Path, params: dict, upstream: 
     The dump is "the same" when it came through a verified download with the same md5, or, for a
     local file, has the recorded size. The text stages then re-check every extracted file's md5.
     """
-    from preprocessing.manifest import is_done
+    from core.manifest import is_done
 
     if params.get("current_time") is None:
         return None  # {{CURRENTYEAR}} & co. follow the clock: extract again
@@ -89,7 +89,7 @@ def _reusable_extraction(extract_dir: Path, dump: Path, params: dict, upstream: 
 
 
 def _cpus() -> int:
-    from preprocessing.textio import default_workers
+    from core.pools import default_workers
 
     return default_workers()
 

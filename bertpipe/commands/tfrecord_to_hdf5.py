@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from bertpipe.commands._common import flag
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -19,25 +19,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.errors import InputError
-    from preprocessing.manifest import MANIFEST_NAME
-    from tasks.workdir import SKIP, check_dir
+    from core.errors import InputError
+    from tasks.workdir import scan
 
     if not args.work_dir.is_dir():
-        raise InputError(f"work dir {args.work_dir} does not exist")
-    t0, n, nbytes, bad = time.perf_counter(), 0, 0, 0
-    for mf in sorted(args.work_dir.rglob(MANIFEST_NAME)):
-        rel = mf.parent.relative_to(args.work_dir)
-        if rel.parts and rel.parts[0] in SKIP:
-            continue
-        state, files, size, detail = check_dir(mf.parent, check_md5=True)
-        n, nbytes = n + 1, nbytes + size
-        if state != "done":
-            bad += 1
-            print(f"BAD  {rel}: {detail}")
+        raise InputError(f"--work-dir {args.work_dir} is not a folder; give the work dir of a `bertpipe run`")
+    t0 = time.perf_counter()
+    entries = [e for e in scan(args.work_dir, check_md5=True) if e.state != "missing"]
+    if not entries:
+        raise InputError(f"--work-dir {args.work_dir} holds no stage outputs (no <stage>/<key>/_manifest.json); "
+                         "is it the work dir of a `bertpipe run`?")
+    nbytes = sum(e.bytes for e in entries)
+    bad = [e for e in entries if e.state not in ("done", "dropped")]
+    for e in entries:
+        if e.state == "done":
+            print(f"ok   {e.path}: {e.files} files, {e.bytes:,} bytes")
+        elif e.state == "dropped":
+            print(f"drop {e.path}: {e.detail}")
         else:
-            print(f"ok   {rel}: {files} files, {size:,} bytes")
+            print(f"BAD  {e.path}: {e.state}: {e.detail}")
     dt = time.perf_counter() - t0
-    print(f"{n} manifests, {nbytes:,} bytes re-hashed in {dt:.1f} s ({nbytes / 1e6 / max(dt, 1e-9):.0f} MB/s): "
-          f"{'all verify' if not bad else f'{bad} do not verify'}", file=sys.stderr)
+    print(f"{len(entries)} outputs, {nbytes:,} bytes re-hashed in {dt:.1f} s ({nbytes / 1e6 / max(dt, 1e-9):.0f} "
+          f"MB/s): {'all verify' if not bad else f'{len(bad)} do not verify'}", file=sys.stderr)
     return 1 if bad else 0

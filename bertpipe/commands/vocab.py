@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.errors import InputError
+    from core.errors import InputError
     from preprocessing.vocab import VOCAB_NAME, VocabConfig, run_vocab
 
     files: list[Path] = []

@@ -18,7 +18,7 @@ def sample_dump_path() -> Path:
     """Path of the packaged sample dump (``preprocessing/sample/sample-wiki.xml.bz2``)."""
     path = Path(__file__).resolve().parent / SAMPLE_NAME
     if not path.is_file():
-        from preprocessing.errors import InputError
+        from core.errors import InputError
 
         raise InputError(f"{path} is missing from this installation; regenerate it with "
                          "`python -m preprocessing.sample.make_sample`")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flowhelpers import split_docs
 
 # Before anything imports prefect: its home (database, result records) goes to a temp dir.
 _HOME = tempfile.mkdtemp(prefix="bertpipe-prefect-home-")
@@ -23,13 +24,6 @@ def prefect_harness() -> Iterator[Path]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield Path(_HOME)
-
-
-def split_docs(text: str, n: int) -> list[str]:
-    """``text`` (documents separated by blank lines) cut into ``n`` parts at document boundaries."""
-    docs = [d for d in text.split("\n\n") if d.strip()]
-    k = -(-len(docs) // n)
-    return ["\n\n".join(docs[i * k:(i + 1) * k]) + "\n" for i in range(n)]
 
 
 @pytest.fixture(scope="session")

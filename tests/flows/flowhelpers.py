@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from preprocessing.manifest import MANIFEST_NAME, md5_file
+from core.manifest import MANIFEST_NAME, md5_file  # noqa: F401
 
 #: Quick flags for the three-part text (512/76 as MLPerf, one duplicate, 2 shards per bin), serial.
 FAST = ["--dupe-factor", "1", "--n-output-shards", "2", "--num-examples-to-pick", "50", "--workers", "1"]
+
+
+def split_docs(text: str, n: int) -> list[str]:
+    """``text`` (documents separated by blank lines) cut into ``n`` parts at document boundaries."""
+    docs = [d for d in text.split("\n\n") if d.strip()]
+    k = -(-len(docs) // n)
+    return ["\n\n".join(docs[i * k:(i + 1) * k]) + "\n" for i in range(n)]
 
 
 def run_cli(*args: str) -> int:
@@ -22,9 +29,10 @@ def last_run(work: Path) -> dict:
 
 
 def output_md5s(work: Path) -> dict[str, str]:
-    """stage/key/.../file -> md5 of every stage output (manifests and Prefect records excluded)."""
+    """stage/key/.../file -> md5 of every stage output (bookkeeping - _manifest.json, _dropped.json, dot files -
+    and Prefect records excluded)."""
     return {p.relative_to(work).as_posix(): md5_file(p) for p in sorted(work.rglob("*"))
-            if p.is_file() and p.name != MANIFEST_NAME and not p.name.startswith(".")
+            if p.is_file() and not p.name.startswith((".", "_"))
             and p.parent != work and not p.relative_to(work).parts[0].startswith(".")}
 
 

@@ -87,25 +87,45 @@ def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, sha
     assert output_md5s(w) == md5s  # the same bytes again
     s2 = last_run(w)["stages"]
     assert (s2["tfrecord"]["cached"], s2["hdf5"]["cached"], s2["bins"]["cached"]) == (2, 2, 1)
+    redone = s2["tfrecord"]["redone"] + s2["hdf5"]["redone"]  # the run says why it redid them
+    assert any(r.startswith("part-00001-of-00500: md5 mismatch for ") for r in redone), redone
+    assert any(r.startswith("part-00002-of-00500: ") and "part-00002-of-00500.hdf5 is missing" in r for r in redone)
     states = last_flow_run_task_states()  # Prefect's view: the untouched shards hit its cache
-    assert states["tfrecord[part-00001-of-00500]"] == "Completed" and states["hdf5[part-00002-of-00500]"] == "Completed"
-    assert states["tfrecord[part-00000-of-00500]"] == "Cached" and states["bins"] == "Cached"
+    assert states["tfrecord+hdf5[part-00001-of-00500]"] == "Completed"
+    assert states["tfrecord+hdf5[part-00002-of-00500]"] == "Completed"
+    assert states["tfrecord+hdf5[part-00000-of-00500]"] == "Cached" and states["bins"] == "Cached"
 
 
-def test_only_runs_one_stage_and_names_a_missing_upstream(prefect_harness, three_part_text: Path,
-                                                          shared_data: Path, tmp_path: Path, capsys) -> None:
+def test_only_runs_a_stage_and_what_it_needs(prefect_harness, three_part_text: Path, shared_data: Path,
+                                             tmp_path: Path, capsys) -> None:
+    """--only X runs X and whatever X reads that is not done; last_run.json always names the whole data set
+    that is done (train_dir, eval_hdf5, vocab), even after a run of one stage."""
     w = tmp_path / "w"
     base = ["--text-dir", three_part_text, "--vocab", shared_data / "vocab.txt", "--work-dir", w, *FAST]
     assert run_cli(*base, "--only", "text") == 0
     assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["text"]
+    assert run_cli(*base, "--only", "create-pretraining-data") == 0  # the library's name works too
+    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["text", "tfrecord", "vocab"]
+    assert run_cli(*base, "--only", "bins") == 0  # hdf5 (not done) runs too, tfrecord is found done
+    s = last_run(w)["stages"]
+    assert (s["tfrecord"]["cached"], s["hdf5"]["cached"], s["bins"]["cached"]) == (3, 0, 0)
+    assert "eval_hdf5" not in last_run(w)["outputs"]  # the eval branch was never run
+    assert run_cli(*base) == 0
+    full = last_run(w)["outputs"]
+    assert run_cli(*base, "--only", "bins") == 0
+    assert last_run(w)["outputs"] == full  # train_dir, eval_hdf5, vocab, text_dir: the whole data set
+    assert set(last_run(w)["stages"]) == {"text", "vocab", "tfrecord", "hdf5", "bins", "eval_tfrecord", "eval_10k",
+                                           "eval_hdf5"}
     capsys.readouterr()
-    assert run_cli(*base, "--only", "hdf5") == 2
-    err = capsys.readouterr().err
-    assert "stage 'tfrecord' is not done" in err and "--only tfrecord" in err
-    assert run_cli(*base, "--only", "create-pretraining-data") == 0
-    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["text", "tfrecord"]
-    assert run_cli(*base, "--only", "hdf5") == 0
-    assert sorted(p.name for p in w.iterdir() if p.is_dir()) == ["hdf5", "text", "tfrecord"]
-    assert last_run(w)["stages"]["hdf5"]["cached"] == 0
     assert run_cli(*base, "--only", "download") == 2
     assert "not part of this run (--text-dir was given)" in capsys.readouterr().err
+    assert run_cli(*base, "--only", "nonsense") == 2
+    assert "--only: unknown stage 'nonsense'; the data stages are: download, extract, text" in capsys.readouterr().err
+
+
+def test_an_error_inside_the_dag_names_the_cli_flag(prefect_harness, tmp_path: Path, capsys) -> None:
+    """The same error as in a deployment run (test_refresh: data.num_test_articles), spelled for the CLI."""
+    assert run_cli("--work-dir", tmp_path / "w", "--only", "text", "--num-test-articles", "10000",
+                   "--workers", "1") == 2
+    err = capsys.readouterr().err
+    assert "lower --num-test-articles" in err and err.count("\n") == 1

@@ -11,7 +11,7 @@ import h5py
 import pytest
 
 from bertpipe.cli import main
-from preprocessing.manifest import MANIFEST_NAME, verify_manifest
+from core.manifest import MANIFEST_NAME, verify_manifest
 
 
 def articles(path: Path) -> list[str]:
@@ -68,11 +68,11 @@ def test_demo_stands_for_run_e2e_with_the_sample_settings() -> None:
     import argparse
 
     from bertpipe.commands import demo
-    from flows.pretrain_flow import train_options
+    from bertpipe.commands.run import train_options
 
     p = argparse.ArgumentParser()
     demo.add_arguments(p)
     ns = demo.run_args(p.parse_args([]))
-    assert (ns.flow, ns.work_dir, ns.nproc, ns.max_steps, ns.dump, ns.text_dir) == ("e2e", "work/demo", 2, 40, None, None)
+    assert (ns.flow, ns.work_dir, ns.nproc, ns.max_steps, ns.source, ns.text_dir) == ("e2e", "work/demo", 2, 40, "sample", None)
     assert train_options(ns) == {"learning_rate": 0.05}
     assert demo.run_args(p.parse_args(["--no-train"])).flow == "data"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.manifest import verify_manifest
+from core.manifest import verify_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")

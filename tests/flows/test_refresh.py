@@ -52,3 +52,29 @@ def test_refresh_rebuilds_only_on_a_new_checksum(prefect_harness, tmp_path: Path
     assert v2 != v1 and (root / "latest").resolve() == v2.resolve()
     assert output_md5s(v1) == v1_files  # the old version is untouched
     assert any(k.startswith("tfrecord/") for k in output_md5s(v2))
+
+
+def test_refresh_with_its_defaults_sizes_the_eval_split_from_a_small_dump(prefect_harness, tmp_path: Path) -> None:
+    """No num_test_articles given: a dump of ~50 articles withholds 10 % of them (MLPerf's 10,000 would be refused),
+    and a value that cannot be met is refused naming the deployment parameter, data.num_test_articles."""
+    import json
+
+    import pytest
+
+    from core.errors import InputError
+    from flows.refresh_flow import refresh_flow
+
+    mirror, root = tmp_path / "mirror", tmp_path / "datasets"
+    mirror.mkdir()
+    _publish(mirror, bz2.compress(bz2.decompress(sample_dump_path().read_bytes()), compresslevel=2))
+    src = (mirror / "sample-wiki.xml.bz2").as_uri()
+    with pytest.raises(InputError, match=r"lower data\.num_test_articles") as exc:
+        refresh_flow(source=src, datasets_dir=str(root), data={"workers": 1, "stages": ["text"],
+                                                               "num_test_articles": 10000})
+    assert "--num-test-articles" not in str(exc.value)
+    assert not (root / "latest").exists()  # a failed build never moves latest
+    r = refresh_flow(source=src, datasets_dir=str(root), data={"workers": 1, "stages": ["text"]})
+    assert r["rebuilt"]
+    text = json.loads(next((root / "latest" / "text").glob("*/_manifest.json")).read_text())
+    articles = text["counters"]["articles"] + text["counters"]["eval_articles"]
+    assert text["counters"]["num_test_articles"] == text["counters"]["eval_articles"] == int(articles * 0.1)

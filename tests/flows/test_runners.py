@@ -28,7 +28,7 @@ def _check_artifacts() -> None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     from prefect.client.schemas.sorting import FlowRunSort
 
-    keys = ["stage-tfrecord", "stage-bins", "progress-tfrecord-eval-tfrecord", "dataset-summary"]
+    keys = ["stage-tfrecord", "stage-bins", "progress-tfrecord-hdf5", "dataset-summary"]
     with get_client(sync_client=True) as client:
         run = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]  # the run of this test
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
@@ -36,7 +36,7 @@ def _check_artifacts() -> None:
     arts = {a.key: a for a in found}
     assert set(keys) <= set(arts)
     assert arts["stage-tfrecord"].type == "table" and "part-00002-of-00500" in str(arts["stage-tfrecord"].data)
-    assert arts["progress-tfrecord-eval-tfrecord"].type == "progress"
+    assert arts["progress-tfrecord-hdf5"].type == "progress"
     assert "md5" in arts["dataset-summary"].data and "| bins |" in arts["dataset-summary"].data
 
 

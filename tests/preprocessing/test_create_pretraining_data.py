@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from bertpipe.cli import main
+from core.errors import ChecksumError, InputError
+from core.manifest import StageOutput, md5_file
 from preprocessing import cpd_fast
 from preprocessing.cpd_run import Job, expand_inputs, run_jobs, write_pretraining_data
 from preprocessing.create_pretraining_data import (
@@ -23,8 +25,6 @@ from preprocessing.create_pretraining_data import (
     create_pretraining_data,
     run_create_pretraining_data,
 )
-from preprocessing.errors import ChecksumError, InputError
-from preprocessing.manifest import StageOutput, md5_file
 from preprocessing.tfrecord import read_examples
 
 # golden file -> (input relative to golden/, max_seq_length, max_predictions_per_seq, dupe_factor)
@@ -159,7 +159,7 @@ def test_round_robin_outputs(golden, vocab, tmp_path):
 
 
 @pytest.mark.parametrize("spelling", ["underscore", "dash"])
-def test_cli_reference_flags(golden, vocab, tmp_path, spelling, caplog):
+def test_cli_reference_flags(golden, vocab, tmp_path, spelling, caplog, monkeypatch):
     out = tmp_path / "edge_128.tfrecord"
     if spelling == "underscore":
         argv = [f"--input_file={golden / 'edge_input.txt'}", f"--output_file={out}", f"--vocab_file={vocab}",
@@ -168,11 +168,18 @@ def test_cli_reference_flags(golden, vocab, tmp_path, spelling, caplog):
     else:
         argv = ["--input-file", str(golden / "edge_input.txt"), "--output-file", str(out), "--vocab-file", str(vocab),
                 "--max-seq-length", "128", "--dupe-factor", "2", "--impl", "plain"]  # other flags: defaults
-    with caplog.at_level("INFO"):
-        assert main(["create-pretraining-data", *argv]) == 0
+    import logging
+
+    verbose = ["-v"] if spelling == "underscore" else []  # the reference's example dumps only with -v
+    monkeypatch.setenv("BERTPIPE_LOG_EXAMPLES", "0")
+    try:
+        with caplog.at_level("INFO"):
+            assert main(["create-pretraining-data", *argv, *verbose]) == 0
+    finally:
+        logging.getLogger("preprocessing.create_pretraining_data.examples").setLevel(logging.WARNING)
     assert md5_file(out) == md5_file(golden / "edge_128.tfrecord")
     text = caplog.text
-    assert text.count("*** Example ***") == 20 and "Wrote 157 total instances" in text
+    assert text.count("*** Example ***") == (20 if verbose else 0) and "Wrote 157 total instances" in text
     assert "37 documents, 157 instances" in text and "MB/s" in text
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import ChecksumError, InputError
+from core.manifest import MANIFEST_NAME, verify_manifest
 from preprocessing import download as dl
 from preprocessing.download import DownloadConfig, resolve, run_download
-from preprocessing.errors import ChecksumError, InputError
-from preprocessing.manifest import MANIFEST_NAME, verify_manifest
 
 DATA = bytes(range(256)) * 4000 + b"tail"  # 1 MB + a bit: several read chunks
 DATA_MD5 = hashlib.md5(DATA).hexdigest()

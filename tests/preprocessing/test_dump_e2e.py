@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe.cli import main
-from preprocessing.manifest import MANIFEST_NAME, verify_manifest
+from core.manifest import MANIFEST_NAME, verify_manifest
 from preprocessing.sample import sample_dump_path
 
 REAL = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import ChecksumError, InputError
+from core.errors import ChecksumError, InputError
+from core.manifest import MANIFEST_NAME, Manifest, StageOutput, verify_manifest
 from preprocessing.extract import ExtractConfig, clock_values, output_name, run_extract
-from preprocessing.manifest import MANIFEST_NAME, Manifest, StageOutput, verify_manifest
 from preprocessing.sample import SAMPLE_MD5, sample_dump_path
 
 REAL = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from bertpipe.cli import main
-from preprocessing.manifest import md5_file
+from core.manifest import md5_file
+from core.schema import BIN_BOUNDS as BINS
 from preprocessing.pack_varlength import run_pack_varlength
-from preprocessing.split_4bins import BINS, Split4BinsConfig, run_split_4bins
+from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
 from preprocessing.tfrecord_to_hdf5 import run_tfrecord_to_hdf5
 
 MLPERF_ORDER = ["input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",

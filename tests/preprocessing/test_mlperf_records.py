@@ -10,9 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from preprocessing.errors import RecordError
+from core.errors import RecordError
+from core.schema import FEATURES, FLOAT_FEATURES
 from preprocessing.mlperf_records import RecordShape, decode_batch, iter_batches
-from preprocessing.tfrecord import FEATURES, FLOAT_FEATURES, encode_example, read_examples, write_records
+from preprocessing.tfrecord import encode_example, read_examples, write_records
 from preprocessing.tfrecord_to_hdf5 import HDF5Config, convert_tfrecord_to_hdf5
 
 SHAPE = RecordShape(max_seq_length=16, max_predictions_per_seq=4)

@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bertpipe.cli import main
-from preprocessing.errors import InputError, RecordError
+from core.errors import InputError, RecordError
+from core.schema import BIN_BOUNDS as BINS
 from preprocessing.mlperf_records import RecordShape, iter_batches
 from preprocessing.pick_eval_samples import PickEvalConfig, pick_indices, run_pick_eval_samples
-from preprocessing.split_4bins import BINS, Split4BinsConfig, run_split_4bins, shard_sizes
+from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins, shard_sizes
 from preprocessing.tfrecord import count_records, decode_example, encode_example, iter_records, write_records
 
 NAMES = [("input_ids", "i4"), ("input_mask", "i1"), ("segment_ids", "i1"), ("masked_lm_positions", "i4"),
@@ -195,7 +196,7 @@ def test_pick_validates_picked_records(golden: Path, tmp_path: Path) -> None:
 
 # -- stage chaining: inputs verified against the upstream manifest --------------------------------
 def test_chained_stages_verify_upstream(golden: Path, tmp_path: Path) -> None:
-    from preprocessing.errors import ChecksumError, ManifestError
+    from core.errors import ChecksumError, ManifestError
     from preprocessing.pack_varlength import run_pack_varlength
     from preprocessing.tfrecord_to_hdf5 import run_tfrecord_to_hdf5
 

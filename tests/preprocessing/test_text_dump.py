@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe.cli import main
-from preprocessing.manifest import verify_manifest
+from core.manifest import verify_manifest
 
 DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 FINAL = ("part-00000-of-00500", "eval.txt", "eval.md5")

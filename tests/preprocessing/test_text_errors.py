@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bertpipe.cli import main
-from preprocessing.errors import ChecksumError, InputError
-from preprocessing.manifest import MANIFEST_NAME, FileEntry, Manifest, md5_file
+from core.errors import ChecksumError, InputError
+from core.manifest import MANIFEST_NAME, FileEntry, Manifest, md5_file
 from preprocessing.split_eval import SplitEvalConfig, run_split_eval
 from preprocessing.text_pipeline import TextConfig, run_text_stages
 
@@ -149,7 +149,7 @@ def test_rerun_replaces_outputs(tmp_path: Path) -> None:
 
 
 def test_ordered_map_keeps_order_with_a_small_window() -> None:
-    from preprocessing.textio import ordered_map
+    from core.pools import ordered_map
 
     items = [-5, 3, -2, 0, 7, -1, 4]
     assert list(ordered_map(abs, items, workers=2, window=2)) == [abs(x) for x in items]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bertpipe.cli import main
+from core.manifest import verify_manifest
 from preprocessing.clean import CleanConfig, run_clean
 from preprocessing.gather import GatherConfig, run_gather
-from preprocessing.manifest import verify_manifest
 from preprocessing.segment import SegmentConfig, run_segment
 from preprocessing.split_eval import SplitEvalConfig, run_split_eval
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from preprocessing.gather import gather_content
 from preprocessing.split_eval import eval_md5_line, num_tests_for, pick_test_ids, split_text
 

@@ -7,7 +7,7 @@ import unicodedata
 
 import pytest
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from preprocessing.tokenization import (
     _CJK_RANGES,
     BasicTokenizer,

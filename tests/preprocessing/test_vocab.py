@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import InputError
-from preprocessing.manifest import verify_manifest
+from core.errors import InputError
+from core.manifest import verify_manifest
 from preprocessing.vocab import SPECIAL, VocabConfig, learn_vocab, run_vocab
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from pretrain import checkpoint as ckpt
 
 

@@ -9,8 +9,9 @@ import h5py
 import numpy as np
 import pytest
 
-from preprocessing.errors import InputError
-from pretrain.data import FIELDS, BinnedSampler, PrefetchingSampler, discover_shards
+from core.errors import InputError
+from core.schema import HDF5_FIELDS as FIELDS
+from pretrain.data import BinnedSampler, PrefetchingSampler, discover_shards
 from pretrain.evaluate import EvalSet, evaluate
 
 

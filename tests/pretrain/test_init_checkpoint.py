@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from test_export_import import ATOL, batch, perturbed_tiny, tf1_checkpoint  # noqa: E402, F401 (fixture)
 
-from preprocessing.errors import InputError  # noqa: E402
+from core.errors import InputError  # noqa: E402
 from pretrain.config import model_config  # noqa: E402
 from pretrain.init_checkpoint import (  # noqa: E402
     check_init_checkpoint,

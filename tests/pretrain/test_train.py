@@ -134,7 +134,7 @@ def test_golden_loss_curve(main_run):
 
 
 def test_checkpoint_of_another_model_is_refused(main_run, golden):
-    from preprocessing.errors import InputError
+    from core.errors import InputError
 
     other = _cfg(golden, main_run, resume=True, model_config=str(_write_json(main_run.parent / "m.json",
                                                                              {"hidden_size": 128})))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 from pretrain.train_config import TrainConfig, add_train_arguments, from_args, load_ds_config, to_argv
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deployments"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from preprocessing.errors import InputError
-from tasks.lock import LOCK_NAME, WorkDirLock
+from core.errors import InputError
+from core.lock import LOCK_NAME, WorkDirLock
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = "import sys, time; from tasks.lock import WorkDirLock\nwith WorkDirLock(sys.argv[1]):\n print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from core.lock import WorkDirLock\nwith WorkDirLock(sys.argv[1]):\n print('held', flush=True); time.sleep(60)"
 
 
 def _holder(work: Path) -> subprocess.Popen:

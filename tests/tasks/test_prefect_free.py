@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["bertpipe.commands.run", "bertpipe.commands.status", "bertpipe.commands.verify", "bertpipe.commands.vocab",
-           "tasks.calls", "tasks.lock", "tasks.workdir", "flows.params", "preprocessing.vocab",
+           "tasks.calls", "core.lock", "tasks.workdir", "preprocessing.params", "preprocessing.vocab",
            "preprocessing.text_import"]
 
 

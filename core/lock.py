@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from preprocessing.errors import InputError
+from core.errors import InputError
 
 LOCK_NAME = ".bertpipe.lock"
 _HELD: dict[str, tuple[IO[str], int]] = {}

@@ -22,6 +22,7 @@ Typical use inside a stage::
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import hashlib
 import io
@@ -38,9 +39,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preprocessing.errors import ChecksumError, DiskFullError, InputError, ManifestError
+from core.errors import ChecksumError, DiskFullError, InputError, ManifestError
 
 MANIFEST_NAME = "_manifest.json"
+#: Beside a manifest whose files were deleted on purpose (``--keep training``): what went, when. The manifest
+#: stays, so downstream keys and checks still hold; the DAG rebuilds the files when something needs them.
+DROPPED_NAME = "_dropped.json"
+#: Beside the manifest of a work dir's stage: each file's (size, mtime, ctime, inode) when its md5 was last
+#: known to hold, so a re-check re-hashes only files whose record changed (any write changes mtime and ctime).
+#: Written for stages run by the DAG (:func:`recording_stats`) and renewed by ``verify_manifest(trust_stat=True)``;
+#: a standalone command's output folder gets none.
+STAT_NAME = ".verified.json"
+_RECORD_STATS: contextvars.ContextVar[bool] = contextvars.ContextVar("bertpipe_record_stats", default=False)
+
+
+@contextmanager
+def recording_stats() -> Iterator[None]:
+    """Stages written within this block leave :data:`STAT_NAME` beside their manifest."""
+    token = _RECORD_STATS.set(True)
+    try:
+        yield
+    finally:
+        _RECORD_STATS.reset(token)
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20
 
@@ -229,6 +249,7 @@ class StageOutput:
             check_inside(self.dir, self.root)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / self.manifest_name).unlink(missing_ok=True)
+        (self.dir / DROPPED_NAME).unlink(missing_ok=True)
         remove_debris(self.dir)
         self._t0 = time.perf_counter()
         self.fault("start")
@@ -242,6 +263,8 @@ class StageOutput:
         m.files = sorted(self._entries.values(), key=lambda e: e.name)
         m.seconds = round(time.perf_counter() - self._t0, 3)
         m.versions = _versions()
+        if _RECORD_STATS.get():
+            write_stat_records(self.dir, {f.name: f.md5 for f in m.files})
         atomic_write_text(self.dir / self.manifest_name, m.to_json(), before_rename=lambda: self.fault("manifest"))
         self.fault("done")
 
@@ -410,7 +433,7 @@ def remove_debris(directory: Path) -> None:
 
 
 def _versions() -> dict[str, str]:
-    from bertpipe import __version__
+    from core import __version__
 
     return {"bertpipe": __version__, "python": platform.python_version()}
 
@@ -429,10 +452,35 @@ def load_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Ma
         raise ManifestError(f"{p} is not a valid bertpipe manifest ({exc}); delete it to redo the stage") from exc
 
 
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def read_stat_records(directory: Path) -> dict[str, list]:
+    try:
+        data = json.loads((directory / STAT_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_stat_records(directory: Path, md5s: dict[str, str]) -> None:
+    """Record each file's stat with the md5 it is known to have (best effort: a read-only dir keeps none)."""
+    try:
+        records = {n: [*_stat_key(directory / n), md5] for n, md5 in md5s.items()}
+        atomic_write_text(directory / STAT_NAME, json.dumps(records, sort_keys=True) + "\n")
+    except OSError:
+        pass
+
+
 def verify_manifest(
-    directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True
+    directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True, trust_stat: bool = False
 ) -> Manifest:
     """Load and check a stage directory: every file present, of the recorded size and md5.
+
+    ``trust_stat``: a file whose size, mtime, ctime and inode are those recorded when its md5 was last
+    known (:data:`STAT_NAME`) is not re-hashed; the others are, and the records are renewed when they hold.
 
     Raises ManifestError (missing manifest/file, wrong size) or ChecksumError (md5 differs).
     """
@@ -440,9 +488,21 @@ def verify_manifest(
     m = load_manifest(directory, name)
     if m is None:
         raise ManifestError(f"{directory / name} not found: the stage has not completed (run it first)")
+    records = read_stat_records(directory) if check_md5 and trust_stat else {}
+    rehashed = False
     for f in m.files:
-        verify_file(directory / f.name, f.md5, f.bytes if not check_md5 else f.bytes, check_md5=check_md5,
-                    what=f"listed in {directory / name}")
+        path = directory / f.name
+        rec = records.get(f.name)
+        known = False
+        if rec is not None and rec[-1] == f.md5:
+            try:
+                known = _stat_key(path) == rec[:-1]
+            except OSError:
+                known = False
+        verify_file(path, f.md5, f.bytes, check_md5=check_md5 and not known, what=f"listed in {directory / name}")
+        rehashed = rehashed or (check_md5 and not known)
+    if rehashed and trust_stat:
+        write_stat_records(directory, {f.name: f.md5 for f in m.files})
     return m
 
 
@@ -464,9 +524,35 @@ def verify_file(path: str | os.PathLike, md5: str, size: int | None = None, *, c
                                 "re-run the stage that produces it")
 
 
-def is_done(directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True) -> Manifest | None:
+def is_done(directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True,
+            trust_stat: bool = False) -> Manifest | None:
     """The verified manifest if the stage directory is complete and intact, else None."""
     try:
-        return verify_manifest(directory, name, check_md5=check_md5)
+        return verify_manifest(directory, name, check_md5=check_md5, trust_stat=trust_stat)
     except (ManifestError, ChecksumError):
         return None
+
+
+# -- dropping a stage's files (the disk budget) ----------------------------------------------------------
+def dropped_info(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """What :func:`drop_files` recorded for a stage directory, or None when its files are (meant to be) there."""
+    try:
+        info = json.loads((Path(directory) / DROPPED_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def drop_files(directory: str | os.PathLike, why: str) -> int:
+    """Delete the files a stage directory's manifest lists, keep the manifest, record it; returns bytes freed."""
+    directory = Path(directory)
+    m = load_manifest(directory)
+    if m is None or dropped_info(directory) is not None:
+        return 0
+    info = {"files": len(m.files), "bytes": sum(f.bytes for f in m.files), "why": why,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    atomic_write_text(directory / DROPPED_NAME, json.dumps(info, sort_keys=True) + "\n")  # first: a kill leaves
+    for f in m.files:  # a marked dir with some files still there, which reads as dropped (rebuilt when needed)
+        (directory / f.name).unlink(missing_ok=True)
+    (directory / STAT_NAME).unlink(missing_ok=True)
+    return info["bytes"]

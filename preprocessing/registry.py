@@ -1,0 +1,75 @@
+"""The stages of the data DAG, in order: each module's own declaration (``DAG_STAGES``, beside its run function).
+
+    download -> extract -> text -> vocab -> tfrecord -> hdf5 -> bins          (per part file to hdf5)
+                              (or imported text)     \\-> eval_tfrecord -> eval_10k -> eval_hdf5
+
+Everything that needs the list of stages derives it from :data:`STAGES`: the DAG walk, the Prefect
+tasks, ``--only``/``--force``/``stages`` names, ``status`` rows and the summary table. To add a stage,
+declare it in its library module and add that module here (README, "Development").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import InputError
+from core.stage import Stage
+from preprocessing import (
+    create_pretraining_data,
+    download,
+    extract,
+    pick_eval_samples,
+    split_4bins,
+    text_import,
+    text_pipeline,
+    tfrecord_to_hdf5,
+    vocab,
+)
+
+#: Every declaration, in DAG order (a stage comes after the stages it reads).
+STAGES: tuple[Stage, ...] = (
+    *download.DAG_STAGES,
+    *extract.DAG_STAGES,
+    *text_pipeline.DAG_STAGES,
+    *text_import.DAG_STAGES,
+    *vocab.DAG_STAGES,
+    *create_pretraining_data.DAG_STAGES[:1],  # tfrecord
+    *tfrecord_to_hdf5.DAG_STAGES[:1],  # hdf5
+    *split_4bins.DAG_STAGES,
+    *create_pretraining_data.DAG_STAGES[1:],  # eval_tfrecord
+    *pick_eval_samples.DAG_STAGES,
+    *tfrecord_to_hdf5.DAG_STAGES[1:],  # eval_hdf5
+)
+
+
+def names() -> list[str]:
+    """The stage names, in DAG order, each once."""
+    return list(dict.fromkeys(s.name for s in STAGES))
+
+
+def per_shard() -> set[str]:
+    """Stages with one directory (and manifest) per part file."""
+    return {s.name for s in STAGES if s.per_shard}
+
+
+def titles() -> dict[str, str]:
+    return {n: " / ".join(dict.fromkeys(s.title for s in STAGES if s.name == n)) for n in names()}
+
+
+def active(params: Any) -> list[Stage]:
+    """The declarations that apply to a run with these parameters, in order (one per name)."""
+    out = [s for s in STAGES if s.when(params)]
+    seen = [s.name for s in out]
+    assert len(seen) == len(set(seen)), f"two declarations of one stage apply: {seen}"
+    return out
+
+
+def normalize_stage(name: str, what: str = "stages") -> str:
+    """``create-pretraining-data`` -> ``tfrecord``; InputError naming the choices otherwise."""
+    n = name.strip().lower().replace("-", "_")
+    for s in STAGES:
+        if n == s.name or n in s.aliases:
+            return s.name
+    from preprocessing.params import spell
+
+    raise InputError(f"{spell(what)}: unknown stage {name!r}; the data stages are: {', '.join(names())}")

@@ -1,0 +1,118 @@
+"""One stage registry, one parameter declaration: everything else is derived, and nothing keeps its own table."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from preprocessing import registry
+from preprocessing.params import DataParams
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = set(registry.names())
+
+
+def test_every_stage_reads_earlier_stages_only() -> None:
+    seen: set[str] = set()
+    for s in registry.STAGES:
+        assert set(s.reads) <= seen, f"{s.name} reads {s.reads} before they are declared"
+        seen.add(s.name)
+        assert callable(s.run) and not isinstance(s.run, str)  # a real reference, not "module:function"
+        if s.chain:
+            assert s.per_shard and len(s.reads) == 1 and registry.STAGES[[x.name for x in registry.STAGES].index(
+                s.reads[0])].per_shard
+
+
+@pytest.mark.parametrize("params", [DataParams(), DataParams(text_dir="t", vocab=__file__),
+                                    DataParams(source="x.xml.bz2", vocab=__file__)])
+def test_one_declaration_per_stage_applies(params: DataParams) -> None:
+    names = [s.name for s in registry.active(params)]
+    assert len(names) == len(set(names))
+    for s in registry.active(params):
+        assert set(s.reads) <= set(names)
+
+
+def test_aliases_are_unique_and_resolve() -> None:
+    spellings = [a for s in registry.STAGES for a in (s.aliases if s is registry.STAGES[[x.name for x in
+                 registry.STAGES].index(s.name)] else ())]
+    assert len(spellings) == len(set(spellings)) and not set(spellings) & NAMES
+    assert registry.normalize_stage("create-pretraining-data") == "tfrecord"
+    assert registry.normalize_stage("split_4bins") == "bins"
+
+
+def _stage_name_tables(path: Path) -> list[int]:
+    """Lines of literal collections that are tables of stage names."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        elts = []
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            elts = node.elts
+        elif isinstance(node, ast.Dict):
+            elts = [k for k in node.keys if k is not None]
+        strings = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        # a table of stages: three or more stage names, and mostly stage names (the CLI's command table
+        # shares a few words with the stages, e.g. "vocab", but is a table of commands)
+        if len(strings & NAMES) >= 3 and 2 * len(strings & NAMES) >= len(strings):
+            hits.append(node.lineno)
+    return hits
+
+
+def test_no_module_keeps_its_own_list_of_stages() -> None:
+    """The DAG edges, tasks, --only names, status rows and summaries come from the registry: a literal list
+    of stage names anywhere else in the product would drift from it."""
+    offenders = []
+    for folder in ("core", "preprocessing", "pretrain", "tasks", "flows", "bertpipe"):
+        for path in (ROOT / folder).rglob("*.py"):
+            offenders += [f"{path.relative_to(ROOT)}:{line}" for line in _stage_name_tables(path)]
+    assert offenders == []
+
+
+def test_the_flow_parameters_are_the_data_params() -> None:
+    from flows.data_flow import data_flow
+
+    sig = inspect.signature(data_flow.fn)
+    assert list(sig.parameters) == [f.name for f in fields(DataParams)]
+    for f in fields(DataParams):
+        default = f.default if f.default_factory is inspect.Parameter.empty or not callable(f.default_factory) \
+            else f.default_factory()
+        assert sig.parameters[f.name].default == default
+    schema = data_flow.parameters.model_dump()["properties"]  # what the UI and deployments offer
+    assert set(schema) == {f.name for f in fields(DataParams)}
+    assert "reference flags" not in schema["max_seq_length"].get("description", "")  # help, not group names
+    assert schema["max_seq_length"]["default"] == 512 and schema["num_test_articles"]["default"] is None
+
+
+def test_the_cli_flags_are_generated_with_the_reference_spellings() -> None:
+    import argparse
+
+    from bertpipe.commands.run import add_arguments, data_params
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args(["--max_seq_length=128", "--max-predictions-per-seq", "20", "--do_lower_case=False",
+                       "--only", "create-pretraining-data", "--force", "bins", "--no-md5", "--dump", "x.xml.bz2",
+                       "--num_examples_to_pick", "7"])
+    d = data_params(ns)
+    assert (d.max_seq_length, d.max_predictions_per_seq, d.do_lower_case, d.stages, d.force, d.verify_md5,
+            d.source, d.num_eval_examples) == (128, 20, False, ["tfrecord"], ["bins"], False, "x.xml.bz2", 7)
+    assert data_params(p.parse_args([])) == DataParams()  # the CLI's defaults are DataParams' defaults
+
+
+def test_errors_name_the_parameter_where_it_was_given() -> None:
+    from core.errors import InputError
+    from preprocessing.params import surface
+
+    with surface("cli"), pytest.raises(InputError, match="--max-predictions-per-seq must be >= 1"):
+        DataParams(max_predictions_per_seq=0)
+    with pytest.raises(InputError, match="^max_predictions_per_seq must be >= 1"):  # a deployment parameter
+        DataParams(max_predictions_per_seq=0)
+    with surface("data."), pytest.raises(InputError, match="^data.masked_lm_prob must be < 1"):  # refresh's data
+        DataParams(masked_lm_prob=1.5)
+    with surface("cli"), pytest.raises(InputError, match="--only: unknown stage"):
+        DataParams(stages=["nope"])
+    with pytest.raises(InputError, match="^stages: unknown stage"):
+        DataParams(stages=["nope"])
