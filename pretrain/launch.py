@@ -87,7 +87,7 @@ def launch_env(cfg: TrainConfig, nproc: int, base: dict[str, str] | None = None)
         from pretrain.devices import select_device
 
         device = select_device("auto", env=base).accelerator
-    if "DS_ACCELERATOR" not in base:
+    if cfg.device != "auto" or "DS_ACCELERATOR" not in base:  # an explicit --device wins over the env
         extra["DS_ACCELERATOR"] = device
     if device == "cpu" and "OMP_NUM_THREADS" not in base:
         extra["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))

@@ -179,6 +179,9 @@ def test_multinode_command_shape(golden, tmp_path):
     torchrun = build_command(_cfg(golden, tmp_path), 2, launcher="torchrun", master_port=1234)
     assert Path(torchrun[0]).name == "torchrun" and torchrun[1:5] == ["--nproc_per_node", "2", "--master_port", "1234"]
     assert launch_env(_cfg(golden, tmp_path), 2, base={})["DS_ACCELERATOR"] == "cpu"
+    # an explicit --device beats a DS_ACCELERATOR left in the environment (else DeepSpeed picks another device)
+    assert launch_env(_cfg(golden, tmp_path, device="cuda"), 1, base={"DS_ACCELERATOR": "cpu"})["DS_ACCELERATOR"] == "cuda"
+    assert "DS_ACCELERATOR" not in launch_env(_cfg(golden, tmp_path, device="auto"), 1, base={"DS_ACCELERATOR": "hpu"})
 
 
 @pytest.mark.slow
