@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -343,8 +344,6 @@ class DataDag:
             if s.name in self.results:
                 for out_name, rel in s.outputs.items():
                     outputs[out_name] = str(self.results[s.name].dir / rel) if rel else str(self.results[s.name].dir)
-        import time
-
         source = self.p.text_dir or self.p.source
         dataset_summary(source, summary, self.rows)
         return {"work_dir": str(self.work), "source": source, "stages": summary, "outputs": outputs,
