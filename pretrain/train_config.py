@@ -87,13 +87,26 @@ class TrainConfig:
     """Use only the first N eval samples (0: all)."""
     tensorboard: bool = True
     """Write TensorBoard scalars to OUTPUT_DIR/tensorboard (rank 0)."""
+    vocab: str = ""
+    """The vocab.txt the data was made with: sets vocab_size (when --vocab-size is 0) and is recorded (path, md5)
+    in config.json and summary.json, so `bertpipe export-hf` writes the matching tokenizer. `bertpipe train`
+    with a data work dir as --train-dir uses the work dir's vocab when this is empty."""
+    mlperf_division: str = "open"
+    """MLPerf submission_division in OUTPUT_DIR/mllog.txt: closed or open."""
+    mlperf_org: str = "bertpipe"
+    """MLPerf submission_org in mllog.txt (the submitting organisation)."""
+    mlperf_platform: str = ""
+    """MLPerf submission_platform in mllog.txt (empty: <ranks>x<device>, e.g. 8xhpu)."""
+    mlperf_status: str = "onprem"
+    """MLPerf submission_status in mllog.txt: onprem, cloud, preview or research."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 CHOICES = {"model": ("tiny", "large", "1.5b", "5b"), "optimizer": ("lans", "lamb", "adamw"),
-           "device": ("auto", "hpu", "cuda", "cpu")}
+           "device": ("auto", "hpu", "cuda", "cpu"), "mlperf_division": ("closed", "open"),
+           "mlperf_status": ("onprem", "cloud", "preview", "research")}
 
 
 def _type_of(f: dataclasses.Field) -> type:
