@@ -48,9 +48,14 @@ def test_reentrant_in_one_process_and_waiting(tmp_path: Path) -> None:
         pass
     p = _holder(tmp_path)
     try:
+        t0 = time.monotonic()
         subprocess.Popen(["sh", "-c", f"sleep 1; kill {p.pid}"])
         with WorkDirLock(tmp_path, wait_s=30):  # waits until the holder ends
-            assert p.poll() is not None or p.wait(5) is not None
+            waited = time.monotonic() - t0
+            # taken only once the holder is gone: it has already exited (at worst not yet reaped), killed by
+            # our TERM; a lock taken while it still ran would time out here (it lives until the kill at 1 s)
+            assert p.wait(timeout=0.5) == -signal.SIGTERM
+            assert waited >= 0.9
     finally:
         if p.poll() is None:
             p.kill()
