@@ -17,6 +17,12 @@ Differences, where the reference crashes or needs memory proportional to a shard
 * memory is bounded by ``chunk_rows`` input rows (the reference buffers whole shards in float64):
   rows are appended to per-bin scratch files and each shard is written from there when complete.
 
+Layout: a trainer's data folder holds only the four int-named bin folders (Samsung's trainer sorts its
+entries by ``int(name)``), so the manifest lives outside it. The DAG's stage writes
+``work/bins/<key>/data/<bin>/part_<k>_of_<N>.hdf5`` (``data_dir="data"``; ``train_dir`` in last_run.json
+is ``.../data``) with ``_manifest.json`` in ``work/bins/<key>/``; the standalone command writes the
+reference's ``<out>/<bin>/...`` and its manifest beside the folder (``manifest_name``, ``<out>.manifest.json``).
+
     bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048
 """
 
@@ -31,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import InputError, RecordError
-from core.manifest import MANIFEST_NAME, Manifest, StageOutput
+from core.manifest import DROPPED_NAME, MANIFEST_NAME, STAT_NAME, Manifest, StageOutput
 from core.progress import progress
 from core.schema import BIN_BOUNDS, HDF5_DATASETS
 from core.stage import Stage
@@ -47,7 +53,10 @@ from preprocessing.hdf5_io import (
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"  # 2: the DAG's shards moved under data/ (the manifest outside what trainers read)
+
+#: Where the DAG's bins stage puts the bin folders inside its stage directory (last_run.json's train_dir).
+DAG_DATA_DIR = "data"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +142,22 @@ class _BinWriter:
             Path(f.name).unlink(missing_ok=True)
 
 
+class _DataOutput(StageOutput):
+    """A :class:`StageOutput` whose files go under ``data_dir/`` of its directory; the manifest (and the
+    ``.verified.json`` / ``_dropped.json`` bookkeeping) stay at the top, outside the folder trainers read.
+    Names given to :meth:`path` and :meth:`add_file` are relative to ``data_dir``."""
+
+    def __init__(self, *args: Any, data_dir: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""
+
+    def path(self, name: str) -> Path:
+        return super().path(self.prefix + name)
+
+    def add_file(self, name: str, md5: str | None = None):  # noqa: ANN201 - FileEntry
+        return super().add_file(self.prefix + name, md5)
+
+
 def _check_out_dir(out_dir: Path, expected: set[str]) -> None:
     """Refuse an output folder holding anything but this stage's own files."""
     if not out_dir.exists():
@@ -141,7 +166,7 @@ def _check_out_dir(out_dir: Path, expected: set[str]) -> None:
         raise InputError(f"output {out_dir} exists and is not a directory")
     foreign = [p.relative_to(out_dir).as_posix() for p in sorted(out_dir.rglob("*"))
                if p.is_file() and ".tmp-" not in p.name
-               and p.relative_to(out_dir).as_posix() not in expected | {MANIFEST_NAME}]
+               and p.relative_to(out_dir).as_posix() not in expected | {MANIFEST_NAME, STAT_NAME, DROPPED_NAME}]
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise InputError(f"output folder {out_dir} already holds files that split-4bins would not write "
@@ -161,15 +186,18 @@ def _count(files: Sequence[Path], cfg: Split4BinsConfig) -> list[int]:
 
 
 def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsConfig = Split4BinsConfig(),
-                    upstream: Sequence[Manifest] = ()) -> Manifest:
-    """Stage function: ``out_dir/{128,256,384,512}/part_<k>_of_<N>.hdf5``; counters rows, rows_<bin>, empty_shards."""
+                    upstream: Sequence[Manifest] = (), *, data_dir: str = "",
+                    manifest_name: str = MANIFEST_NAME) -> Manifest:
+    """Stage function: ``out_dir/[data_dir/]{128,256,384,512}/part_<k>_of_<N>.hdf5``, the manifest at
+    ``out_dir/manifest_name`` (a name relative to ``out_dir``); counters rows, rows_<bin>, empty_shards."""
     files = [Path(p) for p in input_files]
     if not files:
         raise InputError("split-4bins got no input files (the reference reads <input_dir>/part*)")
     if cfg.n_output_shards < 1:
         raise InputError(f"n_output_shards must be at least 1, got {cfg.n_output_shards}")
     n = cfg.n_output_shards
-    _check_out_dir(Path(out_dir), {shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
+    prefix = f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""
+    _check_out_dir(Path(out_dir), {prefix + shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
     verify_inputs(files, upstream)
     counts = _count(files, cfg)  # pass 1
     log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), counts)
@@ -179,8 +207,8 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
                         b, c, n, n - c)
     widths = {name: {"seq": (512,), "pred": (cfg.max_predictions_per_seq,), "": ()}[kind]
               for name, _, kind in HDF5_DATASETS}
-    with StageOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
-                     code_version=STAGE_VERSION) as out:
+    with _DataOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
+                     code_version=STAGE_VERSION, data_dir=data_dir, manifest_name=manifest_name) as out:
         writers = [_BinWriter(out, b, shard_sizes(c, n), widths, cfg.chunk_rows) for b, c in zip(BIN_BOUNDS, counts,
                                                                                                    strict=True)]
         try:
@@ -219,12 +247,12 @@ def _plan_bins(plan: Any) -> list[Any]:
     """Every part's HDF5, in part order (the reference's input order decides which shard a row lands in)."""
     h5 = plan.result("hdf5")
     files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
-    return [plan.unit(files, cfg=plan.cfg, upstream=[h5.unit_dir(s) for s in h5.shards])]
+    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, upstream=[h5.unit_dir(s) for s in h5.shards])]
 
 
 DAG_STAGES = (Stage(name="bins", title="split_4bins: 4 length bins x N shards, what trainers read",
                     reads=("hdf5",), run=run_split_4bins, version=STAGE_VERSION, config=Split4BinsConfig,
                     configure=lambda p: Split4BinsConfig(n_output_shards=p.resolved_shards(),
                                                          max_predictions_per_seq=p.max_predictions_per_seq),
-                    key_params=stage_params, plan=_plan_bins, outputs={"train_dir": ""},
+                    key_params=stage_params, plan=_plan_bins, outputs={"train_dir": DAG_DATA_DIR},
                     aliases=("split_4bins", "4bins")),)
