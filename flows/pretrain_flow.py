@@ -1,6 +1,6 @@
 """The pretrain flow: one pre-training run on a 4-bin data set (launched as DeepSpeed ranks).
 
-    bertpipe run pretrain --train-dir work/bins/<key> --eval-file work/eval_hdf5/<key>/eval_10k.hdf5 \\
+    bertpipe run pretrain --train-dir work/bins/<key>/data --eval-file work/eval_hdf5/<key>/eval_10k.hdf5 \\
         --output-dir results/run1 --model tiny --max-steps 20
     prefect deployment run 'bertpipe-pretrain/training' --param train_dir=... --param eval_file=...
 """

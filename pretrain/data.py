@@ -3,6 +3,8 @@
 Layouts accepted by :func:`discover_shards`:
 
 * 4-bin (the split-4bins stage / Samsung's splitter): ``<dir>/{128,256,384,512}/part_<k>_of_<N>.hdf5``.
+  The data DAG's ``train_dir`` (``work/bins/<key>/data``) is such a folder; its stage directory
+  ``work/bins/<key>`` (manifest beside ``data/``) is accepted too.
   Rows of bin ``128`` are at most 128 tokens long, so their batches are sliced to 128 columns (the files
   store 512): attention and the feed-forward layers then cost a quarter of a padded batch.
 * plain padded HDF5 (tfrecord-to-hdf5 output, NVIDIA's shards): ``<dir>/*.hdf5`` or one file; one "bin"
@@ -128,6 +130,9 @@ def discover_shards(train: Path | str) -> dict[int, list[Shard]]:
         one = _bin_shards(train, int(train.name))
         if one:
             return {int(train.name): one}
+    if (train / "_manifest.json").is_file() and (train / "data").is_dir() \
+            and not any((train / str(b)).is_dir() for b in BIN_BOUNDS):
+        train = train / "data"  # the bins stage's directory (work/bins/<key>): its shards are under data/
     bins = {b: _bin_shards(train / str(b), b) for b in BIN_BOUNDS if (train / str(b)).is_dir()}
     bins = {b: s for b, s in bins.items() if s}
     if not bins:
