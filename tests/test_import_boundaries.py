@@ -27,15 +27,61 @@ FORBIDDEN_THIRD_PARTY = {"core": {"prefect", "torch", "tensorflow", "deepspeed",
                          "preprocessing": {"prefect"}, "pretrain": {"prefect"}}
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level module) of every import statement in a file, function-level ones included."""
+def _imports(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, top-level module) of every import in Python source, function-level ones included, and of
+    ``importlib.import_module("x.y")`` / ``__import__("x")`` calls (f-strings by their literal head)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in ast.walk(ast.parse(source, filename=filename)):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module.split(".")[0]))
+        elif isinstance(node, ast.Call) and node.args and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))):
+            arg = node.args[0]
+            if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+                arg = arg.values[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                out.append((node.lineno, arg.value.split(".")[0]))
     return out
+
+
+def _violations(layer: str, source: str, name: str = "<source>") -> list[str]:
+    bad = []
+    for line, mod in _imports(source, name):
+        if mod in ALLOWED and mod != layer and mod not in ALLOWED[layer]:
+            bad.append(f"{name}:{line} imports {mod}")
+        if mod in FORBIDDEN_THIRD_PARTY.get(layer, ()):
+            bad.append(f"{name}:{line} imports {mod}")
+    return bad
+
+
+#: the layers, top first: a layer imports only the layers below it
+ORDER = [("bertpipe",), ("flows",), ("tasks",), ("preprocessing", "pretrain"), ("core",)]
+
+
+def test_the_allowed_table_is_the_one_way_order() -> None:
+    """ALLOWED is exactly "everything below, nothing beside or above", so every direction is checked."""
+    assert sorted(ALLOWED) == sorted(x for level in ORDER for x in level)
+    for i, level in enumerate(ORDER):
+        below = {x for lower in ORDER[i + 1:] for x in lower}
+        for layer in level:
+            assert ALLOWED[layer] == below, layer
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_the_check_finds_every_upward_or_sideways_import(layer: str) -> None:
+    """The check below can fail: each way of importing a layer that is not below is found."""
+    others = sorted(set(ALLOWED) - ALLOWED[layer] - {layer})
+    assert others or layer == "bertpipe"
+    for other in others:
+        for source in (f"import {other}.x", f"from {other}.x import y", f"def f():\n    from {other} import y\n",
+                       f"import importlib\nimportlib.import_module('{other}.x')",
+                       f"import importlib\nm = 'x'\nimportlib.import_module(f'{other}.{{m}}')"):
+            assert _violations(layer, source), (layer, source)
+    for below in ALLOWED[layer]:
+        assert not _violations(layer, f"from {below}.x import y")
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -44,11 +90,7 @@ def test_imports_flow_one_way(layer: str) -> None:
     assert files, layer
     bad = []
     for f in files:
-        for line, mod in _imports(f):
-            if mod in ALLOWED and mod != layer and mod not in ALLOWED[layer]:
-                bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
-            if mod in FORBIDDEN_THIRD_PARTY.get(layer, ()):
-                bad.append(f"{f.relative_to(ROOT)}:{line} imports {mod}")
+        bad += _violations(layer, f.read_text(encoding="utf-8"), str(f.relative_to(ROOT)))
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
 
 
