@@ -42,10 +42,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
 log = logging.getLogger("bertpipe")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the flag, what is wrong, where to look), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so every ``finally`` and temp-file cleanup runs."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not interrupt the cleanup
+    raise Terminated()
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def _top_parser() -> argparse.ArgumentParser:
     width = max(len(n) for n in COMMANDS)
     lines = "\n".join(f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items())
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="bertpipe",
         description="MLPerf BERT pre-training data, byte-exact to the reference scripts, and DeepSpeed "
         "pre-training.\n\ncommands:\n" + lines + "\n\nRun `bertpipe COMMAND --help` for a command's flags.",
@@ -61,7 +81,7 @@ def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
     module_name, help_text = COMMANDS[command]
     module = importlib.import_module(f"bertpipe.commands.{module_name}")
     doc = (module.__doc__ or "").strip()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=f"bertpipe {command}",
         description=help_text[0].upper() + help_text[1:] + "." + (f"\n\n{doc}" if doc and "\n" in doc else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -113,18 +133,39 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     from core.errors import BertpipeError
 
+    # SIGTERM unwinds like Ctrl-C: temporary files are removed, no half output stays, exit 143.
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         if hasattr(module, "run_for"):
             rc = module.run_for(command, args)
         else:
             rc = module.run(args)
     except BertpipeError as exc:
-        print(f"bertpipe {command}: error: {exc}", file=sys.stderr)
+        print(f"bertpipe {command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"bertpipe {command}: terminated (SIGTERM); unfinished outputs were removed", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
-        print(f"bertpipe {command}: interrupted", file=sys.stderr)
+        print(f"bertpipe {command}: interrupted; unfinished outputs were removed", file=sys.stderr)
         return 130
+    except OSError as exc:  # a path problem the checks did not foresee: still one line, naming the file
+        if args.verbose > 1:
+            log.exception("bertpipe %s", command)
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f)
+        print(f"bertpipe {command}: error: {exc.strerror or _one_line(exc)}{': ' + where if where else ''} "
+              "(check the path and its permissions; -vv shows the traceback)", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return int(rc or 0)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -64,28 +64,31 @@ class DataParams:
     vocab: str | None = param(None, "a BERT vocab.txt; without it the vocab stage learns one",
                               flags=("--vocab", "--vocab_file", "--vocab-file"), group="source")
     vocab_size: int | None = param(None, f"entries of a learned vocab (default {MLPERF_VOCAB_SIZE}; sample "
-                                   f"{SAMPLE_VOCAB_SIZE})", ge=105, group="source")
+                                   f"{SAMPLE_VOCAB_SIZE})", ge=105, le=1 << 24, group="source")
     num_test_articles: int | None = param(None, "articles of a dump withheld for eval (default: 10% of the "
-                                          "articles, at most 10000, as MLPerf; sample 5)", ge=1, group="source")
+                                          "articles, at most 10000, as MLPerf; sample 5)", ge=1, le=2**31 - 1,
+                                          group="source")
     current_time: str | None = param(None, "ISO time that {{CURRENTYEAR}} & co. expand to during extraction "
                                      "(default: now; sample 2026-01-01)", group="source")
-    max_seq_length: int = param(512, "tokens per instance", ge=5)
-    max_predictions_per_seq: int = param(76, "masked positions per instance", ge=1)
-    dupe_factor: int = param(10, "passes over the documents, each with other masks", ge=1)
+    max_seq_length: int = param(512, "tokens per instance", ge=5, le=1 << 16)
+    max_predictions_per_seq: int = param(76, "masked positions per instance", ge=1, le=1 << 16)
+    dupe_factor: int = param(10, "passes over the documents, each with other masks", ge=1, le=100_000)
     masked_lm_prob: float = param(0.15, "fraction of tokens masked", gt=0, lt=1)
-    random_seed: int = param(12345, "create_pretraining_data seed (one random.Random per part file)")
+    random_seed: int = param(12345, "create_pretraining_data seed (one random.Random per part file)",
+                             ge=-(2**63), le=2**63 - 1)
     short_seq_prob: float = param(0.1, "probability of a shorter target length", ge=0, le=1)
     do_lower_case: bool = param(True, "lower-case the text (uncased vocab)")
-    num_eval_examples: int = param(10000, "eval_10k size (fewer eval records: all are kept)", ge=1,
+    num_eval_examples: int = param(10000, "eval_10k size (fewer eval records: all are kept)", ge=1, le=2**31 - 1,
                                    flags=("--num-examples-to-pick", "--num_examples_to_pick",
                                           "--num-eval-examples"))
     n_output_shards: int | None = param(None, f"shards per length bin (default {MLPERF_SHARDS}; sample "
-                                        f"{SAMPLE_SHARDS})", ge=1)
+                                        f"{SAMPLE_SHARDS})", ge=1, le=1 << 20)
     keep: Literal["all", "training"] = param("all", "'training' deletes TFRecords and padded HDF5 once the "
                                              "stages that read them are done and verified (bins, eval HDF5, vocab "
                                              "and every manifest stay; a later run rebuilds what it needs)",
                                              group="run")
-    workers: int = param(0, "parallel shard tasks (0: one per CPU; 1: serial, in this process)", ge=0, group="run")
+    workers: int = param(0, "parallel shard tasks (0: one per CPU; 1: serial, in this process)", ge=0, le=4096,
+                         group="run")
     runner: Literal["local", "prefect-process", "dask"] = param(
         "local", "local: threads + worker processes; prefect-process: Prefect's ProcessPoolTaskRunner; dask: "
         "prefect-dask on dask_address", group="run")
@@ -97,7 +100,7 @@ class DataParams:
     verify_md5: bool = param(True, "'done' re-hashes outputs whose size, mtime or inode changed since they "
                              "were written (False: sizes only)", flags=("--no-md5",), group="run")
     wait_lock_s: float = param(0.0, "wait this long (seconds) for a work dir in use, else refuse at once",
-                               flags=("--wait-lock",), ge=0, group="run")
+                               flags=("--wait-lock",), ge=0, le=1e7, group="run")
 
     def __post_init__(self) -> None:
         for f in fields(self):

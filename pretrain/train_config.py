@@ -109,6 +109,18 @@ CHOICES = {"model": ("tiny", "large", "1.5b", "5b"), "optimizer": ("lans", "lamb
            "mlperf_status": ("onprem", "cloud", "preview", "research")}
 
 
+_I = 2**31 - 1
+#: Numeric flags' valid ranges (inclusive), checked at parse time: 0, negative, nan, inf and huge values are
+#: refused naming the flag before anything starts.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "vocab_size": (0, 1 << 24), "micro_batch": (0, 1 << 20), "global_batch": (0, 1 << 30), "zero_stage": (-1, 3),
+    "max_steps": (1, _I), "steps_this_run": (-1, _I), "learning_rate": (1e-12, 10.0), "weight_decay": (0.0, 100.0),
+    "warmup_proportion": (0.0, 1.0), "constant_proportion": (0.0, 1.0), "scheduler_degree": (1e-6, 100.0),
+    "seed": (0, _I), "log_interval": (1, _I), "checkpoint_interval": (0, _I), "keep_checkpoints": (0, 1 << 20),
+    "eval_interval_steps": (0, _I), "eval_batch_size": (1, 1 << 20), "max_eval_samples": (0, _I),
+}
+
+
 def _type_of(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
 
@@ -125,6 +137,10 @@ def add_train_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) 
             p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                            help=docs.get(f.name, ""))
         else:
+            if f.name in BOUNDS:
+                from core.numbers import number
+
+                typ = number(typ, *BOUNDS[f.name])  # type: ignore[assignment]
             p.add_argument(*names, dest=f.name, type=typ, default=f.default, choices=CHOICES.get(f.name),
                            help=f"{docs.get(f.name, '')} (default: {f.default!r})")
 

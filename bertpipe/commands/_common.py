@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from core.numbers import INT_MAX, number
+
+__all__ = ["INT_MAX", "bool_flag", "flag", "nonneg_int", "number", "overwrite_flag", "parse_bool",
+           "positive_int"]
+
 
 def parse_bool(text: str) -> bool:
     """absl/TF1 boolean flag values: True/False, true/false, 1/0, yes/no."""
@@ -35,3 +40,17 @@ def bool_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, d
                    help=f"{help} (default: {default})")
     neg = sorted({f"--no{under}", f"--no-{dashed}"})
     p.add_argument(*neg, dest=name, action="store_false", help=argparse.SUPPRESS)
+
+
+def positive_int(hi: int = INT_MAX):
+    """An integer >= 1 (and <= hi)."""
+    return number(int, 1, hi)
+
+
+def nonneg_int(hi: int = INT_MAX):
+    """An integer >= 0 (and <= hi)."""
+    return number(int, 0, hi)
+
+
+def overwrite_flag(p: argparse.ArgumentParser, what: str = "a folder that already holds another data set") -> None:
+    p.add_argument("--overwrite", action="store_true", help=f"replace {what} (default: refuse)")

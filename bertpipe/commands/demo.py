@@ -21,16 +21,19 @@ import json
 import os
 from pathlib import Path
 
+from bertpipe.commands._common import nonneg_int, number, positive_int
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", default="work/demo",
                    help="folder for every stage's output (default: work/demo)")
-    p.add_argument("--workers", type=int, default=0, help="parallel shard tasks (0: one per CPU; default)")
-    p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=40,
+    p.add_argument("--workers", type=nonneg_int(4096), default=0, help="parallel shard tasks (0: one per CPU; default)")
+    p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=positive_int(), default=40,
                    help="training steps of the tiny model (default: 40)")
-    p.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float, default=0.05,
+    p.add_argument("--learning-rate", "--learning_rate", dest="learning_rate",
+                   type=number(float, 0, 10, lo_open=True), default=0.05,
                    help="peak learning rate of the tiny model (default: 0.05, high enough to move in 40 steps)")
-    p.add_argument("--nproc", type=int, default=2, help="DeepSpeed ranks for the training run (default: 2)")
+    p.add_argument("--nproc", type=positive_int(1024), default=2, help="DeepSpeed ranks for the training run (default: 2)")
     p.add_argument("--no-train", dest="train", action="store_false",
                    help="stop after the data DAG (no DeepSpeed start-up)")
 

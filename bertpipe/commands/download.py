@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bertpipe.commands._common import nonneg_int, number
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="enwiki-latest | <wiki>-YYYYMMDD | mlcommons:<part-XXXXX-of-00500|eval.txt|"
@@ -22,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="stage folder (gets the file and _manifest.json)")
     p.add_argument("--md5", default=None, help="expected md5 (default: the published one, if any)")
     p.add_argument("--filename", default=None, help="local file name (default: the source's last path part)")
-    p.add_argument("--retries", type=int, default=5, help="retries after network errors (default: 5)")
-    p.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default: 60)")
+    p.add_argument("--retries", type=nonneg_int(1000), default=5, help="retries after network errors (default: 5)")
+    p.add_argument("--timeout", type=number(float, 0, 86400, lo_open=True), default=60.0, help="socket timeout in seconds (default: 60)")
     p.add_argument("--ca-bundle", default=None, help="PEM file of trusted CAs (default: $BERTPIPE_CA_BUNDLE "
                    "or the system's)")
     p.add_argument("--mlcommons-base-url", default=None,
@@ -31,8 +33,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-md5", action="store_true", help="fail when no md5 is given or published")
 
 
+def check_source(source: str) -> None:
+    """A URL must be one token: no spaces or control characters (percent-encode them: %20)."""
+    from core.errors import InputError
+
+    if "://" in source:
+        bad = next((c for c in source if c.isspace() or ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:
+            raise InputError(f"source URL {source!r} contains {bad!r}: a URL cannot hold spaces or control "
+                             "characters; percent-encode them (a space is %20)")
+    elif not source.strip():
+        raise InputError("source is empty; give a preset (enwiki-latest), a URL or a local path")
+
+
 def run(args: argparse.Namespace) -> int:
+    from core.paths import PathCheck
     from preprocessing.download import DownloadConfig, run_download
+
+    check_source(args.source)
+    pc = PathCheck()
+    if "://" not in args.source and ":" not in args.source and Path(args.source).exists():
+        pc.input_file("source", args.source, "local file")  # not a folder, a FIFO ...
+    if args.ca_bundle:
+        pc.input_file("--ca-bundle", args.ca_bundle, "PEM file")
+    names = [args.filename] if args.filename else []
+    if args.filename and ("/" in args.filename or args.filename in (".", "..")):
+        from core.errors import InputError
+
+        raise InputError(f"--filename {args.filename!r} must be a plain file name (no '/'); the file goes into --out")
+    pc.output_dir("--out", args.out, names, stage="download")
 
     cfg = DownloadConfig(retries=args.retries, timeout_s=args.timeout, ca_bundle=args.ca_bundle,
                          mlcommons_base_url=args.mlcommons_base_url, require_md5=args.require_md5)

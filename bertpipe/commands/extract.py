@@ -16,18 +16,19 @@ import argparse
 import os
 from pathlib import Path
 
-from bertpipe.commands._common import flag
+from bertpipe.commands._common import flag, overwrite_flag, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump", type=Path, required=True, help="MediaWiki dump, .xml.bz2 (or uncompressed .xml)")
     p.add_argument("--out", type=Path, required=True, help="output folder (gets AA/wiki_00 ... and _manifest.json)")
-    p.add_argument("--processes", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+    p.add_argument("--processes", type=positive_int(4096), default=max(1, (os.cpu_count() or 2) - 1),
                    help="worker processes (default: CPUs - 1); the output does not depend on it")
     flag(p, "current_time", default=None, metavar="ISO",
          help="time for {{CURRENTYEAR}} & co., e.g. 2020-01-01T00:00:00 (default: now, as the reference)")
     p.add_argument("--bytes", type=parse_size, default="1M", help="max bytes per output file, n[KMG] (default: 1M)")
     p.add_argument("--no-templates", action="store_true", help="do not expand templates")
+    overwrite_flag(p)
 
 
 def parse_size(text: str) -> int:
@@ -35,13 +36,21 @@ def parse_size(text: str) -> int:
     t = text.strip().upper()
     power = "KMG".find(t[-1:]) + 1 if t[-1:] in ("K", "M", "G") else 0
     try:
-        return int(t[:-1] if power else t) * 1024 ** power
+        n = int(t[:-1] if power else t) * 1024 ** power
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--bytes {text!r}: expected a size like 1M or 500K") from None
+        raise argparse.ArgumentTypeError(f"expected a size like 1M or 500K, got {text!r}") from None
+    if not 1 <= n <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"expected a size from 1 byte to 1T, like 1M or 500K, got {text!r}")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.paths import PathCheck
     from preprocessing.extract import ExtractConfig, run_extract
+
+    pc = PathCheck(overwrite=args.overwrite)
+    pc.input_file("--dump", args.dump, "dump")
+    pc.output_dir("--out", args.out, ["_manifest.json"], stage="extract")
 
     cfg = ExtractConfig(processes=args.processes, current_time=args.current_time,
                         bytes_per_file=args.bytes, expand_templates=not args.no_templates)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
-from bertpipe.commands._common import flag
-from bertpipe.commands.tfrecord_to_hdf5 import expand_inputs
-from core.errors import InputError
+from bertpipe.commands._common import flag, overwrite_flag, positive_int
+from bertpipe.commands.tfrecord_to_hdf5 import check_paths
 
 log = logging.getLogger(__name__)
 
@@ -22,23 +20,20 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="a padded HDF5, a glob of them (quote it) or a directory (its *part* files)")
     p.add_argument("--output", required=True, help="the packed HDF5 (one input) or a directory")
-    flag(p, "max_seq_length", type=int, default=512, help="width of the padded input (default: 512)")
-    flag(p, "max_predictions_per_seq", type=int, default=76, help="width of masked_lm_* (default: 76)")
+    flag(p, "max_seq_length", type=positive_int(1 << 16), default=512, help="width of the padded input (default: 512)")
+    flag(p, "max_predictions_per_seq", type=positive_int(1 << 16), default=76, help="width of masked_lm_* (default: 76)")
+    overwrite_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from preprocessing.pack_varlength import PackConfig, pack_varlength_file, run_pack_varlength
 
     cfg = PackConfig(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
-    inputs = expand_inputs(args.input)
-    out = Path(args.output)
-    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
-    if len(inputs) == 1 and not as_dir:
+    inputs, out, as_dir = check_paths(args, "padded HDF5", "pack_varlength", "")
+    if not as_dir:
         n = pack_varlength_file(inputs[0], out, cfg)
         log.info("%s -> %s: %d rows", inputs[0], out, n)
     else:
-        if out.exists() and not out.is_dir():
-            raise InputError(f"--output {out} is a file, but {len(inputs)} inputs need a directory")
         m = run_pack_varlength(inputs, out, cfg)
         log.info("%d files, %d rows -> %s", m.counters.get("files", 0), m.counters.get("rows", 0), out)
     return 0

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bertpipe.commands._common import bool_flag
+from bertpipe.commands._common import bool_flag, number, positive_int
 
 GROUPS = {"source": "source (default: the built-in sample)", "data": "reference flags (MLPerf defaults)",
           "run": "execution"}
@@ -70,9 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     tr = p.add_argument_group("pre-training (pretrain / e2e)")
     tr.add_argument("--model", default="tiny", help="tiny | large | 1.5b | 5b (default: tiny)")
-    tr.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=20)
-    tr.add_argument("--nproc", type=int, default=1, help="ranks on this node")
-    tr.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float,
+    tr.add_argument("--max-steps", "--max_steps", dest="max_steps", type=positive_int(), default=20,
+                    help="optimizer steps (default: 20)")
+    tr.add_argument("--nproc", type=positive_int(1024), default=1, help="ranks on this node (default: 1)")
+    tr.add_argument("--learning-rate", "--learning_rate", dest="learning_rate",
+                    type=number(float, 0, 10, lo_open=True),
                     help="peak learning rate (default: bertpipe train's)")
     tr.add_argument("--train-dir", dest="train_dir", help="pretrain only: 4-bin HDF5 folder")
     tr.add_argument("--eval-file", dest="eval_file", help="pretrain only: eval HDF5")
@@ -196,7 +198,30 @@ def run(args: argparse.Namespace) -> int:
     with surface("cli"):  # errors name --flags, here and inside the flow
         params = data_params(args)  # invalid flags and inputs fail here, before Prefect starts
         params.preflight()
+        check_training_paths(args)
         return _run_flow(args, params)
+
+
+def check_training_paths(args: argparse.Namespace) -> None:
+    """pretrain / e2e: the training inputs and the output folder, checked before Prefect or DeepSpeed starts."""
+    from core.errors import InputError
+    from core.paths import PathCheck
+
+    if args.flow == "data":
+        return
+    from pretrain.config import MODEL_PRESETS
+
+    if args.model not in MODEL_PRESETS:
+        raise InputError(f"--model {args.model!r}: choose one of {', '.join(MODEL_PRESETS)}")
+    pc = PathCheck()
+    if args.flow == "pretrain":
+        if not args.train_dir:
+            raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
+        pc.input_dir("--train-dir", args.train_dir, "4-bin HDF5 folder")
+        if args.eval_file:
+            pc.input_file("--eval-file", args.eval_file, "eval HDF5")
+    out = args.output_dir or str(Path(args.work_dir) / "pretrain")
+    pc.output_dir("--output-dir", out)
 
 
 def _run_flow(args: argparse.Namespace, params) -> int:

@@ -14,7 +14,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from bertpipe.commands._common import flag
+from bertpipe.commands._common import flag, overwrite_flag, positive_int
 from core.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -23,18 +23,21 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(p, "input_dir", required=True, help="directory of padded HDF5 files named part*")
     flag(p, "output_dir", required=True, help="directory to write 128/ 256/ 384/ 512/ into")
-    flag(p, "n_output_shards", type=int, default=2048, help="shards per bin (default: 2048)")
+    flag(p, "n_output_shards", type=positive_int(1 << 20), default=2048, help="shards per bin (default: 2048)")
+    overwrite_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.paths import PathCheck
     from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
 
-    in_dir = Path(args.input_dir)
-    if not in_dir.is_dir():
-        raise InputError(f"--input_dir {in_dir} is not a directory")
-    files = sorted(p for p in in_dir.glob("part*") if p.is_file())
+    pc = PathCheck(overwrite=args.overwrite)
+    in_dir = pc.input_dir("--input_dir", args.input_dir)
+    files = sorted(p for p in in_dir.glob("part*") if not p.is_dir())
     if not files:
         raise InputError(f"--input_dir {in_dir} has no files named part* (e.g. part-00000-of-00500.hdf5)")
+    files = pc.input_files("--input_dir", files, "padded HDF5")
+    pc.output_dir("--output_dir", args.output_dir, stage="split_4bins")
     m = run_split_4bins(files, Path(args.output_dir), Split4BinsConfig(n_output_shards=args.n_output_shards))
     c = m.counters
     log.info("%d rows -> 128: %d, 256: %d, 384: %d, 512: %d (%d empty shards) in %s", c["rows"], c["rows_128"],

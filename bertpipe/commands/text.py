@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from bertpipe.commands._common import flag
+from bertpipe.commands._common import flag, nonneg_int, number, overwrite_flag, positive_int
 from bertpipe.commands.text_stages import block_size_flag
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="a MediaWiki dump (.xml.bz2 or .xml): local path, file:// or https:// URL, or a "
                      "download preset such as enwiki-latest")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
-    flag(p, "num_test_articles", type=int, default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
+    flag(p, "num_test_articles", type=positive_int(), default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
     block_size_flag(p)
-    flag(p, "seed", type=int, default=12345, metavar="N", help="eval selection seed (default: 12345)")
-    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: one per CPU; "
+    flag(p, "seed", type=number(int, -(2**63), 2**63 - 1), default=12345, metavar="N", help="eval selection seed (default: 12345)")
+    p.add_argument("--workers", type=nonneg_int(4096), default=0, metavar="N", help="worker processes (default: one per CPU; "
                    "the output does not depend on it)")
     flag(p, "keep_intermediate", action="store_true",
          help="also write the reference's per-file intermediates to <out>/text/AA/wiki_00.{1,2,3,4}")
@@ -44,6 +44,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
          "pinned, a re-run reuses a finished extraction of the same dump")
     p.add_argument("--work", type=Path, default=None, metavar="DIR", help="folder for download/extract with --dump "
                    "(default: <out>/_work)")
+    overwrite_flag(p)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """The source exists (a folder, or a dump file unless it is a URL/preset); --out and --work are not inputs."""
+    from core.paths import PathCheck
+
+    pc = PathCheck(overwrite=args.overwrite)
+    if args.extracted is not None:
+        pc.input_dir("--extracted", args.extracted, "WikiExtractor output folder")
+    else:
+        from bertpipe.commands.download import check_source
+
+        check_source(args.dump)
+        if "://" not in args.dump and (Path(args.dump).exists() or "/" in args.dump or args.dump.endswith(
+                (".bz2", ".xml"))):
+            pc.input_file("--dump", args.dump, "dump")
+    pc.output_dir("--out", args.out, ["_manifest.json", "eval.txt", "eval.md5"], stage="text")
+    if args.work is not None:
+        pc.output_dir("--work", args.work)
 
 
 def _extract_dump(args: argparse.Namespace) -> tuple[Path, list]:
@@ -98,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from preprocessing.text_pipeline import TextConfig, run_text_stages
 
     t0 = time.perf_counter()
+    check_paths(args)
     cfg = TextConfig(num_test_articles=args.num_test_articles, block_size_mb=args.block_size_mb, seed=args.seed,
                      workers=args.workers, keep_intermediate=args.keep_intermediate)
     if args.dump:

@@ -14,17 +14,18 @@ import argparse
 import time
 from pathlib import Path
 
-from bertpipe.commands._common import flag
+from bertpipe.commands._common import flag, nonneg_int, number, overwrite_flag, positive_int
 
 
 def block_size_flag(p: argparse.ArgumentParser) -> None:
     """``--block-size-mb`` (also ``--block_size_mb`` and do_gather's own ``--block_size``)."""
-    p.add_argument("--block-size-mb", "--block_size_mb", "--block_size", dest="block_size_mb", type=float,
+    p.add_argument("--block-size-mb", "--block_size_mb", "--block_size", dest="block_size_mb",
+                   type=number(float, 0, 1e7, lo_open=True),
                    default=26.92, metavar="MB", help="part size limit, MiB of raw extractor input (default: 26.92)")
 
 
 def _workers(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: one per CPU; "
+    p.add_argument("--workers", type=nonneg_int(4096), default=0, metavar="N", help="worker processes (default: one per CPU; "
                    "the output does not depend on it)")
 
 
@@ -38,19 +39,38 @@ def add_arguments_for(command: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--input", type=Path, required=True, metavar="DIR", help=f"folder holding AA/wiki_00{suffix}, ...")
         p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     if command == "split-eval":
-        flag(p, "num_test_articles", type=int, default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
-        flag(p, "seed", type=int, default=12345, metavar="N", help="selection seed (default: 12345)")
+        flag(p, "num_test_articles", type=positive_int(), default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
+        flag(p, "seed", type=number(int, -(2**63), 2**63 - 1), default=12345, metavar="N", help="selection seed (default: 12345)")
     if command == "gather":
         p.add_argument("--extracted", type=Path, default=None, metavar="DIR",
                        help="WikiExtractor output folder: parts are sized by its raw files (default: --input)")
         block_size_flag(p)
-        flag(p, "num_outputs", type=int, default=500, metavar="N", help="the N in part-XXXXX-of-N (default: 500)")
+        flag(p, "num_outputs", type=positive_int(99999), default=500, metavar="N", help="the N in part-XXXXX-of-N (default: 500)")
     if command != "gather":
         _workers(p)
+    overwrite_flag(p)
+
+
+STAGES = {"clean": "clean", "segment": "segment", "split-eval": "split_eval", "gather": "gather"}
+
+
+def check_paths(command: str, args: argparse.Namespace) -> None:
+    """Inputs are folders that exist; --out is not an input folder, nor a folder holding another data set."""
+    from core.paths import PathCheck
+
+    pc = PathCheck(overwrite=args.overwrite)
+    if command == "clean":
+        pc.input_dir("--extracted", args.extracted, "WikiExtractor output folder")
+    else:
+        pc.input_dir("--input", args.input)
+    if command == "gather" and args.extracted is not None:
+        pc.input_dir("--extracted", args.extracted, "WikiExtractor output folder")
+    pc.output_dir("--out", args.out, ["_manifest.json", "eval.txt", "eval.md5"], stage=STAGES[command])
 
 
 def run_for(command: str, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    check_paths(command, args)
     if command == "clean":
         from preprocessing.clean import CleanConfig, run_clean
 

@@ -15,7 +15,7 @@ import glob
 import logging
 from pathlib import Path
 
-from bertpipe.commands._common import flag
+from bertpipe.commands._common import flag, overwrite_flag, positive_int
 from core.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="a TFRecord, a glob of TFRecords (quote it) or a directory (its *part* files)")
     p.add_argument("--output", required=True, help="the HDF5 file (one input) or a directory")
-    flag(p, "max_seq_length", type=int, default=512, help="values per input_ids row (default: 512)")
-    flag(p, "max_predictions_per_seq", type=int, default=76, help="values per masked_lm_* row (default: 76)")
+    flag(p, "max_seq_length", type=positive_int(1 << 16), default=512, help="values per input_ids row (default: 512)")
+    flag(p, "max_predictions_per_seq", type=positive_int(1 << 16), default=76, help="values per masked_lm_* row (default: 76)")
+    overwrite_flag(p)
 
 
 def expand_inputs(spec: str) -> list[Path]:
@@ -43,19 +44,38 @@ def expand_inputs(spec: str) -> list[Path]:
     return files
 
 
+def check_paths(args: argparse.Namespace, what: str, stage: str, suffix: str) -> tuple[list[Path], Path, bool]:
+    """(inputs, output, whether the output is a folder), every path checked (core.paths) first: an
+    output that is an input (by any spelling, or in its folder) is refused, and a folder holding another
+    data set needs --overwrite."""
+    from core.paths import PathCheck
+
+    pc = PathCheck(overwrite=args.overwrite)
+    p = Path(args.input)
+    if p.is_dir():
+        pc.input_dir("--input", p)
+    elif not glob.has_magic(args.input):
+        pc.input_file("--input", p, what)
+    inputs = pc.input_files("--input", expand_inputs(args.input), what)
+    out = Path(args.output)
+    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
+    if len(inputs) == 1 and not as_dir:
+        return inputs, pc.output_file("--output", out), False
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--output {out} is a file, but {len(inputs)} inputs need a directory")
+    names = [x.name + suffix for x in inputs] + ["_manifest.json"]
+    return inputs, pc.output_dir("--output", out, names, stage=stage), True
+
+
 def run(args: argparse.Namespace) -> int:
     from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5_many, tfrecord_to_hdf5_file
 
     cfg = HDF5Config(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
-    inputs = expand_inputs(args.input)
-    out = Path(args.output)
-    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
-    if len(inputs) == 1 and not as_dir:
+    inputs, out, as_dir = check_paths(args, "TFRecord", "tfrecord_to_hdf5", ".hdf5")
+    if not as_dir:
         n = tfrecord_to_hdf5_file(inputs[0], out, cfg)
         log.info("%s -> %s: %d records", inputs[0], out, n)
     else:
-        if out.exists() and not out.is_dir():
-            raise InputError(f"--output {out} is a file, but {len(inputs)} inputs need a directory")
         m = run_tfrecord_to_hdf5_many(inputs, out, cfg)
         log.info("%d files, %d records -> %s", m.counters.get("files", 0), m.counters.get("records", 0), out)
     return 0

@@ -26,19 +26,20 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bertpipe.commands._common import nonneg_int, number, positive_int
     from pretrain.train_config import add_train_arguments
 
     g = p.add_argument_group("launch")
-    g.add_argument("--nproc", "--nproc-per-node", "--num-gpus", dest="nproc", type=int, default=1,
+    g.add_argument("--nproc", "--nproc-per-node", "--num-gpus", dest="nproc", type=positive_int(1024), default=1,
                    help="ranks per node (GPUs, Gaudi cards or CPU processes) (default: 1)")
     g.add_argument("--launcher", choices=("deepspeed", "torchrun"), default="deepspeed",
                    help="process launcher (default: deepspeed)")
     g.add_argument("--hostfile", default="", help="DeepSpeed hostfile for multi-node runs ('host slots=8' lines)")
-    g.add_argument("--num-nodes", "--num_nodes", dest="num_nodes", type=int, default=0,
+    g.add_argument("--num-nodes", "--num_nodes", dest="num_nodes", type=nonneg_int(1 << 16), default=0,
                    help="nodes to use from the hostfile (0: all)")
     g.add_argument("--master-addr", "--master_addr", dest="master_addr", default="",
                    help="address of the first node (multi-node)")
-    g.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
+    g.add_argument("--master-port", "--master_port", dest="master_port", type=number(int, 0, 65535), default=0,
                    help="rendezvous port (0: a free port for local runs, 29500 for multi-node)")
     g.add_argument("--dry-run", action="store_true", help="check the inputs and print the command only")
     add_train_arguments(p)

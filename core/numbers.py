@@ -1,0 +1,36 @@
+"""Numeric command-line values checked at parse time: an argparse ``type=`` that refuses nan, inf,
+values out of range and huge numbers, so argparse names the flag in one line and nothing starts."""
+
+from __future__ import annotations
+
+import argparse
+
+INT_MAX = 2**31 - 1  # "huge": past what any of our counts, sizes or lengths can mean
+
+
+def number(kind: type = int, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False):
+    """An argparse ``type=`` that parses ``kind`` and refuses nan, inf and values outside [lo, hi]
+    (``lo_open``/``hi_open``: the bound itself is excluded). argparse then prints the flag's name."""
+    import math
+
+    lo_txt = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
+    hi_txt = "" if hi is None else (f"< {hi:g}" if hi_open else f"<= {hi:g}")
+    rng = " and ".join(t for t in (lo_txt, hi_txt) if t)
+    noun = "an integer" if kind is int else "a number"
+    want = f"{noun} {rng}" if rng else noun
+
+    def parse(text: str):
+        try:
+            v = kind(text.strip())
+        except (ValueError, TypeError):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected a finite number {rng}, got {text!r}".rstrip())
+        if (lo is not None and (v < lo or (lo_open and v == lo))) or (
+                hi is not None and (v > hi or (hi_open and v == hi))):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
