@@ -46,14 +46,22 @@ class WorkDirLock:
         self._key = ""
 
     def __enter__(self) -> WorkDirLock:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way (FileExistsError, NotADirectoryError), a read-only parent
+            raise InputError(f"cannot use {self.work_dir} as a work dir: {exc.strerror or exc} ({exc.filename or ''}); "
+                             "give a folder (it is created if missing)") from None
         self._key = str(self.work_dir.resolve())
         with _GUARD:
             if self._key in _HELD:
                 f, n = _HELD[self._key]
                 _HELD[self._key] = (f, n + 1)
                 return self
-        f = open(self.work_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        try:
+            f = open(self.work_dir / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        except OSError as exc:  # a folder named .bertpipe.lock, a read-only work dir
+            raise InputError(f"cannot create the lock file {self.work_dir / LOCK_NAME}: {exc.strerror or exc}; "
+                             "remove what is in its place, or use another --work-dir") from None
         deadline = time.monotonic() + self.wait_s
         while True:
             try:

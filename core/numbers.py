@@ -14,8 +14,11 @@ def number(kind: type = int, lo: float | None = None, hi: float | None = None, *
     (``lo_open``/``hi_open``: the bound itself is excluded). argparse then prints the flag's name."""
     import math
 
-    lo_txt = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
-    hi_txt = "" if hi is None else (f"< {hi:g}" if hi_open else f"<= {hi:g}")
+    def show(b: float) -> str:
+        return str(int(b)) if kind is int else f"{b:g}"
+
+    lo_txt = "" if lo is None else (f"> {show(lo)}" if lo_open else f">= {show(lo)}")
+    hi_txt = "" if hi is None else (f"< {show(hi)}" if hi_open else f"<= {show(hi)}")
     rng = " and ".join(t for t in (lo_txt, hi_txt) if t)
     noun = "an integer" if kind is int else "a number"
     want = f"{noun} {rng}" if rng else noun

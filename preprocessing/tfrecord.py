@@ -123,11 +123,12 @@ def count_records(path: str | os.PathLike) -> int:
             if len(head) < 8:
                 raise RecordError(f"{path}: record {n} at byte {pos} is truncated")
             (length,) = struct.unpack("<Q", head)
+            if length > size - pos - 16:  # also a nonsense header (0x7fff...: seek would overflow)
+                raise RecordError(f"{path}: record {n} at byte {pos} claims {length} bytes, past the end of the "
+                                  f"file ({size} bytes); the file is cut off or not a TFRecord - re-create it")
             pos += 16 + length
             f.seek(pos)
             n += 1
-        if pos != size:
-            raise RecordError(f"{path}: record {n - 1} is truncated")
     return n
 
 
