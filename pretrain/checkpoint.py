@@ -81,6 +81,30 @@ def save_rank_state(output_dir: str | Path, tag: str, rank: int, step: int, rng:
     tmp.replace(path)
 
 
+def check_torch_file(path: str | Path) -> None:
+    """Refuse a ``torch.save`` file that is cut off or damaged, cheaply: its zip central directory (at the
+    end of the file) must be readable. A checkpoint truncated by a full disk or a kill fails here, naming it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            z.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path} is truncated or damaged ({exc}); that checkpoint is incomplete: delete its "
+                         "folder (or write an older tag into checkpoints/latest) and run again") from None
+
+
+def check_checkpoint_files(output_dir: str | Path, tag: str) -> None:
+    """Every ``.pt`` file of checkpoint ``tag`` is complete (see :func:`check_torch_file`)."""
+    d = checkpoint_dir(output_dir) / tag
+    files = sorted(d.glob("*.pt")) if d.is_dir() else []
+    if not files:
+        raise InputError(f"{d} holds no checkpoint files (*.pt); it is incomplete: delete it (or write an older "
+                         "tag into checkpoints/latest) and run again")
+    for p in files:
+        check_torch_file(p)
+
+
 def load_rank_state(output_dir: str | Path, tag: str, rank: int) -> dict[str, Any]:
     """Read what :func:`save_rank_state` wrote, with ``weights_only=True``."""
     import torch
@@ -89,6 +113,7 @@ def load_rank_state(output_dir: str | Path, tag: str, rank: int) -> dict[str, An
     if not path.is_file():
         raise InputError(f"{path} is missing: the checkpoint was written by fewer ranks or is incomplete; "
                          "resume with the same number of ranks")
+    check_torch_file(path)
     state = torch.load(path, weights_only=True)
     if state.get("version") != STATE_VERSION:
         raise InputError(f"{path}: unknown state version {state.get('version')!r} (expected {STATE_VERSION})")
@@ -120,6 +145,7 @@ def weights_only_load(path: str | Path, map_location: Any = None) -> Any:
             allowed.append(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):  # another DeepSpeed release: that class is not needed
             pass
+    check_torch_file(path)
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location=map_location, weights_only=True)

@@ -123,6 +123,7 @@ def preflight(cfg: TrainConfig) -> None:
     tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
     if tag:
         ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
+        ckpt.check_checkpoint_files(cfg.output_dir, tag)  # a truncated file fails here, not in a rank
     elif cfg.init_checkpoint:  # (a resumed run ignores it)
         from pretrain.init_checkpoint import check_init_checkpoint
 

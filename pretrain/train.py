@@ -24,7 +24,7 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
   deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --master_addr 10.10.100.101 pretrain/train.py \\
       --model 5b --deepspeed-config deployments/ds_config_bert_5b.json --max-steps 75000 ...
 
-  # resume after a stop / SIGTERM (SIGTERM writes a checkpoint and exits 0): add --resume, same flags.
+  # resume after a stop / SIGTERM (SIGTERM or Ctrl-C writes a checkpoint and exits 0): add --resume, same flags.
 
   # start from pretrained weights (MLPerf's initial checkpoint): the TF1 prefix itself (each rank imports
   # TensorFlow to read it), or convert it once and pass the file; a transformers directory works too.
@@ -40,8 +40,10 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
 
 Outputs in OUTPUT_DIR: config.json (resolved), metrics.jsonl (rank 0, one record per log step and per
 eval), tensorboard/, checkpoints/<step>/, summary.json (training_sequences_per_second, e2e_time, final eval
-masked-LM accuracy vs the MLPerf 0.720 target). config.json and summary.json also hold "init_checkpoint"
-(this invocation: path, format and tensors loaded, or loaded=false and why) and "weights_from" (the init
+masked-LM accuracy vs the MLPerf 0.720 target), mllog.txt (MLPerf ``:::MLLOG`` lines, pretrain/mlperf_log.py;
+needs mlperf_logging, the `mlperf` extra). config.json, summary.json and the checkpoints record "vocab"
+(--vocab: path, md5, entries), from which `bertpipe export-hf` writes the tokenizer. config.json and
+summary.json also hold "init_checkpoint" (this invocation: path, format and tensors loaded, or loaded=false and why) and "weights_from" (the init
 checkpoint the run started from; every checkpoint's bertpipe_config.json keeps it, so resumes carry it).
 """
 
@@ -81,6 +83,10 @@ def model_config_for(cfg: TrainConfig):
         overrides = {k: v for k, v in json.loads(Path(cfg.model_config).read_text()).items() if k in known}
     if cfg.vocab_size:
         overrides["vocab_size"] = cfg.vocab_size
+    elif cfg.vocab and "vocab_size" not in overrides:  # the data's vocab, unless a size is given
+        from pretrain.vocab_file import vocab_entries
+
+        overrides["vocab_size"] = vocab_entries(cfg.vocab)
     return model_config(cfg.model, **overrides)
 
 
@@ -166,11 +172,13 @@ def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
 
 
 class StopFlag:
-    """SIGTERM sets the flag; ranks agree (all-reduce MAX) at each step boundary to stop together."""
+    """SIGTERM or SIGINT (Ctrl-C) sets the flag; ranks agree (all-reduce MAX) at each step boundary to stop
+    together, with a checkpoint, instead of dying in a KeyboardInterrupt traceback."""
 
     def __init__(self) -> None:
         self.requested = False
         signal.signal(signal.SIGTERM, self._handler)
+        signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signum, frame) -> None:
         self.requested = True
@@ -252,9 +260,15 @@ class Run:
     def __init__(self, cfg: TrainConfig) -> None:
         from pretrain.devices import maybe_compile
         from pretrain.metrics import MetricsWriter
+        from pretrain.mlperf_log import MLPerfLog
         from pretrain.schedule import mlperf_eval_interval_samples
+        from pretrain.vocab_file import vocab_record
 
         self.cfg, self.stop = cfg, StopFlag()  # SIGTERM during start-up stops before the first step
+        self.mllog = MLPerfLog(cfg.output_dir, enabled=os.environ.get("RANK", "0") == "0",
+                               resumed_from=ckpt.latest_tag(cfg.output_dir) if cfg.resume else None)
+        self.mllog.init_start(START)
+        self.vocab = vocab_record(cfg.vocab)  # {"path", "md5", "entries"}: export-hf's tokenizer
         (self.choice, self.runtime, self.engine, self.sampler, self.eval_set, self.mcfg, self.ds_cfg, tag,
          self.rank, self.world, self.init) = setup(cfg)
         # the weights' origin, kept in every checkpoint of the run (a resume carries it over)
@@ -267,6 +281,9 @@ class Run:
         self.interval = mlperf_eval_interval_samples(self.global_batch)
         if self.rank == 0:
             self._write_config()
+        self.mllog.run_start(cfg, self.mcfg, self.world, self.choice.kind, self.global_batch, self.gas,
+                             self.engine.optimizer, self.eval_set.total_rows if self.eval_set else 0,
+                             self.step * self.global_batch, self.sampler.epoch)
 
     def _resume(self, tag: str) -> int:
         from pretrain.determinism import set_rng_state
@@ -284,7 +301,7 @@ class Run:
         (self.out_dir / "config.json").write_text(json.dumps(
             {"train": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "deepspeed": self.ds_cfg,
              "world_size": self.world, "device": self.choice.kind, "init_checkpoint": self.init,
-             "weights_from": self.init_origin}, indent=2))
+             "weights_from": self.init_origin, "vocab": self.vocab}, indent=2))
         every = f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else f"{self.interval} samples"
         log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
                  self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
@@ -300,7 +317,7 @@ class Run:
         if self.rank == 0:
             ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
                                   {"optimizer": self.cfg.optimizer, "world_size": self.world,
-                                   "init_checkpoint": self.init_origin})
+                                   "init_checkpoint": self.init_origin, "vocab": self.vocab})
         self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step})
         if self.rank == 0:  # `latest` now names the new tag; older ones beyond the budget go
             ckpt.prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
@@ -308,7 +325,9 @@ class Run:
     def evaluate(self) -> dict:
         if self.eval_set is None:
             return {}
+        self.mllog.eval_start(self.step * self.global_batch)
         r = run_eval(self.engine.module, self.eval_set, self.device)
+        self.mllog.eval_stop(self.step * self.global_batch, r["eval_mlm_accuracy"])
         self.metrics.write({"step": self.step, **r})
         if self.rank == 0:
             log.info("step %d: eval masked-LM accuracy %.4f (target %.3f)", self.step, r["eval_mlm_accuracy"],
@@ -334,10 +353,13 @@ class Run:
                 stopped_by = "sigterm"
                 break
             lr = self.engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
+            self.mllog.block(self.step * self.global_batch,  # a block per eval interval (reopened after each eval)
+                             cfg.eval_interval_steps * self.global_batch or self.interval)
             t0 = time.perf_counter()
             r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
             dt = time.perf_counter() - t0
             self.step, steps_done, train_time = self.step + 1, steps_done + 1, train_time + dt
+            self.mllog.epoch(self.sampler.epoch, self.step * self.global_batch)
             window_time, window_steps = window_time + dt, window_steps + 1
             if self.step % cfg.log_interval == 0 or self.step == target:
                 last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, self.device)
@@ -368,7 +390,9 @@ class Run:
                    "training_sequences_per_second": self.global_batch * steps_done / train_time if train_time else 0.0,
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
                    "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
-                   "weights_from": self.init_origin}
+                   "weights_from": self.init_origin, "vocab": self.vocab,
+                   "mllog": str(self.mllog.path) if self.mllog.enabled else None}
+        self.mllog.run_stop(self.step * self.global_batch, acc)
         if self.rank == 0:
             write_summary(self.out_dir, summary)
         self.metrics.close()
