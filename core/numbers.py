@@ -36,4 +36,5 @@ def number(kind: type = int, lo: float | None = None, hi: float | None = None, *
         return v
 
     parse.__name__ = kind.__name__
+    parse.bounds = (kind, lo, hi, lo_open, hi_open)  # type: ignore[attr-defined] - read by the hostile-CLI tests
     return parse

@@ -69,6 +69,12 @@ def _flag(flag: str) -> str:
     return f"{flag} " if flag else ""
 
 
+def _path(flag: str, path: str | os.PathLike) -> Path:
+    if not str(path).strip():
+        raise InputError(f"{flag or 'a path'} is empty; give a path")
+    return Path(path)
+
+
 def check_suffix(flag: str, suffix: str) -> str:
     """A file-name suffix (``--output_suffix``): no path separator, so it cannot leave its folder."""
     if "/" in suffix or os.sep in suffix or (os.altsep and os.altsep in suffix) or "\0" in suffix:
@@ -91,13 +97,13 @@ class PathCheck:
 
     # -- inputs --------------------------------------------------------------------------------
     def input_file(self, flag: str, path: str | os.PathLike, what: str = "file") -> Path:
-        p = Path(path)
+        p = _path(flag, path)
         st = _stat(p)
         if st is None:
             hint = " (a path under a file?)" if _under_file(p) else ""
             raise InputError(f"{_flag(flag)}{p}: no such {what}{hint}; check the path")
         if stat.S_ISDIR(st.st_mode):
-            raise InputError(f"{_flag(flag)}{p} is a directory, but a {what} is expected; name the file inside it")
+            raise InputError(f"{_flag(flag)}{p} is a directory, not a file ({what}); name the file inside it")
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{_flag(flag)}{p} is not a regular file (a FIFO, socket or device); give a {what} "
                              "on disk")
@@ -111,7 +117,7 @@ class PathCheck:
         return [self.input_file(flag, p, what) for p in paths]
 
     def input_dir(self, flag: str, path: str | os.PathLike, what: str = "folder") -> Path:
-        p = Path(path)
+        p = _path(flag, path)
         st = _stat(p)
         if st is None:
             raise InputError(f"{_flag(flag)}{p}: no such {what}; check the path")
@@ -153,7 +159,7 @@ class PathCheck:
                              f"choose a writable place for the {what} or fix its permissions")
 
     def output_file(self, flag: str, path: str | os.PathLike, what: str = "output file") -> Path:
-        p = Path(path)
+        p = _path(flag, path)
         if str(path).endswith(("/", os.sep)):
             raise InputError(f"{_flag(flag)}{path} ends in '/', but an {what} is expected; give a file name")
         st = _stat(p)
@@ -180,7 +186,7 @@ class PathCheck:
         ``vocab.txt``) whose existing copy is only replaced with ``--overwrite`` unless this stage's
         manifest records it.
         """
-        p = Path(path)
+        p = _path(flag, path)
         st = _stat(p)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             raise InputError(f"{_flag(flag)}{p} is a file, but an output folder is expected; give a folder")
@@ -223,3 +229,12 @@ class PathCheck:
 
 def _under_file(p: Path) -> bool:
     return any(q.is_file() for q in p.parents)
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type=`` for a path: an empty string is refused (``Path("")`` would mean the current folder)."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return Path(text)

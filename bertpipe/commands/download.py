@@ -16,12 +16,13 @@ import argparse
 from pathlib import Path
 
 from bertpipe.commands._common import nonneg_int, number
+from core.paths import path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="enwiki-latest | <wiki>-YYYYMMDD | mlcommons:<part-XXXXX-of-00500|eval.txt|"
                    "eval.md5> | https:// or file:// URL | local path")
-    p.add_argument("--out", type=Path, required=True, help="stage folder (gets the file and _manifest.json)")
+    p.add_argument("--out", type=path_arg, required=True, help="stage folder (gets the file and _manifest.json)")
     p.add_argument("--md5", default=None, help="expected md5 (default: the published one, if any)")
     p.add_argument("--filename", default=None, help="local file name (default: the source's last path part)")
     p.add_argument("--retries", type=nonneg_int(1000), default=5, help="retries after network errors (default: 5)")

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.paths import PathCheck
+
+    pc = PathCheck()
+    pc.input_dir("OUTPUT_DIR", args.output_dir, "training run folder")
+    pc.output_dir("HF_DIR", args.hf_dir, ["config.json", "model.safetensors", "bertpipe_config.json", "vocab.txt"])
     from pretrain.hf_export import export_training_checkpoint
 
     print(export_training_checkpoint(args.output_dir, args.hf_dir, args.tag))

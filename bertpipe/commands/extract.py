@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from bertpipe.commands._common import flag, overwrite_flag, positive_int
+from core.paths import path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dump", type=Path, required=True, help="MediaWiki dump, .xml.bz2 (or uncompressed .xml)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (gets AA/wiki_00 ... and _manifest.json)")
+    p.add_argument("--dump", type=path_arg, required=True, help="MediaWiki dump, .xml.bz2 (or uncompressed .xml)")
+    p.add_argument("--out", type=path_arg, required=True, help="output folder (gets AA/wiki_00 ... and _manifest.json)")
     p.add_argument("--processes", type=positive_int(4096), default=max(1, (os.cpu_count() or 2) - 1),
                    help="worker processes (default: CPUs - 1); the output does not depend on it")
     flag(p, "current_time", default=None, metavar="ISO",

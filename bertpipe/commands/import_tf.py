@@ -41,6 +41,32 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.out_safetensors or args.out_hf):
         raise InputError("nothing to write: give --out-safetensors FILE and/or --out-hf DIR")
+    from pathlib import Path
+
+    from core.paths import PathCheck
+
+    pc = PathCheck()
+    src = Path(args.tf_checkpoint)
+    if src.is_dir():
+        pc.input_dir("TF_CHECKPOINT", src, "checkpoint folder")
+    elif src.exists():
+        pc.input_file("TF_CHECKPOINT", src, "checkpoint file")
+    else:
+        index = src.with_name(src.name + ".index")
+        if not index.exists():
+            raise InputError(f"TF_CHECKPOINT {src}: no such checkpoint ({index.name} is missing too); give the "
+                             "prefix (model.ckpt-28252), one of its files or its folder")
+        pc.input_file("TF_CHECKPOINT", index, "checkpoint index")
+        for data in src.parent.glob(src.name + ".data-*"):
+            pc.input_file("TF_CHECKPOINT", data, "checkpoint data file")
+    if src.is_dir():
+        pc.input_dir_files("TF_CHECKPOINT", src, [p.name for p in src.iterdir()])
+    if args.config:
+        pc.input_file("--config", args.config, "bert_config.json")
+    if args.out_safetensors:
+        pc.output_file("--out-safetensors", args.out_safetensors)
+    if args.out_hf:
+        pc.output_dir("--out-hf", args.out_hf, ["config.json", "model.safetensors", "bertpipe_config.json"])
     from pretrain.config import BertConfig, model_config
     from pretrain.tf_import import convert_tf_checkpoint
 

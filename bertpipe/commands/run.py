@@ -61,6 +61,10 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
             g.add_argument(*opts, dest=f.name, choices=args, default=default, help=text + shown)
         else:
             kind = next((a for a in (args or (hint,)) if a is not type(None)), str)
+            if kind in (int, float):  # bounds checked at parse time (DataParams checks them again)
+                lo = meta["ge"] if meta.get("ge") is not None else meta.get("gt")
+                hi = meta["le"] if meta.get("le") is not None else meta.get("lt")
+                kind = number(kind, lo, hi, lo_open=meta.get("gt") is not None, hi_open=meta.get("lt") is not None)
             g.add_argument(*opts, dest=f.name, type=kind, default=default, help=text + shown)
 
 

@@ -16,9 +16,11 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from core.paths import path_arg
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"))
+    p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
     p.add_argument("--md5", action="store_true", help="re-hash every file (default: only files whose size, mtime "
                    "or inode changed since their md5 was last checked)")
     p.add_argument("--shards", action="store_true", help="one line per shard instead of per stage/key")

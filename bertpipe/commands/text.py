@@ -19,17 +19,18 @@ from pathlib import Path
 
 from bertpipe.commands._common import flag, nonneg_int, number, overwrite_flag, positive_int
 from bertpipe.commands.text_stages import block_size_flag
+from core.paths import path_arg
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--extracted", type=Path, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
+    src.add_argument("--extracted", type=path_arg, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
     src.add_argument("--dump", metavar="FILE_OR_URL",
                      help="a MediaWiki dump (.xml.bz2 or .xml): local path, file:// or https:// URL, or a "
                      "download preset such as enwiki-latest")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
+    p.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="folder for part-XXXXX-of-00500, eval.txt, eval.md5")
     flag(p, "num_test_articles", type=positive_int(), default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
     block_size_flag(p)
     flag(p, "seed", type=number(int, -(2**63), 2**63 - 1), default=12345, metavar="N", help="eval selection seed (default: 12345)")
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(g, "current_time", default=None, metavar="ISO",
          help="the time {{CURRENTYEAR}} & co. expand to, e.g. 2020-01-01T00:00:00 (default: now); when "
          "pinned, a re-run reuses a finished extraction of the same dump")
-    p.add_argument("--work", type=Path, default=None, metavar="DIR", help="folder for download/extract with --dump "
+    p.add_argument("--work", type=path_arg, default=None, metavar="DIR", help="folder for download/extract with --dump "
                    "(default: <out>/_work)")
     overwrite_flag(p)
 

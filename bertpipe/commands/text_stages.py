@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from bertpipe.commands._common import flag, nonneg_int, number, overwrite_flag, positive_int
+from core.paths import path_arg
 
 
 def block_size_flag(p: argparse.ArgumentParser) -> None:
@@ -31,18 +31,18 @@ def _workers(p: argparse.ArgumentParser) -> None:
 
 def add_arguments_for(command: str, p: argparse.ArgumentParser) -> None:
     if command == "clean":
-        p.add_argument("--extracted", type=Path, required=True, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
-        p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for AA/wiki_00.2, ...")
+        p.add_argument("--extracted", type=path_arg, required=True, metavar="DIR", help="WikiExtractor output folder (AA/wiki_00, ...)")
+        p.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="folder for AA/wiki_00.2, ...")
         flag(p, "keep_cleanup_output", action="store_true", help="also write cleanup_file.py's .1 files")
     else:
         suffix = {"segment": ".2", "split-eval": ".3", "gather": ".4"}[command]
-        p.add_argument("--input", type=Path, required=True, metavar="DIR", help=f"folder holding AA/wiki_00{suffix}, ...")
-        p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+        p.add_argument("--input", type=path_arg, required=True, metavar="DIR", help=f"folder holding AA/wiki_00{suffix}, ...")
+        p.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="output folder")
     if command == "split-eval":
         flag(p, "num_test_articles", type=positive_int(), default=10000, metavar="N", help="articles withheld for eval (default: 10000)")
         flag(p, "seed", type=number(int, -(2**63), 2**63 - 1), default=12345, metavar="N", help="selection seed (default: 12345)")
     if command == "gather":
-        p.add_argument("--extracted", type=Path, default=None, metavar="DIR",
+        p.add_argument("--extracted", type=path_arg, default=None, metavar="DIR",
                        help="WikiExtractor output folder: parts are sized by its raw files (default: --input)")
         block_size_flag(p)
         flag(p, "num_outputs", type=positive_int(99999), default=500, metavar="N", help="the N in part-XXXXX-of-N (default: 500)")

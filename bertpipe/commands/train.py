@@ -23,6 +23,7 @@ Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, chec
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,10 +46,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_train_arguments(p)
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Every path flag, before anything heavy is imported: inputs exist and are what they should be, and
+    --output-dir is none of them."""
+    from core.paths import PathCheck
+
+    pc = PathCheck()
+    if args.train_dir:
+        if Path(args.train_dir).is_dir():
+            pc.input_dir("--train-dir", args.train_dir, "4-bin HDF5 folder")
+        else:
+            pc.input_file("--train-dir", args.train_dir, "HDF5 file or folder")
+    for flag, value, what in (("--eval-file", args.eval_file, "eval HDF5"),
+                              ("--deepspeed-config", args.deepspeed_config, "DeepSpeed JSON"),
+                              ("--model-config", args.model_config, "model config JSON"),
+                              ("--vocab", args.vocab, "vocab.txt"), ("--hostfile", args.hostfile, "hostfile")):
+        if value:
+            pc.input_file(flag, value, what)
+    if args.init_checkpoint and Path(args.init_checkpoint).exists():
+        (pc.input_dir if Path(args.init_checkpoint).is_dir() else pc.input_file)(
+            "--init-checkpoint", args.init_checkpoint)
+    pc.output_dir("--output-dir", args.output_dir, ["metrics.jsonl", "summary.json", "config.json"])
+
+
 def run(args: argparse.Namespace) -> int:
     from pretrain.launch import launch
     from pretrain.train_config import from_args
 
+    check_paths(args)
     return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
                   num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
                   dry_run=args.dry_run)

@@ -13,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+from core.paths import path_arg
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"))
+    p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
 
 
 def run(args: argparse.Namespace) -> int:

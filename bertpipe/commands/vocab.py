@@ -14,12 +14,13 @@ import glob
 from pathlib import Path
 
 from bertpipe.commands._common import bool_flag, flag, number, overwrite_flag, positive_int
+from core.paths import path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "--input_file", dest="input", action="append", required=True,
                    help="part file(s) or glob(s), repeatable or comma-separated (training text only, not eval.txt)")
-    p.add_argument("--out", "--output_dir", dest="out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", "--output_dir", dest="out", type=path_arg, required=True, help="output folder")
     flag(p, "vocab_size", type=number(int, 105, 1 << 24), default=30522, help="entries incl. the 104 reserved ones (default: 30522)")
     flag(p, "min_frequency", type=positive_int(), default=2, help="minimum count of a merged pair (default: 2)")
     bool_flag(p, "do_lower_case", True, "uncased vocab (lower-case, strip accents)")
