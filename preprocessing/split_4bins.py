@@ -9,54 +9,78 @@ to shards in input order (files in the given order, rows in order; no RNG). File
 MLPerf datasets created one after the other with their data (as ``create_dataset(data=...)``), which
 gives the reference's bytes (h5py 3.14 / HDF5 1.14.6).
 
+Where a row goes follows from counts alone, so the split runs in parallel and copies nothing twice:
+
+1. :func:`count_bins`, one call per input file (in parallel): rows per bin in each chunk of
+   ``chunk_rows`` rows (and every row's length checked);
+2. :func:`layout` turns the counts into shard sizes (the rule above) and cuts the N shard indices into
+   groups (:func:`group_count`: many shards per call, so 8,192 small files do not mean 8,192 calls);
+3. :func:`write_shard_group`, one call per group (in parallel): shards k0..k1-1 of all four bins, read
+   from their own row ranges of the inputs (the input span the counts point to) and written dataset by
+   dataset, straight into place. No scratch copy; any number of workers gives the same bytes;
+4. :func:`finish_split` writes the stage manifest from the groups' file entries.
+
+:func:`run_split_4bins` does all four in one call (``workers`` processes from :mod:`core.pools`); the
+data DAG runs steps 1 and 3 as pieces of the ``bins`` stage on its executor (local pool or Dask).
+
 Differences, where the reference crashes or needs memory proportional to a shard:
 * a bin with 0 < n < N rows (reference: IndexError) keeps the same formula: its first N - n shards
   get 0 rows, the last n shards 1 row each. A 0-row shard, like every shard of an empty bin (which the
-  reference leaves as empty files), is an HDF5 file without datasets. Counter ``empty_shards``.
+  reference leaves as empty files), has the six datasets with zero rows (same dtypes and widths as a
+  full shard), so every MLPerf loader reads it as length 0. Counter ``empty_shards``.
 * a row whose length is 0 or above 512 (reference: IndexError) is refused, naming file and row.
-* memory is bounded by ``chunk_rows`` input rows (the reference buffers whole shards in float64):
-  rows are appended to per-bin scratch files and each shard is written from there when complete.
+* memory is bounded by ``chunk_rows`` input rows plus one byte per row of a shard group's input span
+  (the reference buffers whole shards in float64).
 
-Layout: a trainer's data folder holds only the four int-named bin folders (Samsung's trainer sorts its
-entries by ``int(name)``), so the manifest lives outside it. The DAG's stage writes
-``work/bins/<key>/data/<bin>/part_<k>_of_<N>.hdf5`` (``data_dir="data"``; ``train_dir`` in last_run.json
-is ``.../data``) with ``_manifest.json`` in ``work/bins/<key>/``; the standalone command writes the
-reference's ``<out>/<bin>/...`` and its manifest beside the folder (``manifest_name``, ``<out>.manifest.json``).
-
-    bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048
+    bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048 --workers 4
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.errors import InputError, RecordError
-from core.manifest import DROPPED_NAME, MANIFEST_NAME, STAT_NAME, Manifest, StageOutput
-from core.progress import progress
-from core.schema import BIN_BOUNDS, HDF5_DATASETS
+from core.manifest import (
+    DROPPED_NAME,
+    FAULT_ENV,
+    MANIFEST_NAME,
+    Manifest,
+    StageOutput,
+    fault_point,
+    load_manifest,
+    md5_file,
+    remove_debris,
+    verify_manifest,
+)
+from core.pools import default_workers, run_all
+from core.schema import BIN_BOUNDS, HDF5_DATASETS, row_shape
 from core.stage import Stage
 from preprocessing.hdf5_io import (
     chunks,
     open_padded,
     reading,
     sequence_lengths,
-    stage_file,
     stage_params,
     verify_inputs,
 )
 
 log = logging.getLogger(__name__)
 
-STAGE_VERSION = "2"  # 2: the DAG's shards moved under data/ (the manifest outside what trainers read)
+STAGE_VERSION = "2"  # 2: a 0-row shard holds the six datasets with zero rows (was: a file without datasets)
 
-#: Where the DAG's bins stage puts the bin folders inside its stage directory (last_run.json's train_dir).
-DAG_DATA_DIR = "data"
+#: Rows one shard-group call aims at (~120 MB of padded rows): fewer calls than shards on small data.
+ROWS_PER_GROUP = 32768
+#: Shards per bin a group call keeps open at once (4 x this many output files).
+OPEN_SHARDS = 32
+_NBINS = len(BIN_BOUNDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +88,7 @@ class Split4BinsConfig:
     """Parameters of the 4-bin split."""
 
     n_output_shards: int = 2048  # shards per bin (reference default; golden/4bins uses 8)
-    chunk_rows: int = 4096  # input rows read at once (~15 MB) and rows copied per write
+    chunk_rows: int = 4096  # input rows read at once (~15 MB) and counted per entry of the count table
     max_predictions_per_seq: int = 76  # width of masked_lm_* (the reference hard-codes 76)
 
 
@@ -84,80 +108,310 @@ def shard_name(bin_upper: int, k: int, n: int) -> str:
     return f"{bin_upper}/part_{k}_of_{n}.hdf5"
 
 
-def _bins_of_chunk(mask: np.ndarray, path: Path, first_row: int) -> np.ndarray:
+def _bins_of_chunk(mask: np.ndarray, path: Path | str, first_row: int) -> np.ndarray:
     lengths = sequence_lengths(mask)
     bad = np.flatnonzero((lengths < 1) | (lengths > BIN_BOUNDS[-1]))
     if bad.size:
         raise RecordError(f"{path}: row {first_row + int(bad[0])} has sequence length {int(lengths[bad[0]])} "
                           f"(sum of input_mask); expected 1..{BIN_BOUNDS[-1]}")
-    return bin_of(lengths)
+    return bin_of(lengths).astype(np.uint8)
 
 
-class _BinWriter:
-    """Fills the shards of one bin in order; rows wait in scratch files until their shard is full."""
+# -- step 1: count ------------------------------------------------------------------------------------
+def count_bins(path: Path | str, cfg: Split4BinsConfig = Split4BinsConfig()) -> dict[str, Any]:
+    """Rows per bin in each chunk of ``cfg.chunk_rows`` rows of one input file (JSON types).
 
-    def __init__(self, out: StageOutput, bin_upper: int, sizes: list[int], widths: dict[str, tuple[int, ...]],
-                 chunk_rows: int) -> None:
-        self.out, self.bin, self.sizes, self.widths, self.chunk = out, bin_upper, sizes, widths, chunk_rows
-        self.k, self.filled, self.empty = 0, 0, 0
-        self.scratch = {name: open(out.path(f".scratch-{bin_upper}-{name}.tmp-split"), "w+b")  # noqa: SIM115
-                        for name, _, _ in HDF5_DATASETS}
-        self._skip_empty()
+    Raises:
+        InputError: the file is missing or not a padded MLPerf HDF5.
+        RecordError: a row's length is outside 1..512, or the file is damaged (named, with the row).
+    """
+    per_chunk = []
+    with open_padded(Path(path), max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
+        mask = f["input_mask"]
+        n = int(mask.shape[0])
+        for a, b in chunks(n, cfg.chunk_rows):
+            with reading(Path(path), f"input_mask rows {a}..{b - 1}"):
+                rows = mask[a:b]
+            per_chunk.append(np.bincount(_bins_of_chunk(rows, path, a), minlength=_NBINS).tolist())
+    return {"kind": "counts", "file": str(path), "rows": n, "chunk_rows": cfg.chunk_rows, "chunks": per_chunk}
 
-    def append(self, rows: dict[str, np.ndarray]) -> None:
-        n, at = len(rows["input_ids"]), 0
-        while at < n:
-            take = min(n - at, self.sizes[self.k] - self.filled)
-            for name, dtype, _ in HDF5_DATASETS:
-                self.scratch[name].write(np.ascontiguousarray(rows[name][at:at + take], dtype=dtype).data)
-            at, self.filled = at + take, self.filled + take
-            if self.filled == self.sizes[self.k]:
-                self._write_shard()
-                self._skip_empty()
 
-    def _skip_empty(self) -> None:
-        while self.k < len(self.sizes) and self.sizes[self.k] == 0:
-            self._write_shard()
+# -- step 2: where every shard's rows are ---------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardGroup:
+    """Shards ``k0..k1-1`` of every bin, and the input chunks that hold their rows (small, picklable).
 
-    def _write_shard(self) -> None:
+    ``starts[b][j]``: index, among bin b's rows in input order, of the first row of shard ``k0 + j``
+    (``j`` = 0..k1-k0). ``chunks``: ``(file, first row, stop row, rows of each bin before this chunk)``
+    for every input chunk the group reads, in input order.
+    """
+
+    n_shards: int
+    k0: int
+    k1: int
+    starts: tuple[tuple[int, ...], ...]
+    chunks: tuple[tuple[str, int, int, tuple[int, ...], tuple[int, ...]], ...]
+
+    @property
+    def label(self) -> str:
+        return f"shards {self.k0}..{self.k1 - 1}"
+
+
+class Layout:
+    """The counts of every input file, in input order, as shard sizes and row positions."""
+
+    def __init__(self, counts: Sequence[dict[str, Any]], n_shards: int) -> None:
+        self.n = n_shards
+        self.table: list[tuple[str, int, int]] = []  # (file, a, b) of every chunk, in input order
+        per_chunk = []
+        for c in counts:
+            for i, bins in enumerate(c["chunks"]):
+                a = i * c["chunk_rows"]
+                self.table.append((c["file"], a, min(a + c["chunk_rows"], c["rows"])))
+                per_chunk.append(bins)
+        arr = np.asarray(per_chunk, dtype=np.int64).reshape(-1, _NBINS)
+        self.cum = np.vstack([np.zeros((1, _NBINS), np.int64), np.cumsum(arr, axis=0)])  # rows of bin b before chunk i
+        self.totals = [int(t) for t in self.cum[-1]]
+        self.sizes = [shard_sizes(t, n_shards) for t in self.totals]
+        self.starts = [np.concatenate([[0], np.cumsum(s, dtype=np.int64)]) for s in self.sizes]
+
+    @property
+    def rows(self) -> int:
+        return sum(self.totals)
+
+    def group(self, k0: int, k1: int) -> ShardGroup:
+        """The group of shards ``k0..k1-1``: their row positions and the chunks that hold them."""
+        first, last = len(self.table), -1
+        for b in range(_NBINS):
+            s, e = int(self.starts[b][k0]), int(self.starts[b][k1])
+            if e > s:
+                first = min(first, int(np.searchsorted(self.cum[:, b], s, side="right")) - 1)
+                last = max(last, int(np.searchsorted(self.cum[:, b], e - 1, side="right")) - 1)
+        span = range(first, last + 1)
+        return ShardGroup(n_shards=self.n, k0=k0, k1=k1,
+                          starts=tuple(tuple(int(x) for x in self.starts[b][k0:k1 + 1]) for b in range(_NBINS)),
+                          chunks=tuple((*self.table[i], tuple(int(x) for x in self.cum[i]),
+                                        tuple(int(x) for x in self.cum[i + 1] - self.cum[i])) for i in span))
+
+    def groups(self, n_groups: int) -> list[ShardGroup]:
+        """The N shard indices cut into ``n_groups`` contiguous groups of (nearly) equal size."""
+        n_groups = max(1, min(n_groups, self.n))
+        bounds = [self.n * g // n_groups for g in range(n_groups + 1)]
+        return [self.group(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def layout(counts: Sequence[dict[str, Any]], n_shards: int) -> Layout:
+    return Layout(counts, n_shards)
+
+
+def group_count(rows: int, n_shards: int, workers: int) -> int:
+    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker."""
+    return max(1, min(n_shards, max(math.ceil(rows / ROWS_PER_GROUP), 4 * max(1, workers))))
+
+
+# -- step 3: write a group of shards ------------------------------------------------------------------
+class _Faults:
+    """BERTPIPE_FAULT points of a shard-group call (``start``, ``rename``, ``file``; see core.manifest)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.spec = os.environ.get(FAULT_ENV)
+        self.names = {"split_4bins", *out_dir.parts}
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, point: str) -> None:
+        if self.spec:
+            self.seen[point] = n = self.seen.get(point, 0) + 1
+            fault_point(self.spec, point, n, self.names)
+
+
+def write_shard_group(group: ShardGroup, out_dir: Path | str, cfg: Split4BinsConfig = Split4BinsConfig(),
+                      ) -> dict[str, Any]:
+    """Write shards ``group.k0..k1-1`` of every bin into ``out_dir`` (atomically, each file renamed into
+    place when complete); returns their entries ``[name, bytes, md5]`` and how many are empty."""
+    out_dir, faults = Path(out_dir), _Faults(Path(out_dir))
+    faults("start")
+    entries: list[list[Any]] = []
+    empty = 0
+    for j0 in range(0, group.k1 - group.k0, OPEN_SHARDS):  # a bounded number of open output files
+        j1 = min(j0 + OPEN_SHARDS, group.k1 - group.k0)
+        part = _subgroup(group, j0, j1)
+        e, z = _write_subgroup(part, out_dir, cfg, faults)
+        entries += e
+        empty += z
+    return {"kind": "shards", "k0": group.k0, "k1": group.k1, "entries": entries, "empty": empty}
+
+
+def _subgroup(g: ShardGroup, j0: int, j1: int) -> ShardGroup:
+    """Shards ``k0+j0 .. k0+j1-1`` of ``g``, with only the chunks that hold their rows."""
+    starts = tuple(s[j0:j1 + 1] for s in g.starts)
+    keep = tuple(c for c in g.chunks if any(c[4][b] and c[3][b] < starts[b][-1] and c[3][b] + c[4][b] > starts[b][0]
+                                             for b in range(_NBINS)))
+    return ShardGroup(n_shards=g.n_shards, k0=g.k0 + j0, k1=g.k0 + j1, starts=starts, chunks=keep)
+
+
+def _routes(bins: np.ndarray, base: tuple[int, ...], starts: tuple[tuple[int, ...], ...],
+            ) -> list[tuple[int, int, np.ndarray, int, int]]:
+    """Where the rows of one chunk go: ``(bin, j, chunk-local row indices, first out row, stop out row)``."""
+    out = []
+    for b in range(_NBINS):
+        st = starts[b]
+        idx = np.flatnonzero(bins == b)
+        if not idx.size:
+            continue
+        r0, r1 = base[b], base[b] + idx.size  # this chunk's rows of bin b, as positions among bin b's rows
+        lo, hi = max(r0, st[0]), min(r1, st[-1])
+        if hi <= lo:
+            continue
+        j = int(np.searchsorted(st, lo, side="right")) - 1
+        while lo < hi:
+            stop = min(hi, st[j + 1])
+            if stop > lo:
+                out.append((b, j, idx[lo - r0:stop - r0], lo - st[j], stop - st[j]))
+            lo, j = stop, j + 1
+    return out
+
+
+def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults: _Faults,
+                    ) -> tuple[list[list[Any]], int]:
+    n_j = g.k1 - g.k0
+    sizes = [[g.starts[b][j + 1] - g.starts[b][j] for j in range(n_j)] for b in range(_NBINS)]
+    # which rows of each chunk go where (1 byte per row of the span is kept: the bins of its rows)
+    plan: list[tuple[str, int, list[tuple[int, int, np.ndarray, int, int]]]] = []
+    f, open_path = None, None
+    try:
+        for path, a, b, base, _ in g.chunks:
+            if path != open_path:
+                if f is not None:
+                    f.close()
+                f, open_path = open_padded(Path(path), max_predictions_per_seq=cfg.max_predictions_per_seq), path
+            with reading(Path(path), f"input_mask rows {a}..{b - 1}"):
+                mask = f["input_mask"][a:b]
+            routes = _routes(_bins_of_chunk(mask, path, a), base, g.starts)
+            if routes:
+                plan.append((path, a, routes))
+    finally:
+        if f is not None:
+            f.close()
+    names = [[shard_name(BIN_BOUNDS[b], g.k0 + j, g.n_shards) for j in range(n_j)] for b in range(_NBINS)]
+    finals = [[out_dir / nm for nm in row] for row in names]
+    entries: list[list[Any]] = []
+    shards = _OpenShards(finals)
+    with shards as files:
+        for name, dtype, kind in HDF5_DATASETS:  # dataset by dataset: each complete before the next exists
+            width = row_shape(kind, 512, cfg.max_predictions_per_seq)
+            out = [[files[b][j].create_dataset(name, (sizes[b][j], *width), dtype=dtype) for j in range(n_j)]
+                   for b in range(_NBINS)]
+            _copy_dataset(plan, name, dtype, out, cfg)
+        for b in range(_NBINS):
+            for j in range(n_j):
+                files[b][j].close()
+                faults("rename")
+                os.replace(shards.tmp[b][j], finals[b][j])
+                entries.append([names[b][j], finals[b][j].stat().st_size, md5_file(finals[b][j])])
+                faults("file")
+    return entries, sum(s == 0 for row in sizes for s in row)
+
+
+def _copy_dataset(plan: list[tuple[str, int, list[tuple[int, int, np.ndarray, int, int]]]], name: str, dtype: str,
+                  out: list[list[Any]], cfg: Split4BinsConfig) -> None:
+    """Copy dataset ``name`` of every routed row into its shard (one input file open at a time)."""
+    f, open_path = None, None
+    try:
+        for path, a, routes in plan:
+            if path != open_path:
+                if f is not None:
+                    f.close()
+                f, open_path = open_padded(Path(path), max_predictions_per_seq=cfg.max_predictions_per_seq), path
+            lo = min(int(r[2][0]) for r in routes)
+            hi = max(int(r[2][-1]) for r in routes) + 1
+            with reading(Path(path), f"{name} rows {a + lo}..{a + hi - 1}"):
+                rows = f[name][a + lo:a + hi]
+            if rows.dtype != np.dtype(dtype):
+                rows = rows.astype(dtype)
+            for b, j, idx, o0, o1 in routes:
+                sel = idx - lo
+                out[b][j][o0:o1] = rows[sel[0]:sel[-1] + 1] if sel[-1] - sel[0] + 1 == sel.size else rows[sel]
+    finally:
+        if f is not None:
+            f.close()
+
+
+class _OpenShards:
+    """The output files of a sub-group, open under temporary names; removed unless renamed."""
+
+    def __init__(self, finals: list[list[Path]]) -> None:
+        self.finals = finals
+        self.tmp: list[list[Path]] = []
+        self.files: list[list[Any]] = []
+
+    def __enter__(self) -> list[list[Any]]:
         import h5py
 
-        n = self.sizes[self.k]
-        with stage_file(self.out, shard_name(self.bin, self.k, len(self.sizes))) as tmp, h5py.File(tmp, "w") as f:
-            for name, dtype, _ in HDF5_DATASETS if n else ():
-                src = self.scratch[name]
-                src.seek(0)
-                ds = f.create_dataset(name, (n, *self.widths[name]), dtype=dtype)
-                for a, b in chunks(n, self.chunk):
-                    width = int(np.prod(self.widths[name], dtype=np.int64))
-                    ds[a:b] = np.fromfile(src, dtype=dtype, count=(b - a) * width).reshape(b - a, *self.widths[name])
-                src.seek(0)
-                src.truncate()
-        self.empty += n == 0
-        self.k, self.filled = self.k + 1, 0
+        for row in self.finals:
+            if row:
+                row[0].parent.mkdir(parents=True, exist_ok=True)
+            self.tmp.append([p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in row])
+            self.files.append([])
+        try:
+            for b, row in enumerate(self.tmp):
+                for p in row:
+                    self.files[b].append(h5py.File(p, "w"))
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
+            raise
+        return self.files
 
-    def close(self) -> None:
-        for f in self.scratch.values():
-            f.close()
-            Path(f.name).unlink(missing_ok=True)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from core.manifest import raise_if_disk_full
 
-
-class _DataOutput(StageOutput):
-    """A :class:`StageOutput` whose files go under ``data_dir/`` of its directory; the manifest (and the
-    ``.verified.json`` / ``_dropped.json`` bookkeeping) stay at the top, outside the folder trainers read.
-    Names given to :meth:`path` and :meth:`add_file` are relative to ``data_dir``."""
-
-    def __init__(self, *args: Any, data_dir: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.prefix = f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""
-
-    def path(self, name: str) -> Path:
-        return super().path(self.prefix + name)
-
-    def add_file(self, name: str, md5: str | None = None):  # noqa: ANN201 - FileEntry
-        return super().add_file(self.prefix + name, md5)
+        if exc_type is None:
+            return
+        for row in self.files:
+            for f in row:
+                try:
+                    f.close()
+                except Exception:  # noqa: BLE001,S110 - closing after a failure: the file is removed anyway
+                    pass
+        for row in self.tmp:
+            for p in row:
+                p.unlink(missing_ok=True)
+        if exc is not None:
+            raise_if_disk_full(exc, self.finals[0][0])
 
 
+# -- step 4: the manifest -----------------------------------------------------------------------------
+def begin_pieces(out_dir: Path | str) -> None:
+    """Before shard groups write into ``out_dir``: no manifest (the stage is being redone), no debris."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / MANIFEST_NAME).unlink(missing_ok=True)
+    (d / DROPPED_NAME).unlink(missing_ok=True)
+    remove_debris(d)
+
+
+def finish_split(out_dir: Path | str, counts: Sequence[dict[str, Any]], written: Sequence[dict[str, Any]],
+                 cfg: Split4BinsConfig, upstream: Sequence[Manifest] = ()) -> Manifest:
+    """The stage manifest from the groups' entries (files hashed while written); counters rows, rows_<bin>,
+    empty_shards."""
+    totals = Layout(counts, cfg.n_output_shards).totals
+    n = cfg.n_output_shards
+    got = {e[0] for w in written for e in w["entries"]}
+    missing = [shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n) if shard_name(b, k, n) not in got]
+    if missing:  # pragma: no cover - the groups cover 0..N-1 by construction
+        raise InputError(f"split-4bins: {len(missing)} shard(s) were not written (e.g. {missing[0]}); run again")
+    with StageOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
+                     code_version=STAGE_VERSION) as out:
+        for w in sorted(written, key=lambda w: w["k0"]):
+            for name, _size, md5 in w["entries"]:
+                out.add_file(name, md5)
+        out.count("rows", sum(totals))
+        for b, c in zip(BIN_BOUNDS, totals, strict=True):
+            out.count(f"rows_{b}", c)
+        out.count("empty_shards", sum(w["empty"] for w in written))
+    return out.manifest
+
+
+# -- all four steps in one call ---------------------------------------------------------------------
 def _check_out_dir(out_dir: Path, expected: set[str]) -> None:
     """Refuse an output folder holding anything but this stage's own files."""
     if not out_dir.exists():
@@ -166,93 +420,85 @@ def _check_out_dir(out_dir: Path, expected: set[str]) -> None:
         raise InputError(f"output {out_dir} exists and is not a directory")
     foreign = [p.relative_to(out_dir).as_posix() for p in sorted(out_dir.rglob("*"))
                if p.is_file() and ".tmp-" not in p.name
-               and p.relative_to(out_dir).as_posix() not in expected | {MANIFEST_NAME, STAT_NAME, DROPPED_NAME}]
+               and p.relative_to(out_dir).as_posix() not in expected | {MANIFEST_NAME}]
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise InputError(f"output folder {out_dir} already holds files that split-4bins would not write "
                          f"({', '.join(foreign[:3])}{more}); choose an empty or new folder")
 
 
-def _count(files: Sequence[Path], cfg: Split4BinsConfig) -> list[int]:
-    counts = np.zeros(len(BIN_BOUNDS), dtype=np.int64)
-    for path in files:
-        with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
-            mask = f["input_mask"]
-            for a, b in chunks(mask.shape[0], cfg.chunk_rows):
-                with reading(path, f"input_mask rows {a}..{b - 1}"):
-                    rows = mask[a:b]
-                counts += np.bincount(_bins_of_chunk(rows, path, a), minlength=len(BIN_BOUNDS))
-    return counts.tolist()
+def _warn_small_bins(totals: Sequence[int], n: int) -> None:
+    for b, c in zip(BIN_BOUNDS, totals, strict=True):
+        if c < n:  # the reference crashes (0 < c < n) or leaves empty files (c == 0) here
+            log.warning("bin %d has %d rows for %d shards: %d shard(s) will hold zero rows", b, c, n, n - c)
 
 
 def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsConfig = Split4BinsConfig(),
-                    upstream: Sequence[Manifest] = (), *, data_dir: str = "",
-                    manifest_name: str = MANIFEST_NAME) -> Manifest:
-    """Stage function: ``out_dir/[data_dir/]{128,256,384,512}/part_<k>_of_<N>.hdf5``, the manifest at
-    ``out_dir/manifest_name`` (a name relative to ``out_dir``); counters rows, rows_<bin>, empty_shards."""
+                    upstream: Sequence[Manifest] = (), *, workers: int = 1) -> Manifest:
+    """Stage function: ``out_dir/{128,256,384,512}/part_<k>_of_<N>.hdf5``; counters rows, rows_<bin>, empty_shards.
+
+    ``workers`` processes count the inputs and then write groups of shards; the bytes do not depend on it.
+    """
     files = [Path(p) for p in input_files]
     if not files:
         raise InputError("split-4bins got no input files (the reference reads <input_dir>/part*)")
     if cfg.n_output_shards < 1:
         raise InputError(f"n_output_shards must be at least 1, got {cfg.n_output_shards}")
     n = cfg.n_output_shards
-    prefix = f"{data_dir.strip('/')}/" if data_dir.strip("/") else ""
-    _check_out_dir(Path(out_dir), {prefix + shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir, {shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
     verify_inputs(files, upstream)
-    counts = _count(files, cfg)  # pass 1
-    log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), counts)
-    for b, c in zip(BIN_BOUNDS, counts, strict=True):
-        if c < n:  # the reference crashes (0 < c < n) or leaves empty files (c == 0) here
-            log.warning("bin %d has %d rows for %d shards: %d shard(s) will be empty HDF5 files (no datasets)",
-                        b, c, n, n - c)
-    widths = {name: {"seq": (512,), "pred": (cfg.max_predictions_per_seq,), "": ()}[kind]
-              for name, _, kind in HDF5_DATASETS}
-    with _DataOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
-                     code_version=STAGE_VERSION, data_dir=data_dir, manifest_name=manifest_name) as out:
-        writers = [_BinWriter(out, b, shard_sizes(c, n), widths, cfg.chunk_rows) for b, c in zip(BIN_BOUNDS, counts,
-                                                                                                   strict=True)]
-        try:
-            _route(files, writers, cfg, total=sum(counts))
-        finally:
-            for w in writers:
-                w.close()
-        incomplete = [w.bin for w in writers if w.k != len(w.sizes)]
-        if incomplete:  # pass 1 counted the rows pass 2 routed: only a file changed meanwhile gets here
-            raise InputError(f"bins {incomplete}: fewer rows than counted; did an input file change during the split?")
-        out.count("rows", sum(counts))
-        for b, c in zip(BIN_BOUNDS, counts, strict=True):
-            out.count(f"rows_{b}", c)
-        out.count("empty_shards", sum(w.empty for w in writers))
-    return out.manifest
-
-
-def _route(files: Sequence[Path], writers: list[_BinWriter], cfg: Split4BinsConfig, total: int) -> None:
-    """Pass 2: rows to their bin's writer, in input order."""
-    with progress(total=total, desc="split-4bins", unit="row") as bar:
-        for path in files:
-            with open_padded(path, max_predictions_per_seq=cfg.max_predictions_per_seq) as f:
-                for a, b in chunks(f["input_mask"].shape[0], cfg.chunk_rows):
-                    with reading(path, f"rows {a}..{b - 1}"):
-                        data = {name: f[name][a:b] for name, _, _ in HDF5_DATASETS}
-                    bins = _bins_of_chunk(data["input_mask"], path, a)
-                    for i, w in enumerate(writers):
-                        sel = bins == i
-                        if sel.any():
-                            w.append({name: v[sel] for name, v in data.items()})
-                    bar.update(b - a)
+    counts = run_all(count_bins, [(str(p), cfg) for p in files], workers)
+    lay = Layout(counts, n)
+    log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), lay.totals)
+    _warn_small_bins(lay.totals, n)
+    groups = lay.groups(group_count(lay.rows, n, workers))
+    begin_pieces(out_dir)
+    written = run_all(write_shard_group, [(g, str(out_dir), cfg) for g in groups], workers)
+    return finish_split(out_dir, counts, written, cfg, upstream)
 
 
 # -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
+def count_piece(path: str, hdf5_dir: str, out_dir: Path, cfg: Split4BinsConfig) -> dict[str, Any]:
+    """DAG piece: check one part's HDF5 against its manifest (md5 re-hashed only if its stat changed), count it."""
+    verify_manifest(hdf5_dir, trust_stat=True)
+    return count_bins(path, cfg)
+
+
+def group_piece(group: ShardGroup, out_dir: Path, cfg: Split4BinsConfig) -> dict[str, Any]:
+    """DAG piece: one group of shards."""
+    return write_shard_group(group, out_dir, cfg)
+
+
 def _plan_bins(plan: Any) -> list[Any]:
-    """Every part's HDF5, in part order (the reference's input order decides which shard a row lands in)."""
+    """Pieces: count every part's HDF5, in part order (the reference's input order decides the shards)."""
     h5 = plan.result("hdf5")
-    files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
-    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, upstream=[h5.unit_dir(s) for s in h5.shards])]
+    return [replace(plan.unit(str(h5.path(s + ".hdf5", s)), str(h5.unit_dir(s)), cfg=plan.cfg, shard=f"count/{s}",
+                              upstream=[h5.unit_dir(s)]), run=count_piece, piece=True, pass_upstream=False)
+            for s in h5.shards]
+
+
+def _finish_bins(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:
+    """After the counts: the shard groups; after the groups: the stage manifest."""
+    counts = [v for v in values if v["kind"] == "counts"]
+    written = [v for v in values if v["kind"] == "shards"]
+    n = plan.cfg.n_output_shards
+    if not written:
+        lay = Layout(counts, n)
+        log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), lay.totals)
+        _warn_small_bins(lay.totals, n)
+        begin_pieces(plan.dir)
+        groups = lay.groups(group_count(lay.rows, n, plan.params.workers or default_workers()))
+        return [replace(plan.unit(g, cfg=plan.cfg, shard=f"shards/{g.k0:05d}", upstream=[]), run=group_piece,
+                        piece=True, pass_upstream=False) for g in groups]
+    h5 = plan.result("hdf5")
+    upstream = [load_manifest(h5.unit_dir(s)) for s in h5.shards]
+    return finish_split(plan.dir, counts, written, plan.cfg, [m for m in upstream if m is not None])
 
 
 DAG_STAGES = (Stage(name="bins", title="split_4bins: 4 length bins x N shards, what trainers read",
                     reads=("hdf5",), run=run_split_4bins, version=STAGE_VERSION, config=Split4BinsConfig,
                     configure=lambda p: Split4BinsConfig(n_output_shards=p.resolved_shards(),
                                                          max_predictions_per_seq=p.max_predictions_per_seq),
-                    key_params=stage_params, plan=_plan_bins, outputs={"train_dir": DAG_DATA_DIR},
+                    key_params=stage_params, plan=_plan_bins, finish=_finish_bins, outputs={"train_dir": ""},
                     aliases=("split_4bins", "4bins")),)

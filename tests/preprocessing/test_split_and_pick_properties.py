@@ -42,7 +42,7 @@ def write_padded(path: Path, lengths: list[int], seed: int = 0) -> dict[str, np.
 
 
 def read_bins(out: Path, n_shards: int) -> dict[int, list[dict[str, np.ndarray]]]:
-    """Every shard's datasets ({} for a shard file without datasets), per bin, in shard order."""
+    """Every shard's datasets (six, zero-length in an empty shard), per bin, in shard order."""
     shards: dict[int, list[dict[str, np.ndarray]]] = {}
     for b in BINS:
         shards[b] = []
@@ -73,16 +73,14 @@ def test_binning_is_an_order_keeping_partition(tmp_path_factory: pytest.TempPath
     for lo_hi, shards in zip([(1, 128), (129, 256), (257, 384), (385, 512)], read_bins(tmp / "out", n_shards).values(),
                                   strict=True):
         expected = [ids for length, ids in rows if lo_hi[0] <= length <= lo_hi[1]]  # in input order
-        assert [len(s["input_ids"]) if "input_ids" in s else 0 for s in shards] == shard_sizes(len(expected), n_shards)
-        got = [s["input_ids"][:] for s in shards if "input_ids" in s]
-        got = np.concatenate(got) if got else np.zeros((0, 512), np.int32)
+        assert [len(s["input_ids"]) for s in shards] == shard_sizes(len(expected), n_shards)
+        got = np.concatenate([s["input_ids"][:] for s in shards])
         assert len(got) == len(expected)
         for row, ids in zip(got, expected, strict=True):
             np.testing.assert_array_equal(row, ids)  # same row, same order
         for s in shards:
-            if "input_mask" in s:
-                lengths = s["input_mask"][:].sum(axis=1, dtype=np.int64)
-                assert ((lengths >= lo_hi[0]) & (lengths <= lo_hi[1])).all()
+            lengths = s["input_mask"][:].sum(axis=1, dtype=np.int64)
+            assert ((lengths >= lo_hi[0]) & (lengths <= lo_hi[1])).all()
         seen += len(got)
     assert seen == len(rows) == m.counters["rows"]
 
@@ -95,14 +93,79 @@ def test_shard_sizes_follow_the_reference_rule(n_rows: int, n_shards: int) -> No
 
 
 def test_small_and_empty_bins_do_not_crash(tmp_path: Path) -> None:
-    """Reference: IndexError for 0 < rows < shards. Here: leading 0-row shards are empty files."""
+    """Reference: IndexError for 0 < rows < shards. Here: leading 0-row shards, with zero-length datasets."""
     write_padded(tmp_path / "part-0.hdf5", [10, 20, 300])  # bin 128: 2 rows, 256: none, 384: 1, 512: none
     m = run_split_4bins([tmp_path / "part-0.hdf5"], tmp_path / "out", Split4BinsConfig(n_output_shards=4))
     assert m.counters["empty_shards"] == 2 + 4 + 3 + 4
     shards = read_bins(tmp_path / "out", 4)
-    assert [("input_ids" in s) for s in shards[128]] == [False, False, True, True]
-    assert not any("input_ids" in s for s in shards[256] + shards[512])
-    assert [s["input_ids"].shape[0] if "input_ids" in s else 0 for s in shards[384]] == [0, 0, 0, 1]
+    assert [len(s["input_ids"]) for s in shards[128]] == [0, 0, 1, 1]
+    assert [len(s["input_ids"]) for s in shards[256] + shards[512]] == [0] * 8
+    assert [len(s["input_ids"]) for s in shards[384]] == [0, 0, 0, 1]
+
+
+def test_every_shard_has_the_six_datasets(tmp_path: Path) -> None:
+    """An empty shard has the six datasets with zero rows: same names, order, dtypes and widths as a full one
+    (NVIDIA's, Habana's and Samsung's readers index f['input_ids'] and read it as length 0)."""
+    from pretrain.data import inspect_shard
+
+    write_padded(tmp_path / "part-0.hdf5", [10, 20, 300])
+    run_split_4bins([tmp_path / "part-0.hdf5"], tmp_path / "out", Split4BinsConfig(n_output_shards=4))
+    full = tmp_path / "out" / "128" / "part_3_of_4.hdf5"
+    for b in BINS:
+        for k in range(4):
+            path = tmp_path / "out" / str(b) / f"part_{k}_of_4.hdf5"
+            with h5py.File(path, "r") as f, h5py.File(full, "r") as g:
+                assert list(f) == list(g) == sorted(name for name, _ in NAMES)
+                n = f["input_ids"].shape[0]
+                for name, dtype in NAMES:
+                    assert f[name].dtype == np.dtype(dtype) and f[name].shape[1:] == g[name].shape[1:], (path, name)
+                    assert f[name].shape[0] == n
+            assert inspect_shard(path, None).rows == n
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_same_bytes_for_any_worker_count_and_chunk_size(tmp_path: Path, workers: int) -> None:
+    """Counts, then shard groups written in parallel: the files are those of one process reading 4096 rows at a
+    time, whatever the worker count, group cut or chunk size."""
+    import preprocessing.split_4bins as sp
+    from core.manifest import md5_file
+
+    rng = np.random.default_rng(7)
+    inputs = []
+    for i in range(4):  # rows of every bin in every file, one file with a single bin, small files
+        n = [300, 7, 120, 1][i]
+        lengths = rng.integers(1, 513, n).tolist() if i != 1 else [500] * n
+        inputs.append(tmp_path / f"part-{i}.hdf5")
+        write_padded(inputs[-1], lengths, seed=i)
+    ref = run_split_4bins(inputs, tmp_path / "ref", Split4BinsConfig(n_output_shards=9))
+    want = {f.name: f.md5 for f in ref.files}
+    old = (sp.ROWS_PER_GROUP, sp.OPEN_SHARDS)
+    try:
+        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS = 5, 2  # many groups, each writing shards in several sub-groups
+        m = run_split_4bins(inputs, tmp_path / "par", Split4BinsConfig(n_output_shards=9, chunk_rows=13),
+                            workers=workers)
+    finally:
+        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS = old
+    assert {f.name: f.md5 for f in m.files} == want and len(want) == 36
+    assert all(md5_file(tmp_path / "par" / name) == md5 for name, md5 in want.items())
+    assert m.counters == ref.counters
+    assert not [p for p in (tmp_path / "par").rglob(".*.tmp-*")]
+
+
+def test_groups_cover_every_shard_once() -> None:
+    from preprocessing.split_4bins import Layout, group_count
+
+    counts = [{"kind": "counts", "file": f"f{i}", "rows": 10, "chunk_rows": 4, "chunks": [[1, 2, 1, 0], [0, 0, 4, 0],
+                                                                                            [1, 1, 0, 0]]}
+              for i in range(3)]
+    lay = Layout(counts, 5)
+    assert lay.totals == [6, 9, 15, 0] and lay.rows == 30
+    for n_groups in (1, 2, 3, 5, 9):
+        groups = lay.groups(n_groups)
+        assert [k for g in groups for k in range(g.k0, g.k1)] == list(range(5))
+        for g in groups:  # a group reads only chunks holding its rows, in input order
+            assert all(any(c[4][b] for b in range(4)) for c in g.chunks)
+    assert group_count(10, 2048, 2) == 8 and group_count(10**8, 2048, 2) == 2048 and group_count(0, 1, 4) == 1
 
 
 def test_hdf5_missing_a_dataset(tmp_path: Path) -> None:
