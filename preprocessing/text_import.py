@@ -1,5 +1,6 @@
 """text_import: take MLCommons' published text (``results/``: part-XXXXX-of-00500, eval.txt, eval.md5) as
-the ``text`` stage's output, so the DAG can start from it instead of a dump.
+the ``text`` stage's output, so the DAG can start from it instead of a dump: a folder given as ``text_dir``,
+or (``source=mlcommons``) what the download stage fetched from MLCommons, with its vocab.txt.
 
 The files are copied into the stage directory (md5 computed while copying), or hard-linked with
 ``link=True`` (no second 13.5 GB; but then the work dir's text *is* the source's inode: never edit it in
@@ -24,6 +25,9 @@ from core.errors import ChecksumError, InputError
 from core.manifest import Manifest, StageOutput
 from core.stage import Stage
 from preprocessing.params import spell
+from preprocessing.vocab import STAGE_VERSION as VOCAB_VERSION
+from preprocessing.vocab import VOCAB_NAME as VOCAB_FILE
+from preprocessing.vocab import run_import_vocab
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +124,33 @@ def _plan_import(plan: Any) -> list[Any]:
     return [replace(unit, fresh={"source_stats": source_stats(list_text_files(src))})]
 
 
+def _plan_downloaded(plan: Any) -> list[Any]:
+    return [plan.unit(str(plan.result("download").dir), cfg=plan.cfg)]
+
+
+def _plan_downloaded_vocab(plan: Any) -> list[Any]:
+    from preprocessing.download import VOCAB_NAME
+
+    return [plan.unit(str(plan.result("download").path(VOCAB_NAME)))]
+
+
+def _is_mlcommons(p: Any) -> bool:
+    return p.source_kind == "mlcommons"
+
+
+# source=mlcommons: the download stage fetches MLCommons' text and vocab.txt (preprocessing/download.py); the
+# text stage hard-links them in (copies across file systems), the vocab stage takes its vocab.txt unless a
+# vocab is given. Their keys follow the download's content (upstream digest).
 DAG_STAGES = (Stage(name="text", title="MLCommons' text (part files + eval.txt), copied or hard-linked in",
                     reads=(), run=run_import_text, version=STAGE_VERSION, config=TextImportConfig,
                     configure=lambda p: TextImportConfig(link=p.link_text), key_extra=_import_key, check=_import_key,
                     plan=_plan_import,
-                    when=lambda p: p.source_kind == "text", pass_upstream=False, outputs={"text_dir": ""}),)
+                    when=lambda p: p.source_kind == "text", pass_upstream=False, outputs={"text_dir": ""}),
+              Stage(name="text", title="MLCommons' text from the download stage, hard-linked in",
+                    reads=("download",), run=run_import_text, version=STAGE_VERSION, config=TextImportConfig,
+                    configure=lambda p: TextImportConfig(link=True), plan=_plan_downloaded, when=_is_mlcommons,
+                    pass_upstream=False, outputs={"text_dir": ""}),
+              Stage(name="vocab", title="MLCommons' vocab.txt from the download stage", reads=("download",),
+                    run=run_import_vocab, version=VOCAB_VERSION, configure=lambda p: None,
+                    plan=_plan_downloaded_vocab, when=lambda p: _is_mlcommons(p) and p.vocab is None,
+                    pass_upstream=False, outputs={"vocab": VOCAB_FILE}))
