@@ -32,6 +32,12 @@ Differences, where the reference crashes or needs memory proportional to a shard
 * memory is bounded by ``chunk_rows`` input rows plus one byte per row of a shard group's input span
   (the reference buffers whole shards in float64).
 
+Layout: a trainer's data folder holds only the four int-named bin folders (Samsung's trainer sorts its
+entries by ``int(name)``), so the manifest lives outside it. The DAG's stage writes
+``work/bins/<key>/data/<bin>/part_<k>_of_<N>.hdf5`` (:data:`DAG_DATA_DIR`; ``train_dir`` in last_run.json
+is ``.../data``) with ``_manifest.json`` in ``work/bins/<key>/``; the standalone command writes the
+reference's ``<out>/<bin>/...`` and its manifest beside the folder (``manifest_name``: ``<out>.manifest.json``).
+
     bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048 --workers 4
 """
 
@@ -81,6 +87,8 @@ ROWS_PER_GROUP = 32768
 #: Shards per bin a group call keeps open at once (4 x this many output files).
 OPEN_SHARDS = 32
 _NBINS = len(BIN_BOUNDS)
+#: Where the DAG's bins stage puts the bin folders inside its stage directory (last_run.json's train_dir).
+DAG_DATA_DIR = "data"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,20 +398,23 @@ def begin_pieces(out_dir: Path | str) -> None:
 
 
 def finish_split(out_dir: Path | str, counts: Sequence[dict[str, Any]], written: Sequence[dict[str, Any]],
-                 cfg: Split4BinsConfig, upstream: Sequence[Manifest] = ()) -> Manifest:
+                 cfg: Split4BinsConfig, upstream: Sequence[Manifest] = (), *, data_dir: str = "",
+                 manifest_name: str = MANIFEST_NAME) -> Manifest:
     """The stage manifest from the groups' entries (files hashed while written); counters rows, rows_<bin>,
-    empty_shards."""
+    empty_shards. ``data_dir``: the groups wrote into ``out_dir/data_dir``; ``manifest_name``: relative to
+    ``out_dir``."""
     totals = Layout(counts, cfg.n_output_shards).totals
     n = cfg.n_output_shards
     got = {e[0] for w in written for e in w["entries"]}
     missing = [shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n) if shard_name(b, k, n) not in got]
     if missing:  # pragma: no cover - the groups cover 0..N-1 by construction
         raise InputError(f"split-4bins: {len(missing)} shard(s) were not written (e.g. {missing[0]}); run again")
+    prefix = f"{data_dir}/" if data_dir else ""
     with StageOutput(out_dir, "split_4bins", params=stage_params(cfg), upstream=upstream,
-                     code_version=STAGE_VERSION) as out:
+                     code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
         for w in sorted(written, key=lambda w: w["k0"]):
             for name, _size, md5 in w["entries"]:
-                out.add_file(name, md5)
+                out.add_file(prefix + name, md5)
         out.count("rows", sum(totals))
         for b, c in zip(BIN_BOUNDS, totals, strict=True):
             out.count(f"rows_{b}", c)
@@ -434,8 +445,10 @@ def _warn_small_bins(totals: Sequence[int], n: int) -> None:
 
 
 def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsConfig = Split4BinsConfig(),
-                    upstream: Sequence[Manifest] = (), *, workers: int = 1) -> Manifest:
-    """Stage function: ``out_dir/{128,256,384,512}/part_<k>_of_<N>.hdf5``; counters rows, rows_<bin>, empty_shards.
+                    upstream: Sequence[Manifest] = (), *, workers: int = 1, data_dir: str = "",
+                    manifest_name: str = MANIFEST_NAME) -> Manifest:
+    """Stage function: ``out_dir/[data_dir/]{128,256,384,512}/part_<k>_of_<N>.hdf5``, the manifest at
+    ``out_dir/manifest_name`` (relative to ``out_dir``); counters rows, rows_<bin>, empty_shards.
 
     ``workers`` processes count the inputs and then write groups of shards; the bytes do not depend on it.
     """
@@ -446,7 +459,8 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
         raise InputError(f"n_output_shards must be at least 1, got {cfg.n_output_shards}")
     n = cfg.n_output_shards
     out_dir = Path(out_dir)
-    _check_out_dir(out_dir, {shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
+    prefix = f"{data_dir}/" if data_dir else ""
+    _check_out_dir(out_dir, {prefix + shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
     verify_inputs(files, upstream)
     counts = run_all(count_bins, [(str(p), cfg) for p in files], workers)
     lay = Layout(counts, n)
@@ -454,8 +468,9 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
     _warn_small_bins(lay.totals, n)
     groups = lay.groups(group_count(lay.rows, n, workers))
     begin_pieces(out_dir)
-    written = run_all(write_shard_group, [(g, str(out_dir), cfg) for g in groups], workers)
-    return finish_split(out_dir, counts, written, cfg, upstream)
+    (out_dir / manifest_name).unlink(missing_ok=True)  # a manifest kept outside out_dir: redone too
+    written = run_all(write_shard_group, [(g, str(out_dir / data_dir), cfg) for g in groups], workers)
+    return finish_split(out_dir, counts, written, cfg, upstream, data_dir=data_dir, manifest_name=manifest_name)
 
 
 # -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
@@ -466,8 +481,8 @@ def count_piece(path: str, hdf5_dir: str, out_dir: Path, cfg: Split4BinsConfig) 
 
 
 def group_piece(group: ShardGroup, out_dir: Path, cfg: Split4BinsConfig) -> dict[str, Any]:
-    """DAG piece: one group of shards."""
-    return write_shard_group(group, out_dir, cfg)
+    """DAG piece: one group of shards, under the stage directory's ``data/`` (what trainers read)."""
+    return write_shard_group(group, Path(out_dir) / DAG_DATA_DIR, cfg)
 
 
 def _plan_bins(plan: Any) -> list[Any]:
@@ -493,12 +508,13 @@ def _finish_bins(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any
                         piece=True, pass_upstream=False) for g in groups]
     h5 = plan.result("hdf5")
     upstream = [load_manifest(h5.unit_dir(s)) for s in h5.shards]
-    return finish_split(plan.dir, counts, written, plan.cfg, [m for m in upstream if m is not None])
+    return finish_split(plan.dir, counts, written, plan.cfg, [m for m in upstream if m is not None],
+                        data_dir=DAG_DATA_DIR)
 
 
 DAG_STAGES = (Stage(name="bins", title="split_4bins: 4 length bins x N shards, what trainers read",
                     reads=("hdf5",), run=run_split_4bins, version=STAGE_VERSION, config=Split4BinsConfig,
                     configure=lambda p: Split4BinsConfig(n_output_shards=p.resolved_shards(),
                                                          max_predictions_per_seq=p.max_predictions_per_seq),
-                    key_params=stage_params, plan=_plan_bins, finish=_finish_bins, outputs={"train_dir": ""},
+                    key_params=stage_params, plan=_plan_bins, finish=_finish_bins, outputs={"train_dir": DAG_DATA_DIR},
                     aliases=("split_4bins", "4bins")),)

@@ -53,7 +53,8 @@ def test_golden_text_chain_then_everything_cached(prefect_harness, golden: Path,
     golden_bins = sorted((golden / "4bins").rglob("*.hdf5"))
     assert len(golden_bins) == 32
     for g in golden_bins:
-        assert_h5_equal(Path(s["bins"]["dir"]) / g.relative_to(golden / "4bins"), g)
+        assert_h5_equal(Path(last_run(w)["outputs"]["train_dir"]) / g.relative_to(golden / "4bins"), g)
+    assert sorted(p.name for p in Path(last_run(w)["outputs"]["train_dir"]).iterdir()) == ["128", "256", "384", "512"]
     assert (Path(s["eval_hdf5"]["dir"]) / "eval_10k.hdf5").is_file()
     assert all(st["cached"] == 0 for st in s.values())
 

@@ -94,7 +94,8 @@ def test_deploy_and_run_the_data_deployment(tmp_path: Path) -> None:
     summary = json.loads((work / "last_run.json").read_text())
     assert sorted(summary["stages"]) == sorted(STAGES)
     bins = Path(summary["outputs"]["train_dir"])
-    m = verify_manifest(bins)
+    m = verify_manifest(bins.parent)  # the manifest sits beside data/, outside what trainers read
+    assert sorted(p.name for p in bins.iterdir()) == ["128", "256", "384", "512"]
     assert m.counters["rows"] > 0 and len(m.files) == 4 * 8  # the sample's 8 shards per bin
     assert not (work / "eval_tfrecord").exists()  # left out by the stages parameter
     assert server.poll() is not None and worker.poll() is not None
