@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run the Prefect data / pretrain / end-to-end flow locally"),
     "status": ("status", "show the stages of a work dir: done / missing / corrupt, keys, sizes"),
     "verify": ("verify", "re-check every md5 of a work dir against its manifests"),
+    "export-dataset": ("export_dataset", "symlink a work dir's data set into Samsung's, NVIDIA's or Habana's layout"),
     "train": ("train", "pre-train BERT with DeepSpeed (HPU, CUDA or CPU)"),
     "export-hf": ("export_hf", "a training run's checkpoint -> transformers BertForPreTraining directory"),
     "import-tf": ("import_tf", "TF1 BERT checkpoint (MLPerf's model.ckpt-28252) -> safetensors / transformers"),

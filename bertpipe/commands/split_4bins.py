@@ -3,9 +3,10 @@
   bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048
 
 Inputs are sorted(<input_dir>/part*), as in the reference; outputs <output_dir>/{128,256,384,512}/
-part_<k>_of_<N>.hdf5 and <output_dir>/_manifest.json. An output folder holding other files is refused.
-A bin with fewer rows than shards (where the reference crashes) gets its 0-row shards first, written
-as HDF5 files without datasets, as the reference leaves the files of an empty bin.
+part_<k>_of_<N>.hdf5 and nothing else (Samsung's trainer takes every entry of that folder as a bin and
+sorts them by int(name)); the manifest goes beside the folder, <output_dir>.manifest.json. An output
+folder holding other files is refused. A bin with fewer rows than shards (where the reference crashes)
+gets its 0-row shards first, holding the six datasets with zero rows.
 """
 
 from __future__ import annotations
@@ -38,8 +39,29 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--input_dir {in_dir} has no files named part* (e.g. part-00000-of-00500.hdf5)")
     files = pc.input_files("--input_dir", files, "padded HDF5")
     pc.output_dir("--output_dir", args.output_dir, stage="split_4bins")
-    m = run_split_4bins(files, Path(args.output_dir), Split4BinsConfig(n_output_shards=args.n_output_shards))
+    out = Path(args.output_dir).resolve()  # the manifest goes beside it: "../<name>.manifest.json" from inside
+    if not out.name:
+        raise InputError(f"--output_dir {args.output_dir} is the root folder; give a folder to write the bins into")
+    _drop_inner_manifest(out)
+    m = run_split_4bins(files, out, Split4BinsConfig(n_output_shards=args.n_output_shards),
+                        manifest_name=f"../{out.name}.manifest.json")
     c = m.counters
     log.info("%d rows -> 128: %d, 256: %d, 384: %d, 512: %d (%d empty shards) in %s", c["rows"], c["rows_128"],
              c["rows_256"], c["rows_384"], c["rows_512"], c["empty_shards"], args.output_dir)
+    log.info("manifest: %s", out.with_name(f"{out.name}.manifest.json"))
     return 0
+
+
+def _drop_inner_manifest(out: Path) -> None:
+    """An older bertpipe kept the manifest inside the output folder, where Samsung's trainer trips on it."""
+    import json
+
+    from core.manifest import MANIFEST_NAME
+
+    inner = out / MANIFEST_NAME
+    try:
+        stage = json.loads(inner.read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return
+    if stage == "split_4bins":
+        inner.unlink()
