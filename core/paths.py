@@ -153,7 +153,7 @@ class PathCheck:
                 return
             q = q.parent
         if not stat.S_ISDIR(st.st_mode):
-            raise InputError(f"{_flag(flag)}{p}: {q} is a file, not a folder; choose a {what} path in a folder")
+            raise InputError(f"{_flag(flag)}{p}: {q} is a file, not a folder; choose a path in a folder for the {what}")
         if not _writable_dir(st, q):
             raise InputError(f"{_flag(flag)}{p}: folder {q} is read-only (mode {stat.filemode(st.st_mode)}); "
                              f"choose a writable place for the {what} or fix its permissions")

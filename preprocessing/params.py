@@ -156,7 +156,7 @@ class DataParams:
             raise InputError(f"{spell('work_dir')} {self.work_dir} is a file; give a folder (it is created if missing)")
         from core.paths import PathCheck
 
-        PathCheck().output_dir(spell("work_dir"), work)  # a path under a file, a read-only folder
+        PathCheck().output_dir(spell("work_dir"), self.work_dir)  # a path under a file, a read-only folder
         for s in active(self):
             if s.check is not None:
                 s.check(self)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     pc = PathCheck()
     src = Path(args.tf_checkpoint)
     if src.is_dir():
-        pc.input_dir("TF_CHECKPOINT", src, "checkpoint folder")
+        pc.input_dir("TF_CHECKPOINT", args.tf_checkpoint, "checkpoint folder")
     elif src.exists():
         pc.input_file("TF_CHECKPOINT", src, "checkpoint file")
     else:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             pc.input_file("TF_CHECKPOINT", data, "checkpoint data file")
     if src.is_dir():
         pc.input_dir_files("TF_CHECKPOINT", src, [p.name for p in src.iterdir()])
-    if args.config:
+    if args.config is not None:
         pc.input_file("--config", args.config, "bert_config.json")
     if args.out_safetensors:
         pc.output_file("--out-safetensors", args.out_safetensors)

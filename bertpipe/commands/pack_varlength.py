@@ -12,14 +12,14 @@ import argparse
 import logging
 
 from bertpipe.commands._common import flag, overwrite_flag, positive_int
-from bertpipe.commands.tfrecord_to_hdf5 import check_paths
+from bertpipe.commands.tfrecord_to_hdf5 import _nonempty, check_paths
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="a padded HDF5, a glob of them (quote it) or a directory (its *part* files)")
-    p.add_argument("--output", required=True, help="the packed HDF5 (one input) or a directory")
+    p.add_argument("--input", required=True, type=_nonempty, help="a padded HDF5, a glob of them (quote it) or a directory (its *part* files)")
+    p.add_argument("--output", required=True, type=_nonempty, help="the packed HDF5 (one input) or a directory")
     flag(p, "max_seq_length", type=positive_int(1 << 16), default=512, help="width of the padded input (default: 512)")
     flag(p, "max_predictions_per_seq", type=positive_int(1 << 16), default=76, help="width of masked_lm_* (default: 76)")
     overwrite_flag(p)

@@ -201,23 +201,28 @@ def run(args: argparse.Namespace) -> int:
     prefect_env(args.quiet)
     with surface("cli"):  # errors name --flags, here and inside the flow
         params = data_params(args)  # invalid flags and inputs fail here, before Prefect starts
+        check_paths(args)
         params.preflight()
-        check_training_paths(args)
         return _run_flow(args, params)
 
 
-def check_training_paths(args: argparse.Namespace) -> None:
-    """pretrain / e2e: the training inputs and the output folder, checked before Prefect or DeepSpeed starts."""
+def check_paths(args: argparse.Namespace) -> None:
+    """--vocab and --text-dir; for pretrain / e2e the training inputs and output folder: all checked before
+    Prefect or DeepSpeed starts (the stages' own checks follow in preflight)."""
     from core.errors import InputError
     from core.paths import PathCheck
 
+    pc = PathCheck()
+    if args.vocab is not None:
+        pc.input_file("--vocab", args.vocab, "vocab.txt")
+    if args.text_dir is not None:
+        pc.input_dir("--text-dir", args.text_dir, "text folder (part-XXXXX-of-00500 files and eval.txt)")
     if args.flow == "data":
         return
     from pretrain.config import MODEL_PRESETS
 
     if args.model not in MODEL_PRESETS:
         raise InputError(f"--model {args.model!r}: choose one of {', '.join(MODEL_PRESETS)}")
-    pc = PathCheck()
     if args.flow == "pretrain":
         if not args.train_dir:
             raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")

@@ -28,10 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.errors import InputError
+    from core.paths import PathCheck
     from tasks.workdir import current_keys, scan
 
-    if not args.work_dir.is_dir():
-        raise InputError(f"work dir {args.work_dir} does not exist; run `bertpipe run --work-dir {args.work_dir}`")
+    if not args.work_dir.exists():
+        raise InputError(f"--work-dir {args.work_dir} does not exist; run `bertpipe run --work-dir {args.work_dir}`")
+    PathCheck().input_dir("--work-dir", args.work_dir, "work dir")
     entries = scan(args.work_dir, check_md5=True, trust_stat=not args.md5)
     current = current_keys(args.work_dir)
     groups: dict[tuple[str, str], list] = {}

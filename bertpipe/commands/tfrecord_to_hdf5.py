@@ -22,11 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="a TFRecord, a glob of TFRecords (quote it) or a directory (its *part* files)")
-    p.add_argument("--output", required=True, help="the HDF5 file (one input) or a directory")
+    p.add_argument("--input", required=True, type=_nonempty, help="a TFRecord, a glob of TFRecords (quote it) or a directory (its *part* files)")
+    p.add_argument("--output", required=True, type=_nonempty, help="the HDF5 file (one input) or a directory")
     flag(p, "max_seq_length", type=positive_int(1 << 16), default=512, help="values per input_ids row (default: 512)")
     flag(p, "max_predictions_per_seq", type=positive_int(1 << 16), default=76, help="values per masked_lm_* row (default: 76)")
     overwrite_flag(p)
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def expand_inputs(spec: str) -> list[Path]:

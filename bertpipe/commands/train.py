@@ -61,7 +61,7 @@ def check_paths(args: argparse.Namespace) -> None:
                               ("--deepspeed-config", args.deepspeed_config, "DeepSpeed JSON"),
                               ("--model-config", args.model_config, "model config JSON"),
                               ("--vocab", args.vocab, "vocab.txt"), ("--hostfile", args.hostfile, "hostfile")):
-        if value:
+        if value or flag == "--deepspeed-config":  # (an empty --eval-file means: no evaluation)
             pc.input_file(flag, value, what)
     if args.init_checkpoint and Path(args.init_checkpoint).exists():
         (pc.input_dir if Path(args.init_checkpoint).is_dir() else pc.input_file)(

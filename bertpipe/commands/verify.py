@@ -22,10 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.errors import InputError
+    from core.paths import PathCheck
     from tasks.workdir import scan
 
-    if not args.work_dir.is_dir():
-        raise InputError(f"--work-dir {args.work_dir} is not a folder; give the work dir of a `bertpipe run`")
+    PathCheck().input_dir("--work-dir", args.work_dir, "work dir (of a `bertpipe run`)")
     t0 = time.perf_counter()
     entries = [e for e in scan(args.work_dir, check_md5=True) if e.state != "missing"]
     if not entries:
