@@ -387,7 +387,7 @@ def mlcommons_token(cfg: DownloadConfig = DownloadConfig()) -> str | None:
 def auth_message(meta_url: str, token: str | None) -> str:
     """The one line that says how to get (another) Cloudflare Access token for ``meta_url``."""
     how = (f"get one with `cloudflared access login {meta_url}` then `cloudflared access token --app={meta_url}` "
-           f"and pass it with --token or ${MLCOMMONS_TOKEN_ENV}")
+           f"and put it in ${MLCOMMONS_TOKEN_ENV} (or `bertpipe download mlcommons --token`)")
     if token:
         return f"the Cloudflare Access token was refused (expired or for another app?): {how}"
     return f"MLCommons' files need a Cloudflare Access token: {how}"

@@ -54,10 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _local(source: str) -> bool:
-    """A local path (not a URL, ``mlcommons:...`` or a ``<wiki>-latest`` / ``<wiki>-YYYYMMDD`` preset)."""
+    """A local path (not a URL, ``mlcommons``, ``mlcommons:...`` or a ``<wiki>-latest`` / ``<wiki>-YYYYMMDD`` preset)."""
     import re
 
-    return "://" not in source and ":" not in source and not re.fullmatch(r"[a-z_]+wiki-(latest|\d{8})", source)
+    return ("://" not in source and ":" not in source and source != "mlcommons"
+            and not re.fullmatch(r"[a-z_]+wiki-(latest|\d{8})", source))
 
 
 def check_source(source: str) -> None:
