@@ -47,6 +47,9 @@ class _Group:
     done: int = 0
     bar: Any = None
     artifact: Any = None
+    pieces: list[Unit] | None = None  # a stage written as pieces: this phase's units, in order
+    values: list[Any] = field(default_factory=list)  # what the pieces of earlier phases returned
+    seconds: float = 0.0  # the pieces' seconds so far
 
 
 def identity(result: Result) -> str:
@@ -78,6 +81,8 @@ class DataDag:
         self.planned: dict[str, list[Unit]] = {}
         self.task_runs: dict[str, int] = {}  # "tfrecord+hdf5" -> task runs (batches) submitted
         self.runner: Any = None
+        self.plans: dict[str, Plan] = {}
+        self._pending: dict[Any, tuple[_Group, Batch]] = {}
 
     # -- selection ---------------------------------------------------------------------------------
     def _check_selection(self) -> None:
@@ -105,9 +110,22 @@ class DataDag:
 
     def _plan(self, s: Stage) -> list[Unit]:
         self.keys[s.name] = key = self._key(s)
-        units = s.plan(Plan(s, self.p, self.cfgs[s.name], key, self.work, self.results, self.planned))
+        self.plans[s.name] = plan = Plan(s, self.p, self.cfgs[s.name], key, self.work, self.results, self.planned)
+        units = s.plan(plan)
         self.planned[s.name] = units
         return units
+
+    def _whole(self, s: Stage, pieces: list[Unit]) -> Unit:
+        """The unit a stage written as pieces stands for when asking "done?": its dir, reading every
+        directory its pieces read."""
+        plan = self.plans[s.name]
+        up = dict.fromkeys(d for u in pieces for d in u.upstream_dirs)
+        return plan.unit(upstream=list(up)) if up else plan.unit()
+
+    def _done_units(self, s: Stage) -> list[Unit]:
+        """The units whose manifests say whether ``s`` is done (for a stage written as pieces: the whole)."""
+        units = self._plan(s)
+        return [self._whole(s, units)] if s.finish else units
 
     def _calls(self, s: Stage) -> tuple[list[str], list[Call]]:
         """``s`` planned, with the stages chained to it: (stage names, one call per shard)."""
@@ -162,14 +180,12 @@ class DataDag:
     def _walk(self) -> None:
         from prefect.futures import as_completed
 
-        from tasks.stages import task_for
-
-        pending: dict[Any, tuple[_Group, Batch]] = {}
+        pending = self._pending
         failed: list[BaseException] = []
         while True:
             ready = self._ready() if not failed else []
             for s in ready:
-                self._start(s, pending, task_for)
+                self._start(s)
             if ready:  # a stage found done without a task (or with no calls) may unblock others at once
                 continue
             if not pending:
@@ -180,41 +196,87 @@ class DataDag:
                 rows = fut.result()
                 if fut.state.name == "Cached":  # Prefect's record (every manifest verified): nothing ran
                     rows = self._cached_rows(batch)
+                self._collect(group, batch, rows)
             except Exception as exc:  # noqa: BLE001 - let the other batches finish, then re-raise
                 self.log.error("%s failed: %s: %s", batch.label, type(exc).__name__, exc)
                 failed.append(exc)
                 continue
-            self._collect(group, batch, rows)
         if failed:
             raise failed[0]
 
-    def _start(self, s: Stage, pending: dict[Any, tuple[_Group, Batch]], task_for: Any) -> None:
-        from core.progress import progress
-
+    def _start(self, s: Stage) -> None:
         if any(self.results[r].dropped for r in s.reads) and self._done_without_running(s):
             return
+        if s.finish is not None:
+            self._start_pieces(s)
+            return
         names, calls = self._calls(s)
-        label = "+".join(names)
         group = _Group(stages=names, expected=len(calls), rows={n: [] for n in names})
         if not calls:
             self._complete(group)
             return
+        self._submit(group, calls)
+
+    def _submit(self, group: _Group, calls: list[Call]) -> None:
+        from core.progress import progress
+        from tasks.stages import task_for
+
+        label = "+".join(group.stages)
         pid = f"{label}-{uuid.uuid4().hex[:8]}"
         group.bar = progress(total=len(calls), desc=label, unit="call")
         group.artifact = ShardProgress(label, len(calls))
         if not self.inline:
             progress_hook(pid, group.bar.update)
-        retries = max(self.by_name[n].retries for n in names)
+        retries = max(self.by_name[n].retries for n in group.stages)
         batches = self._batches(calls, pid)
         self.task_runs[label] = self.task_runs.get(label, 0) + len(batches)
         for b in batches:
             fut = self.runner.submit(task_for(label, retries), {"batch": b, "workers": self.workers})
-            pending[fut] = (group, b)
+            self._pending[fut] = (group, b)
+
+    # -- a stage written as pieces (core/stage.py: Unit.piece, Stage.finish) --------------------------------
+    def _start_pieces(self, s: Stage) -> None:
+        """Done already (its manifest verifies), or run its first pieces; ``finish`` decides what follows."""
+        units = self._plan(s)
+        whole = self._whole(s, units)
+        m = None if s.name in self.p.force else check_done(whole, self.p.verify_md5)
+        if m is not None:
+            self._record(s.name, [result_dict(whole, m, cached=True, seconds=0.0)])
+            return
+        group = _Group(stages=[s.name], expected=0, rows={s.name: []})
+        self._pieces(group, units)
+
+    def _pieces(self, group: _Group, units: list[Unit]) -> None:
+        group.pieces, group.expected, group.done, group.rows = units, len(units), 0, {group.stages[0]: []}
+        if not units:
+            self._complete(group)
+            return
+        calls = [Call(units=(u,), force=frozenset(self.p.force), check_md5=self.p.verify_md5, root=str(self.work),
+                      surface=current_surface()) for u in units]
+        self._submit(group, calls)
+
+    def _finish_pieces(self, group: _Group) -> None:
+        """Every piece of this phase returned: ask the stage's ``finish`` for the next phase or its manifest."""
+        from core.manifest import Manifest, recording_stats
+
+        name = group.stages[0]
+        s = self.by_name[name]
+        order = {u.shard: i for i, u in enumerate(group.pieces or [])}
+        rows = sorted(group.rows[name], key=lambda r: order[r["shard"]])
+        group.values += [r["value"] for r in rows]
+        group.seconds += sum(r["seconds"] for r in rows)
+        with recording_stats():
+            out = s.finish(self.plans[name], list(group.values))
+        if not isinstance(out, Manifest):
+            self._pieces(group, list(out))
+            return
+        whole = self._whole(s, self.planned[name])
+        self._record(name, [result_dict(whole, out, cached=False, seconds=group.seconds, why="never done")])
 
     # -- the disk budget (--keep training) ------------------------------------------------------------------
     def _done_without_running(self, s: Stage) -> bool:
         """``s`` reads a stage whose files were dropped: done already (recorded), or revive what it needs."""
-        units = self._plan(s)
+        units = self._done_units(s)
         found = [check_done(u, self.p.verify_md5) for u in units]
         if units and all(found) and s.name not in self.p.force:
             self._record(s.name, [result_dict(u, m, cached=True, seconds=0.0) for u, m in zip(units, found,
@@ -272,6 +334,8 @@ class DataDag:
             self.log.info("--keep training: deleted %.2f GB of intermediate files (manifests kept)", freed / 1e9)
 
     def _collect(self, group: _Group, batch: Batch, rows: list[dict[str, Any]]) -> None:
+        if group.pieces is not None:
+            rows = [r for r in rows if "value" in r]
         for r in rows:
             group.rows[r["stage"]].append(r)
         group.done += len(batch.calls)
@@ -285,6 +349,9 @@ class DataDag:
             self._complete(group)
 
     def _complete(self, group: _Group) -> None:
+        if group.pieces is not None:
+            self._finish_pieces(group)
+            return
         for name in group.stages:
             rows = sorted(group.rows[name], key=lambda r: r["shard"])
             self._record(name, rows)
@@ -322,7 +389,7 @@ class DataDag:
             if s.chain and s.reads[0] not in self.planned:
                 continue
             try:
-                units = self._plan(s)
+                units = self._done_units(s)
             except (InputError, KeyError, OSError):
                 continue
             found = [check_done(u, check_md5=False) for u in units]

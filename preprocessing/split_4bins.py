@@ -489,7 +489,8 @@ def _plan_bins(plan: Any) -> list[Any]:
     """Pieces: count every part's HDF5, in part order (the reference's input order decides the shards)."""
     h5 = plan.result("hdf5")
     return [replace(plan.unit(str(h5.path(s + ".hdf5", s)), str(h5.unit_dir(s)), cfg=plan.cfg, shard=f"count/{s}",
-                              upstream=[h5.unit_dir(s)]), run=count_piece, piece=True, pass_upstream=False)
+                              upstream=[h5.unit_dir(s)]), run=count_piece, piece=True, pass_upstream=False,
+                    out_dir=str(plan.dir))
             for s in h5.shards]
 
 
@@ -505,7 +506,7 @@ def _finish_bins(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any
         begin_pieces(plan.dir)
         groups = lay.groups(group_count(lay.rows, n, plan.params.workers or default_workers()))
         return [replace(plan.unit(g, cfg=plan.cfg, shard=f"shards/{g.k0:05d}", upstream=[]), run=group_piece,
-                        piece=True, pass_upstream=False) for g in groups]
+                    piece=True, pass_upstream=False, out_dir=str(plan.dir)) for g in groups]
     h5 = plan.result("hdf5")
     upstream = [load_manifest(h5.unit_dir(s)) for s in h5.shards]
     return finish_split(plan.dir, counts, written, plan.cfg, [m for m in upstream if m is not None],

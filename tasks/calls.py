@@ -143,6 +143,8 @@ def _execute(call: Call) -> list[dict[str, Any]]:
     for u in call.units:
         if call.root:
             check_inside(u.out_dir, call.root)
+    if any(u.piece for u in call.units):
+        return [_run_piece(u) for u in call.units]
     state = [(None, "forced") if u.stage in call.force else why_not_done(u, call.check_md5, call.revive)
              for u in call.units]
     due = [i for i, (m, _) in enumerate(state) if m is None]
@@ -165,6 +167,19 @@ def _execute(call: Call) -> list[dict[str, Any]]:
         out.append(result_dict(u, invoke(u), cached=False, seconds=time.perf_counter() - t, why=why))
         ran = True
     return out
+
+
+def _run_piece(unit: Unit) -> dict[str, Any]:
+    """A piece of a stage (``Unit.piece``): it always runs (the DAG asked the whole stage "done?" first) and
+    returns a JSON value, which the stage's ``finish`` reads; no manifest of its own."""
+    t = time.perf_counter()
+    kwargs = dict(unit.kwargs)
+    if unit.pass_upstream:
+        kwargs["upstream"] = upstream_manifests(unit)
+    value = unit.run(*unit.args, Path(unit.out_dir), **kwargs)
+    return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir, "manifest": None,
+            "cached": False, "seconds": round(time.perf_counter() - t, 3), "why": "", "dropped": False,
+            "value": value}
 
 
 def _log_redo(unit: Unit, why: str) -> None:

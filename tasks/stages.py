@@ -47,6 +47,8 @@ class ManifestCachePolicy(CachePolicy):
         batch = inputs.get("batch")
         if not isinstance(batch, Batch) or any(c.force for c in batch.calls):
             return None  # forced: run, and leave the existing record alone
+        if any(u.piece for c in batch.calls for u in c.units):
+            return None  # pieces of a stage (counts, shard groups) are never taken from Prefect's records
         key = cache_key(batch)
         if all(check_done(u, c.check_md5, c.revive) is not None for c in batch.calls for u in c.units):
             return key
@@ -63,7 +65,7 @@ def _run(batch: Batch, workers: int = 1) -> list[dict[str, Any]]:
     out = execute_batch(batch, workers)
     for level, name, message in out.records:
         logger.log(level, "%s: %s", name, message)
-    ran = [r for r in out.results if not r["cached"]]
+    ran = [r for r in out.results if not r["cached"]]  # pieces (no manifest) always run
     logger.info("%s: %d of %d unit(s) ran, %.2f s", batch.label, len(ran), len(out.results),
                 sum(r["seconds"] for r in out.results))
     return out.results

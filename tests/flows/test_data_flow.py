@@ -92,12 +92,13 @@ def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, sha
     assert any(r.startswith("part-00001-of-00500: md5 mismatch for ") for r in redone), redone
     assert any(r.startswith("part-00002-of-00500: ") and "part-00002-of-00500.hdf5 is missing" in r for r in redone)
     runs = last_run(w)["task_runs"]  # Prefect task runs submitted, per (chained) stage
-    assert 1 <= runs["tfrecord+hdf5"] <= 3 and runs["bins"] == 1, runs
+    # the bins (same inputs: cached) are found done in the flow itself: a stage written as pieces needs no task
+    assert 1 <= runs["tfrecord+hdf5"] <= 3 and "bins" not in runs, runs
     assert last_run(w)["wall_seconds"] > 0
     states = last_flow_run_task_states()  # Prefect's view: the untouched shards hit its cache
     assert states["tfrecord+hdf5[part-00001-of-00500]"] == "Completed"
     assert states["tfrecord+hdf5[part-00002-of-00500]"] == "Completed"
-    assert states["tfrecord+hdf5[part-00000-of-00500]"] == "Cached" and states["bins"] == "Cached"
+    assert states["tfrecord+hdf5[part-00000-of-00500]"] == "Cached" and "bins" not in states
 
 
 def test_only_runs_a_stage_and_what_it_needs(prefect_harness, three_part_text: Path, shared_data: Path,
