@@ -144,6 +144,11 @@ def test_export_errors_are_one_line(split_out: Path, golden: Path, shared_data: 
     assert len(err.splitlines()) == 1 and "last_run.json" in err and "bertpipe run" in err
 
     work = _work_dir(tmp_path, split_out, golden, shared_data)
+    for bad in (work / "exports", work / "bins/k1/data/128", ""):  # inside what it exports, or no folder at all
+        assert _export("--layout", "samsung", "--work-dir", work, bad, "--overwrite") == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "OUT" in err
+    assert sorted(os.listdir(work / "bins/k1/data")) == ["128", "256", "384", "512"]
     (work / "bins/k1/data/256" / f"part_3_of_{N}.hdf5").unlink()
     assert _export("--layout", "nvidia", "--work-dir", work, tmp_path / "o2") == 2
     err = capsys.readouterr().err.strip()

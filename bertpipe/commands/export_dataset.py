@@ -36,7 +36,7 @@ _TMP = ".tmp-export-"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", metavar="OUT", type=Path, help="folder to build the symlink tree in (created if missing)")
+    p.add_argument("out", metavar="OUT", help="folder to build the symlink tree in (created if missing)")
     p.add_argument("--layout", required=True, choices=LAYOUTS,
                    help="samsung: int-named bin folders; nvidia/habana: one flat folder of *training* files")
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"),
@@ -46,9 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.errors import InputError
+
+    if not args.out.strip():
+        raise InputError("OUT is an empty string; give the folder to build the symlink tree in")
     train_dir, eval_file, vocab = _dataset(args.work_dir)
     shards = _shards(train_dir)
-    out = _check_out(args.out, args.overwrite)
+    for inside in (args.work_dir.resolve(), train_dir):
+        if Path(args.out).resolve().is_relative_to(inside):
+            raise InputError(f"OUT {args.out} is inside {inside}, the data set it would export; choose a folder "
+                             "outside the work dir")
+    out = _check_out(Path(args.out), args.overwrite)
     links, skipped = _plan(args.layout, shards, eval_file, vocab)
     info = {"layout": args.layout, "work_dir": str(args.work_dir.resolve()), "train_dir": str(train_dir),
             "eval_hdf5": str(eval_file) if eval_file else None, "vocab": str(vocab) if vocab else None,
