@@ -4,8 +4,10 @@
     export_to_hf(model, "out/hf")            # config.json + model.safetensors
     transformers.BertForPreTraining.from_pretrained("out/hf")
 
-    # or straight from a training run's DeepSpeed checkpoint (newest tag unless --tag):
+    # or straight from a training run's DeepSpeed checkpoint (newest tag unless --tag), with the tokenizer
+    # (vocab.txt, tokenizer_config.json, special_tokens_map.json) of the vocab the run recorded (--vocab):
     bertpipe export-hf OUTPUT_DIR out/hf [--tag 1000]     # (python -m pretrain.hf_export: the same)
+    transformers.pipeline("fill-mask", model="out/hf")
     bertpipe train --init-checkpoint out/hf ...           # the directory also starts another run
 
 The mapping is name for name except that our fused QKV projection is split into query/key/value and the
@@ -212,10 +214,101 @@ def load_training_checkpoint(output_dir: str | Path, tag: str | None = None) -> 
     return states["module"], config
 
 
-def export_training_checkpoint(output_dir: str | Path, hf_dir: str | Path, tag: str | None = None) -> Path:
-    """`bertpipe export-hf`: a training run's checkpoint (newest unless `tag`) -> transformers directory."""
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                  "mask_token": "[MASK]"}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def recorded_vocab(output_dir: str | Path, tag: str | None = None) -> dict | None:
+    """The vocab record ({"path", "md5", "entries"}) of a run: the checkpoint's, else OUTPUT_DIR/config.json's."""
+    from pretrain import checkpoint as ckpt
+
+    tag = tag or ckpt.latest_tag(output_dir)
+    for f in ([ckpt.checkpoint_dir(output_dir) / tag / ckpt.CONFIG_NAME] if tag else []) + [
+            Path(output_dir) / "config.json"]:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        record = (doc.get("run") or {}).get("vocab") if "run" in doc else doc.get("vocab")
+        if record:
+            return record
+    return None
+
+
+def resolve_vocab(output_dir: str | Path, tag: str | None = None, vocab: str | Path | None = None) -> Path:
+    """The vocab.txt to export with a run: ``vocab`` if given (it must match the run's record, when there is
+    one), else the recorded file, which must still have the recorded md5.
+
+    Raises:
+        InputError: one line naming the run, the file and the flag to pass (--vocab).
+    """
+    from pretrain.vocab_file import vocab_record
+
+    record = recorded_vocab(output_dir, tag)
+    if vocab:
+        given = vocab_record(vocab)
+        if record and given["md5"] != record["md5"]:
+            raise InputError(f"--vocab {vocab} (md5 {given['md5']}) is not the vocab run {output_dir} trained on "
+                             f"({record['path']}, md5 {record['md5']}); pass that file or a copy of it")
+        return Path(vocab)
+    if not record:
+        raise InputError(f"run {output_dir} records no vocab (trained without --vocab), so its tokenizer is unknown; "
+                         "pass --vocab FILE, the vocab.txt its training data was made with")
+    path = Path(record["path"])
+    if not path.is_file():
+        raise InputError(f"vocab {path} that run {output_dir} trained on is missing; pass --vocab FILE with a copy "
+                         f"of it (md5 {record['md5']})")
+    now = vocab_record(path)
+    if now["md5"] != record["md5"]:
+        raise InputError(f"vocab {path} has changed since run {output_dir} trained on it (md5 {now['md5']}, "
+                         f"recorded {record['md5']}); pass --vocab FILE with the original (md5 {record['md5']})")
+    return path
+
+
+def export_tokenizer(vocab: str | Path, hf_dir: str | Path, config: BertConfig, do_lower_case: bool = True) -> Path:
+    """vocab.txt, tokenizer_config.json and special_tokens_map.json: a BertTokenizer(Fast)-loadable set.
+
+    Raises:
+        InputError: the vocab lacks a special token, or has more entries than the model's vocab_size.
+    """
+    data = Path(vocab).read_bytes()
+    tokens = data.decode("utf-8").splitlines()
+    missing = [t for t in SPECIAL_TOKENS.values() if t not in tokens]
+    if missing:
+        raise InputError(f"vocab {vocab} has no {', '.join(missing)} entry: not a BERT WordPiece vocab; pass "
+                         "--vocab FILE with the vocab.txt the training data was made with")
+    if len(tokens) > config.vocab_size:
+        raise InputError(f"vocab {vocab} has {len(tokens)} entries but the model's vocab_size is {config.vocab_size}: "
+                         "not the vocab it was trained with; pass --vocab FILE with that one")
+    if len(tokens) < config.vocab_size:
+        log.warning("vocab %s has %d entries, the model %d: ids %d.. have no token", vocab, len(tokens),
+                    config.vocab_size, len(tokens))
+    hf_dir = Path(hf_dir)
+    tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "do_basic_tokenize": True,
+                  "tokenize_chinese_chars": True, "strip_accents": None, **SPECIAL_TOKENS,
+                  "model_max_length": config.max_position_embeddings, "clean_up_tokenization_spaces": True}
+    for name, content in (("vocab.txt", data), ("tokenizer_config.json", _json_bytes(tok_config)),
+                          ("special_tokens_map.json", _json_bytes(SPECIAL_TOKENS))):
+        tmp = hf_dir / f".{name}.tmp"
+        tmp.write_bytes(content)
+        tmp.replace(hf_dir / name)
+    return hf_dir
+
+
+def _json_bytes(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+def export_training_checkpoint(output_dir: str | Path, hf_dir: str | Path, tag: str | None = None,
+                               vocab: str | Path | None = None, do_lower_case: bool = True) -> Path:
+    """`bertpipe export-hf`: a training run's checkpoint (newest unless `tag`) -> transformers directory with
+    the tokenizer of the vocab the run trained on (its record, see :func:`resolve_vocab`, or ``vocab``)."""
     state, config = load_training_checkpoint(output_dir, tag)
-    return export_to_hf(state, hf_dir, config)
+    vocab_path = resolve_vocab(output_dir, tag, vocab)  # refused before anything is written
+    out = export_to_hf(state, hf_dir, config)
+    export_tokenizer(vocab_path, out, config, do_lower_case)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,10 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("output_dir", help="the training run's --output-dir (holds checkpoints/)")
     p.add_argument("hf_dir", help="destination directory")
     p.add_argument("--tag", help="checkpoint tag (default: checkpoints/latest)")
+    p.add_argument("--vocab", help="the vocab.txt the run trained on (default: the one the run recorded)")
+    p.add_argument("--do-lower-case", action=argparse.BooleanOptionalAction, default=True,
+                   help="the tokenizer lower-cases (uncased vocab, as MLPerf's) (default: true)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        export_training_checkpoint(args.output_dir, args.hf_dir, args.tag)
+        export_training_checkpoint(args.output_dir, args.hf_dir, args.tag, args.vocab, args.do_lower_case)
     except ValueError as e:
         print(f"hf_export: error: {e}", file=sys.stderr)
         return 2

@@ -161,16 +161,31 @@ def test_tf1_checkpoint_from_another_config_is_refused(tf1_checkpoint, tmp_path)
         load_tf_checkpoint(BertForPreTraining(model_config("tiny")), tmp_path / "missing.ckpt")
 
 
-def write_training_checkpoint(run, model: BertForPreTraining, tag: str = "40", latest: bool = True) -> dict:
+def fake_vocab(path, n: int = 30522):
+    """A vocab.txt of n entries with BERT's special tokens where MLPerf's vocab has them ([CLS]=101...)."""
+    special = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{special.get(i, f'tok{i}')}\n" for i in range(n)), encoding="utf-8")
+    return path
+
+
+def write_training_checkpoint(run, model: BertForPreTraining, tag: str = "40", latest: bool = True,
+                              vocab="fake") -> dict:
     """OUTPUT_DIR/checkpoints/<tag>/ as pretrain/train.py writes it (DeepSpeed's bf16 module weights + our
-    config); returns the bf16 state dict."""
+    config, with the vocab record of ``vocab``: a fake vocab.txt beside the run by default, None for no
+    record); returns the bf16 state dict."""
     from pretrain import checkpoint as ckpt
+    from pretrain.vocab_file import vocab_record
 
     d = ckpt.checkpoint_dir(run) / tag
     d.mkdir(parents=True)
     bf16 = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
     torch.save({"module": bf16, "ds_version": "0.19.8", "global_steps": int(tag)}, d / "mp_rank_00_model_states.pt")
-    (d / ckpt.CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict(), "run": {}}))
+    if vocab == "fake":
+        vocab = fake_vocab(run.parent / f"{run.name}-vocab.txt", model.config.vocab_size)
+    record = vocab_record(vocab)
+    (d / ckpt.CONFIG_NAME).write_text(json.dumps({"model": model.config.to_dict(),
+                                                  "run": {"vocab": record} if record else {}}))
     if latest:
         (d.parent / "latest").write_text(tag)
     return bf16
@@ -267,13 +282,88 @@ def test_cli_export_hf_gives_transformers_the_same_logits(tmp_path, capsys):
             transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval(), b)[1])
 
     x = str(tmp_path / "x")
-    assert "training run directory" in cli_error(capsys, ["export-hf", str(tmp_path / "nothing"), x])
+    assert "no such training run folder" in cli_error(capsys, ["export-hf", str(tmp_path / "nothing"), x])
     assert "has no checkpoint '99'; there are: 20, 40" in cli_error(capsys, ["export-hf", str(run), x, "--tag", "99"])
     (run / "checkpoints" / "latest").unlink()
     assert "no 'latest' file; pass --tag, one of 20, 40" in cli_error(capsys, ["export-hf", str(run), x])
     (run / "checkpoints" / "20" / "mp_rank_00_model_states.pt").unlink()
     assert "not a complete bertpipe training checkpoint" in cli_error(capsys, ["export-hf", str(run), x, "--tag", "20"])
     assert not (tmp_path / "x").exists()
+
+
+def our_top_prediction(model: BertForPreTraining, input_ids: list[int], mask_id: int = 103) -> int:
+    """Our model's most likely token at the (one) [MASK] of ``input_ids``."""
+    ids = torch.tensor([input_ids])
+    pos = torch.tensor([[input_ids.index(mask_id)]])
+    with torch.no_grad():
+        out = model.eval()(input_ids=ids, segment_ids=torch.zeros_like(ids), input_mask=torch.ones_like(ids),
+                           masked_lm_positions=pos, masked_lm_ids=torch.zeros_like(pos),
+                           next_sentence_labels=torch.tensor([0]))
+    return int(out.mlm_logits[0].argmax())
+
+
+def fill_mask_matches_ours(hf_dir, model: BertForPreTraining, text: str, cls_id: int = 101) -> dict:
+    """transformers' fill-mask pipeline over HF_DIR: its tokenizer gives the data vocab's ids and its top
+    prediction is our model's on the same ids; returns the pipeline's top result."""
+    transformers = pytest.importorskip("transformers")
+    fill = transformers.pipeline("fill-mask", model=str(hf_dir))
+    ids = fill.tokenizer(text)["input_ids"]
+    assert ids[0] == cls_id and fill.tokenizer.cls_token_id == cls_id and ids[-1] == fill.tokenizer.sep_token_id
+    assert fill.tokenizer.unk_token_id not in ids, fill.tokenizer.convert_ids_to_tokens(ids)  # no word lost to [UNK]
+    top = fill(text, top_k=1)[0]
+    assert top["token"] == our_top_prediction(model, ids, fill.tokenizer.mask_token_id)
+    assert top["token_str"] == fill.tokenizer.convert_ids_to_tokens(top["token"])
+    return top
+
+
+def test_cli_export_hf_writes_the_tokenizer_of_the_recorded_vocab(tmp_path, capsys, shared_data):
+    """The run's recorded vocab (MLPerf's) becomes a BertTokenizer(Fast) set; fill-mask predicts as ours."""
+    transformers = pytest.importorskip("transformers")
+    from bertpipe.cli import main
+
+    vocab = tmp_path / "data" / "vocab.txt"
+    vocab.parent.mkdir()
+    vocab.write_bytes((shared_data / "vocab.txt").read_bytes())
+    model = perturbed_tiny(seed=11)
+    bf16 = write_training_checkpoint(tmp_path / "run", model, vocab=vocab)
+    model.load_state_dict({k: v.float() for k, v in bf16.items()})  # what training saved
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    hf = tmp_path / "hf"
+    assert (hf / "vocab.txt").read_bytes() == vocab.read_bytes()
+    assert json.loads((hf / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    assert json.loads((hf / "special_tokens_map.json").read_text())["mask_token"] == "[MASK]"
+    for cls in (transformers.BertTokenizer, transformers.BertTokenizerFast, transformers.AutoTokenizer):
+        tok = cls.from_pretrained(hf)
+        assert (tok.cls_token_id, tok.sep_token_id, tok.mask_token_id, tok.pad_token_id, len(tok)) == (
+            101, 102, 103, 0, 30522)
+        assert tok("The Quick")["input_ids"] == [101, 1996, 4248, 102]  # lower-cased, MLPerf's ids
+    top = fill_mask_matches_ours(hf, model, "The capital of France is [MASK] .")
+    assert top["token_str"]
+
+    # no record: refused naming the flag; --vocab supplies it
+    model2 = perturbed_tiny(seed=12)
+    write_training_checkpoint(tmp_path / "norec", model2, vocab=None)
+    err = cli_error(capsys, ["export-hf", str(tmp_path / "norec"), str(tmp_path / "x")])
+    assert "records no vocab" in err and "pass --vocab FILE" in err
+    assert main(["export-hf", str(tmp_path / "norec"), str(tmp_path / "hf2"), "--vocab", str(vocab)]) == 0
+    assert (tmp_path / "hf2" / "vocab.txt").read_bytes() == vocab.read_bytes()
+    # a --vocab other than the recorded one
+    other = fake_vocab(tmp_path / "other.txt")
+    err = cli_error(capsys, ["export-hf", str(tmp_path / "run"), str(tmp_path / "x"), "--vocab", str(other)])
+    assert "is not the vocab run" in err and str(vocab.resolve()) in err
+    # the recorded file changed, then gone
+    vocab.write_bytes(vocab.read_bytes() + b"extra\n")
+    err = cli_error(capsys, ["export-hf", str(tmp_path / "run"), str(tmp_path / "x")])
+    assert "has changed since run" in err and "pass --vocab FILE" in err
+    vocab.unlink()
+    err = cli_error(capsys, ["export-hf", str(tmp_path / "run"), str(tmp_path / "x")])
+    assert "is missing; pass --vocab FILE" in err
+    assert not (tmp_path / "x").exists()
+    # a vocab larger than the model's embedding
+    small = perturbed_tiny(seed=13, vocab_size=2000)
+    write_training_checkpoint(tmp_path / "small", small, vocab=None)
+    err = cli_error(capsys, ["export-hf", str(tmp_path / "small"), str(tmp_path / "x"), "--vocab", str(other)])
+    assert "has 30522 entries but the model's vocab_size is 2000" in err
 
 
 def test_cli_import_tf_to_safetensors_gives_identical_logits(tf1_checkpoint, tmp_path, capsys):
@@ -311,14 +401,14 @@ def test_cli_import_tf_errors_are_one_line(tf1_checkpoint, tmp_path, capsys):
         return ["--config", str(path)]
 
     cases = [
-        ([str(tmp_path / "model.ckpt-1")], "TF checkpoint " + str(tmp_path / "model.ckpt-1") + " does not exist"),
+        ([str(tmp_path / "model.ckpt-1")], "TF_CHECKPOINT " + str(tmp_path / "model.ckpt-1") + ": no such checkpoint"),
         ([str(prefix), *config(intermediate_size=128)],
          "bert/encoder/layer_0/intermediate/dense/kernel has shape (64, 256) but the model expects (64, 128) "
          "(our encoder.layer.0.ffn_in.weight)"),
         ([str(prefix), *config(vocab_size=30000)],
          "bert/embeddings/word_embeddings has shape (30522, 64) but the model expects (30000, 64)"),
         ([str(prefix), "--model", "large"], "the checkpoint has 2 encoder layers"),
-        ([str(prefix), "--config", str(tmp_path / "missing.json")], "cannot read a BERT config JSON"),
+        ([str(prefix), "--config", str(tmp_path / "missing.json")], "missing.json: no such bert_config.json"),
     ]
     for argv, message in cases:
         assert message in cli_error(capsys, ["import-tf", *argv, "--out-safetensors", str(out)])
