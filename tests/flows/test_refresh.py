@@ -78,3 +78,32 @@ def test_refresh_with_its_defaults_sizes_the_eval_split_from_a_small_dump(prefec
     text = json.loads(next((root / "latest" / "text").glob("*/_manifest.json")).read_text())
     articles = text["counters"]["articles"] + text["counters"]["eval_articles"]
     assert text["counters"]["num_test_articles"] == text["counters"]["eval_articles"] == int(articles * 0.1)
+
+
+def test_a_failed_refresh_leaves_the_last_good_version_complete(prefect_harness, tmp_path: Path) -> None:
+    """A new dump whose build fails (an eval split it cannot meet) leaves ``latest`` on the last good version,
+    and ``bertpipe status`` of ``latest`` still reports that data set complete (exit 0), not "not done"."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from core.errors import InputError
+    from flows.refresh_flow import refresh_flow
+
+    mirror, root = tmp_path / "mirror", tmp_path / "datasets"
+    mirror.mkdir()
+    original = sample_dump_path().read_bytes()
+    _publish(mirror, original)
+    src = (mirror / "sample-wiki.xml.bz2").as_uri()
+    good = refresh_flow(source=src, datasets_dir=str(root), data=SMALL)
+    v1 = (root / "versions" / good["version"]).resolve()
+    v1_files = output_md5s(v1)
+
+    _publish(mirror, bz2.compress(bz2.decompress(original), compresslevel=1))  # a new md5: a rebuild is due
+    with pytest.raises(InputError, match=r"data\.num_test_articles"):
+        refresh_flow(source=src, datasets_dir=str(root), data={**SMALL, "num_test_articles": 10000})
+    assert (root / "latest").resolve() == v1 and output_md5s(v1) == v1_files
+    r = subprocess.run([sys.executable, "-m", "bertpipe.cli", "status", "--work-dir", str(root / "latest")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "0 of the current data set not done" in r.stdout, r.stdout + r.stderr
