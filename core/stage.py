@@ -118,8 +118,11 @@ class Stage:
     name when exactly one of them applies: the text of a dump, or imported text). ``chain``: a per-shard
     stage that reads one per-shard stage is planned with it, shard by shard, into the same calls (part
     i's HDF5 follows part i's TFRecord in one call; ``fused`` then writes both in one pass when both
-    are due). ``finish``: for a stage planned as pieces (units that write into one shared directory),
-    writes the stage manifest from the pieces' file entries.
+    are due). ``finish``: for a stage planned as pieces (``Unit.piece``: calls that return a JSON value
+    and may write into the one stage directory), called in the flow process once every piece planned so
+    far has returned, with the :class:`Plan` and all their values in order; it returns the next pieces
+    (another phase: the bins count their inputs, then write groups of shards) or the stage manifest. The
+    DAG asks "done?" of the whole stage first, so a finished stage runs no piece.
     """
 
     name: str
@@ -137,7 +140,7 @@ class Stage:
     chain: bool = False
     when: Callable[[Any], bool] = lambda p: True
     fused: Callable[..., Any] | None = None  # (upstream unit, this unit) -> both manifests, one pass
-    finish: Callable[[Path, list[Any], Any], Manifest] | None = None
+    finish: Callable[[Plan, list[Any]], Manifest | list[Unit]] | None = None
     outputs: dict[str, str] = field(default_factory=dict)  # last_run.json name -> path in the stage dir
     pass_upstream: bool = True
     droppable: bool = False  # an intermediate (TFRecords, padded HDF5): --keep training deletes its files

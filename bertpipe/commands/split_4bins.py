@@ -1,6 +1,8 @@
 """Split padded MLPerf HDF5 files into 4 sequence-length bins x N shards (Samsung MLPerf v1.1).
 
-  bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048
+  bertpipe split-4bins --input_dir hdf5/ --output_dir 4bins/ --n_output_shards 2048 --workers 8
+
+--workers processes count the inputs, then write groups of shards (the bytes do not depend on it).
 
 Inputs are sorted(<input_dir>/part*), as in the reference; outputs <output_dir>/{128,256,384,512}/
 part_<k>_of_<N>.hdf5 and nothing else (Samsung's trainer takes every entry of that folder as a bin and
@@ -15,7 +17,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from bertpipe.commands._common import flag, overwrite_flag, positive_int
+from bertpipe.commands._common import flag, nonneg_int, overwrite_flag, positive_int
 from core.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(p, "input_dir", required=True, help="directory of padded HDF5 files named part*")
     flag(p, "output_dir", required=True, help="directory to write 128/ 256/ 384/ 512/ into")
     flag(p, "n_output_shards", type=positive_int(1 << 20), default=2048, help="shards per bin (default: 2048)")
+    flag(p, "workers", type=nonneg_int(4096), default=0,
+         help="processes that count the inputs and write groups of shards; same bytes for any number "
+              "(default: 0 = one per CPU)")
     overwrite_flag(p)
 
 
@@ -43,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     if not out.name:
         raise InputError(f"--output_dir {args.output_dir} is the root folder; give a folder to write the bins into")
     _drop_inner_manifest(out)
+    from core.pools import default_workers
+
     m = run_split_4bins(files, out, Split4BinsConfig(n_output_shards=args.n_output_shards),
-                        manifest_name=f"../{out.name}.manifest.json")
+                        workers=args.workers or default_workers(), manifest_name=f"../{out.name}.manifest.json")
     c = m.counters
     log.info("%d rows -> 128: %d, 256: %d, 384: %d, 512: %d (%d empty shards) in %s", c["rows"], c["rows_128"],
              c["rows_256"], c["rows_384"], c["rows_512"], c["empty_shards"], args.output_dir)
