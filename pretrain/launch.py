@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pretrain.train_config import TrainConfig, to_argv
@@ -132,11 +133,13 @@ def preflight(cfg: TrainConfig) -> None:
 
 def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",
            num_nodes: int = 0, master_addr: str = "", master_port: int = 0, dry_run: bool = False,
-           check: bool = True) -> int:
+           check: bool = True, on_output: Callable[[str], None] | None = None) -> int:
     """Print the launcher command, run it, and return its exit code (0 when ``dry_run``).
 
     SIGTERM/SIGINT received here are forwarded to the launcher's process group, so the ranks write a
-    checkpoint and exit (see pretrain/train.py).
+    checkpoint and exit (see pretrain/train.py). ``on_output``: called with the command and then each line
+    the launcher and its ranks write (stdout and stderr merged), instead of printing them (the Prefect task
+    streams them into the run's logs).
     """
     if check:
         preflight(cfg)
@@ -145,11 +148,16 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     cmd = build_command(cfg, nproc, launcher=launcher, hostfile=hostfile, num_nodes=num_nodes,
                         master_addr=master_addr, master_port=master_port)
     extra = launch_env(cfg, nproc)
-    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd),
-          flush=True)
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd)
+    if on_output is None:
+        print(line, flush=True)
+    else:
+        on_output(line)
     if dry_run:
         return 0
-    proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True)
+    pipe = {} if on_output is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                              errors="replace", bufsize=1)
+    proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True, **pipe)
 
     def forward(signum, frame):
         try:
@@ -160,12 +168,25 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     main = threading.current_thread() is threading.main_thread()  # Prefect may call from a worker thread
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
+        if on_output is not None:
+            _stream(proc.stdout, on_output)  # until the launcher and every rank closed it
         rc = proc.wait()
         wait_for_group(proc.pid)  # after a SIGTERM the ranks are still writing their checkpoint
         return rc
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _stream(pipe, on_output: Callable[[str], None]) -> None:
+    """Each line of ``pipe`` to ``on_output``; a failing callback never stops the reading (the ranks would
+    block on a full pipe)."""
+    for line in pipe:
+        try:
+            on_output(line.rstrip("\n"))
+        except Exception:  # noqa: BLE001
+            log.exception("on_output failed for a launcher line")
+    pipe.close()
 
 
 def wait_for_group(pgid: int, timeout: float = 120.0) -> bool:

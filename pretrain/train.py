@@ -367,6 +367,9 @@ class Run:
                                     "seq_per_s": self.global_batch * window_steps / window_time,
                                     "step_time": window_time / window_steps, "epoch": self.sampler.epoch,
                                     "samples": self.step * self.global_batch})
+                if self.rank == 0:  # the launcher's output (and a Prefect run's logs) show progress
+                    log.info("step %d/%d: loss %.4f lr %.4g %.1f seq/s", self.step, cfg.max_steps, last["loss"], lr,
+                             self.global_batch * window_steps / window_time)
                 window_time, window_steps = 0.0, 0
             evaluated = self._eval_due()
             if evaluated:
