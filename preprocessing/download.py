@@ -55,7 +55,15 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ChecksumError, DiskFullError, InputError
-from core.manifest import Manifest, StageOutput, _stat_key, md5_file, read_stat_records, write_stat_records
+from core.manifest import (
+    Manifest,
+    StageOutput,
+    _stat_key,
+    md5_file,
+    raise_if_disk_full,
+    read_stat_records,
+    write_stat_records,
+)
 from core.progress import progress
 from core.stage import Stage
 from preprocessing.textio import check_output_dir
@@ -700,6 +708,9 @@ def _extract_verified(archive: Path, wanted: dict[str, str], out_dir: Path, *, r
                                             hint=f"the archive's file is not the one {ref_name} lists; nothing "
                                                  "was renamed into place, check the source")
                     os.replace(tmp, final)
+                except OSError as exc:
+                    raise_if_disk_full(exc, final)  # the archive stays: free space and run again
+                    raise
                 finally:
                     tmp.unlink(missing_ok=True)
                 found.add(name)

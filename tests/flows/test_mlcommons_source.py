@@ -67,6 +67,8 @@ def test_source_mlcommons_is_one_command_to_the_data_set(prefect_harness, mlc, s
     assert hashlib.md5(vocab.read_bytes()).hexdigest() == hashlib.md5(
         Path(last_run(ref_work)["outputs"]["vocab"]).read_bytes()).hexdigest()
 
+    assert not [p for p in w.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]  # never recorded
+
     n = len(mlc.state.requests)
     assert run_cli("--source", "mlcommons", "--work-dir", w, *FAST) == 0  # everything is done: no request at all
     assert mlc.state.requests[n:] == []

@@ -264,8 +264,9 @@ def test_mlcommons_results_use_the_published_table(server, tmp_path, monkeypatch
     assert resolve("mlcommons:part-00042-of-00500", cfg=mc).md5 is None
     with pytest.raises(InputError, match="MLCommons publishes"):
         resolve("mlcommons:part-1", cfg=mc)
-    with pytest.raises(InputError, match="mlcommons-base-url"):  # no bucket URL configured: fail at once
-        resolve("mlcommons:eval.txt", cfg=DownloadConfig())
+    with pytest.raises(InputError, match="mlcommons-base-url.*`bertpipe download mlcommons`"):  # no mirror:
+        resolve("mlcommons:eval.txt", cfg=DownloadConfig())  # fail at once, pointing at MLCommons' distribution
+    assert resolve("mlcommons:vocab.txt", cfg=mc).md5 == "64800d5d8528ce344256daf115d4965e"
     httpd.state.files = {"/results/eval.md5": b"not the published file\n"}
     with pytest.raises(InputError, match="expected 330000"):  # size is checked before the md5
         run_download("mlcommons:eval.md5", tmp_path / "out", cfg=mc)

@@ -217,6 +217,27 @@ def test_flat_mirror_override_keeps_the_old_layout(srv, cert, tmp_path, monkeypa
         run_mlcommons(tmp_path / "dl2", vocab=False, include=["eval.txt"], cfg=cfg(cert, token=None))
 
 
+def test_offline_mirror_of_the_protocol_layout_over_file_urls(tmp_path, monkeypatch):
+    """A copy of the bucket on disk: file:// metadata, base URL and files; no token, no network."""
+    for var in (dl.MLCOMMONS_TOKEN_ENV, dl.MLCOMMONS_BASE_URL_ENV, dl.MLCOMMONS_METADATA_ENV):
+        monkeypatch.delenv(var, raising=False)
+    root = tmp_path / "bucket"
+    for rel, data in FILES.items():
+        (root / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "data" / rel).write_bytes(data)
+    (root / "metadata").mkdir()
+    (root / "metadata" / f"{WIKI}.uri").write_text((root / "data").as_uri() + "\n")
+    (root / "metadata" / f"{WIKI}.md5").write_text("".join(f"{md5(d)}  ./{rel}\n" for rel, d in FILES.items()))
+    monkeypatch.setenv(dl.MLCOMMONS_METADATA_ENV, (root / "metadata").as_uri())
+    m = run_mlcommons(tmp_path / "dl", vocab=False, include=["part-*"], cfg=DownloadConfig())
+    assert {f.name: f.md5 for f in m.files} == {n: md5(d) for n, d in TEXT.items() if n.startswith("part-")}
+    (root / "data" / "results4" / "eval.txt").write_bytes(b"tampered\n")
+    with pytest.raises(ChecksumError, match="eval.txt"):
+        run_mlcommons_dataset(tmp_path / "ds", dataset=(root / "metadata" / f"{WIKI}.uri").as_uri(),
+                              include=["eval.txt"])
+    assert not (tmp_path / "ds" / "results4" / "eval.txt").exists()
+
+
 def test_refusals_of_urls_and_listings(srv, monkeypatch):
     with pytest.raises(InputError, match="only https:// and file://"):
         dl.metadata_url("http://example.org/metadata/x.uri")
