@@ -475,7 +475,7 @@ def read_listing(meta_url: str, opener: _Opener, cfg: DownloadConfig) -> Listing
     return Listing(meta_url, base, sums_url, entries)
 
 
-def flat_listing(base: str, opener: _Opener, *, vocab: bool = False) -> Listing:
+def flat_listing(base: str, opener: _Opener) -> Listing:
     """A flat mirror of results/: the names and md5s of a checksum list there, else MLPerf's 500 part
     files, eval.txt and eval.md5 with the published table's md5s (None where nothing is published)."""
     for name in (TEXT_SUMS, "md5sums", "md5sums.txt"):
@@ -488,8 +488,6 @@ def flat_listing(base: str, opener: _Opener, *, vocab: bool = False) -> Listing:
     else:
         names = [f"part-{i:05d}-of-00500" for i in range(500)] + ["eval.txt", "eval.md5"]
         entries, sums = [(n, MLCOMMONS_PUBLISHED.get(n, (0, None))[1]) for n in names], "published table"
-    if vocab:
-        entries.append((VOCAB_NAME, MLCOMMONS_PUBLISHED[VOCAB_NAME][1]))
     return Listing(base, base, sums, tuple(entries))
 
 

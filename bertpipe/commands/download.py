@@ -40,15 +40,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-bundle", default=None, help="PEM file of trusted CAs (default: $BERTPIPE_CA_BUNDLE "
                    "or the system's)")
     p.add_argument("--mlcommons-base-url", default=None,
-                   help="URL of MLCommons' results/ folder (default: $BERTPIPE_MLCOMMONS_BASE_URL)")
+                   help="a flat mirror of MLCommons' results/ folder, read instead of MLCommons' distribution "
+                   "(default: $BERTPIPE_MLCOMMONS_BASE_URL)")
     p.add_argument("--require-md5", action="store_true", help="fail when no md5 is given or published")
     g = p.add_argument_group("mlcommons (MLCommons' distribution: Cloudflare R2 behind Cloudflare Access)")
     g.add_argument("--dataset", default="wikipedia", help="wikipedia (the BERT text), input-files (vocab, config, "
                    "checkpoints) or a metadata URL ending in .uri (default: wikipedia)")
     g.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="only files whose relative path (or, for a pattern without '/', name) matches; repeatable")
-    g.add_argument("--token", default=None, help="Cloudflare Access token (default: $MLCOMMONS_CF_ACCESS_TOKEN); "
-                   "get one with `cloudflared access token --app=<metadata URL>`")
+    g.add_argument("--token", default=None, help="Cloudflare Access token (default: $MLCOMMONS_CF_ACCESS_TOKEN, "
+                   "which keeps it out of the process list); get one with `cloudflared access token "
+                   "--app=<metadata URL>`")
     g.add_argument("--text", action="store_true", help="the MLPerf text for `bertpipe run --text-dir`: part files, "
                    "eval.txt and eval.md5 flat in --out (unpacked from results_text.tar.gz, each verified)")
 
