@@ -53,7 +53,8 @@ class DataParams:
 
     work_dir: str = param("work", "work dir: every stage writes <work>/<stage>/<key>/", group="run")
     source: str = param(SAMPLE, "'sample' (the built-in dump), a dump path or URL, a preset (enwiki-latest, "
-                        "enwiki-20200101) or 'mlcommons' (MLCommons' published text and vocab); not with text_dir",
+                        "enwiki-20200101) or 'mlcommons' (MLCommons' published text and vocab, from their R2 distribution: "
+                        "token in $MLCOMMONS_CF_ACCESS_TOKEN); not with text_dir",
                         flags=("--source", "--dump"), group="source")
     source_md5: str | None = param(None, "expected md5 of the dump (default: the one published next to it)",
                                    flags=("--dump-md5", "--dump_md5", "--source-md5"), group="source")
