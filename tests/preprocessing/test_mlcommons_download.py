@@ -287,3 +287,27 @@ def test_cli_download_mlcommons(srv, cert, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "t").iterdir() if not p.name.startswith(("_", "."))) == sorted(
         [*TEXT, "bert_reference_results_text_md5.txt"])
     assert json.loads((tmp_path / "t" / MANIFEST_NAME).read_text())["stage"] == "download"
+
+
+# -- the DAG's declarations for source=mlcommons ---------------------------------------------------------------
+def test_source_mlcommons_stages_and_key(monkeypatch, tmp_path):
+    from preprocessing.params import DataParams
+    from preprocessing.registry import active
+
+    monkeypatch.delenv(dl.MLCOMMONS_BASE_URL_ENV, raising=False)
+    monkeypatch.delenv(dl.MLCOMMONS_METADATA_ENV, raising=False)
+    p = DataParams(source="mlcommons", work_dir=str(tmp_path / "w"))
+    stages = {s.name: s for s in active(p)}
+    assert list(stages)[:3] == ["download", "text", "vocab"]
+    assert stages["text"].reads == ("download",) and stages["vocab"].reads == ("download",)
+    assert stages["download"].run is run_mlcommons
+    key = stages["download"].key_extra(p)
+    assert key["text"] == f"{dl.MLCOMMONS_METADATA}/{WIKI}.uri" and key["vocab"].endswith("/bert-input-files.uri")
+    monkeypatch.setenv(dl.MLCOMMONS_TOKEN_ENV, TOKEN)
+    assert stages["download"].key_extra(p) == key and TOKEN not in json.dumps(key)  # the token is not an input
+    given = DataParams(source="mlcommons", vocab=str(tmp_path / "v.txt"))
+    g = {s.name: s for s in active(given)}
+    assert g["vocab"].reads == () and g["download"].key_extra(given)["vocab"] is None  # only the text
+    monkeypatch.setenv(dl.MLCOMMONS_METADATA_ENV, "http://mirror.example/metadata")
+    with pytest.raises(InputError, match=dl.MLCOMMONS_METADATA_ENV):
+        p.preflight()  # before anything runs
