@@ -119,7 +119,14 @@ def run_jobs(jobs: Sequence[Job], cfg: CreatePretrainingDataConfig, workers: int
         cpd_fast.load()  # build/load the extension once, before the workers fork
     from core.pools import run_all
 
-    return run_all(_run_job, [(job, cfg, n) for job, n in zip(jobs, examples, strict=True)], workers)
+    try:
+        return run_all(_run_job, [(job, cfg, n) for job, n in zip(jobs, examples, strict=True)], workers)
+    except BaseException:  # Ctrl-C, SIGTERM, an error: the terminated workers could not remove their temp files
+        for job in jobs:
+            for o in job.outputs:
+                for t in Path(o).parent.glob(f".{Path(o).name}.tmp-*"):
+                    t.unlink(missing_ok=True)
+        raise
 
 
 def summary(stats: Sequence[Stats], seconds: float) -> str:

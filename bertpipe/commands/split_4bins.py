@@ -50,8 +50,15 @@ def run(args: argparse.Namespace) -> int:
     _drop_inner_manifest(out)
     from core.pools import default_workers
 
-    m = run_split_4bins(files, out, Split4BinsConfig(n_output_shards=args.n_output_shards),
-                        workers=args.workers or default_workers(), manifest_name=f"../{out.name}.manifest.json")
+    try:
+        m = run_split_4bins(files, out, Split4BinsConfig(n_output_shards=args.n_output_shards),
+                            workers=args.workers or default_workers(), manifest_name=f"../{out.name}.manifest.json")
+    except BaseException:  # Ctrl-C, SIGTERM, an error: the pool's workers are stopped; sweep their temp files
+        from core.manifest import remove_debris
+
+        if out.is_dir():
+            remove_debris(out)
+        raise
     c = m.counters
     log.info("%d rows -> 128: %d, 256: %d, 384: %d, 512: %d (%d empty shards) in %s", c["rows"], c["rows_128"],
              c["rows_256"], c["rows_384"], c["rows_512"], c["empty_shards"], args.output_dir)
