@@ -1,8 +1,20 @@
-"""Shared fixtures. Tests that read ../shared/data skip cleanly when it is absent (a user's clone)."""
+"""Shared fixtures: where the golden data comes from.
+
+Two tiers. With ``../shared`` beside the checkout (or ``BERTPIPE_SHARED`` naming it), tests read the full
+reference data there. In a clone without it, ``shared_data`` / ``golden`` are rebuilt from tests/golden (the
+real inputs plus the md5 of every reference output; see tests/golden/README.md): bertpipe's own stages remake
+the TFRecords, HDF5 files and 4 bins, and each file is kept only if it is the reference's (md5, or HDF5
+content where the HDF5 library differs), so the byte-exact tests run unchanged. Only what the clone tier
+lacks skips: ``mlperf_sample`` and the whole shortened dump (``real_dump`` then gives its first 127 pages).
+``BERTPIPE_REQUIRE_SHARED=1`` (set by .ci/run) makes a missing ../shared an error instead.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERTPIPE_SHARED", ROOT.parent / "shared")).resolve()
 SHARED_DATA = SHARED / "data"
 GOLDEN = SHARED_DATA / "golden"
+CLONE = ROOT / "tests" / "golden"
+REQUIRE_SHARED = os.environ.get("BERTPIPE_REQUIRE_SHARED", "") not in ("", "0")
+REAL_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -19,14 +34,86 @@ os.environ.setdefault("BERTPIPE_PROGRESS", "0")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if REQUIRE_SHARED and not SHARED_DATA.is_dir():
+        raise pytest.UsageError(f"BERTPIPE_REQUIRE_SHARED is set but {SHARED_DATA} is absent: put the shared "
+                                "reference data beside the checkout (../shared) or point BERTPIPE_SHARED at it")
+
+
+def _shared_only(what: str) -> None:
+    """Skip a test that needs ``what`` from ../shared (fail instead under BERTPIPE_REQUIRE_SHARED)."""
+    msg = f"{SHARED_DATA} is absent and the clone tier (tests/golden) has no {what}"
+    if REQUIRE_SHARED:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def _clone_data(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bertpipe_golden_build", CLONE / "build.py")
+    golden_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(golden_build)
+    h = hashlib.md5()
+    for p in sorted(CLONE.iterdir()):
+        if p.is_file() and p.suffix != ".md":
+            h.update(p.name.encode() + p.read_bytes())
+    cache = getattr(config, "cache", None)  # across sessions under .pytest_cache, where the plugin is on
+    base = Path(cache.mkdir("bertpipe-golden")) if cache is not None else tmp_path_factory.getbasetemp()
+    here = base / f"clone-{h.hexdigest()[:12]}"
+    data = golden_build.materialize(here)
+    for old in base.glob("clone-*"):  # trees of an earlier tests/golden (~150 MB each)
+        if old != here:
+            shutil.rmtree(old, ignore_errors=True)
+    return data
+
+
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """../shared/data, or skip the test when it is not there."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} is absent (golden/real data only exists beside the project checkout)")
-    return SHARED_DATA
+def data_tier() -> str:
+    """``shared`` (../shared/data) or ``clone`` (rebuilt from tests/golden)."""
+    return "shared" if SHARED_DATA.is_dir() else "clone"
+
+
+@pytest.fixture(scope="session")
+def shared_data(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, data_tier: str) -> Path:
+    """../shared/data, or in a clone the same layout rebuilt from tests/golden (no mlperf_sample/, and of the
+    shortened dump only its first pages: use the ``mlperf_sample`` and ``real_dump`` fixtures for those)."""
+    if data_tier == "shared":
+        return SHARED_DATA
+    return _clone_data(request.config, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def golden(shared_data: Path) -> Path:
     return shared_data / "golden"
+
+
+@pytest.fixture(scope="session")
+def mlperf_sample(data_tier: str) -> Path:
+    """../shared/data/mlperf_sample (the full tier only: 4 MB of MLCommons' sample text)."""
+    if data_tier != "shared":
+        _shared_only("mlperf_sample/ (MLCommons' 4 MB sample text)")
+    return SHARED_DATA / "mlperf_sample"
+
+
+@dataclass(frozen=True)
+class RealDump:
+    """A real enwiki dump and what bertpipe's extract (wikiextractor 3.1.0) makes of it."""
+
+    path: Path
+    articles: int  # extracted articles
+    with_text: int  # articles left with text after the text stages (3.1.0 empties list-only articles)
+    files: tuple[str, ...]  # extractor files, 1 MiB each at most
+    first_line: str  # the start of the training part's first line (num_test_articles=20, seed 12345)
+    min_lines: int  # the training part has more non-empty lines than this
+    whole: bool  # the whole shortened dump (its ids are those of the golden text chain)
+
+
+@pytest.fixture(scope="session")
+def real_dump(shared_data: Path, data_tier: str) -> RealDump:
+    """The shortened enwiki dump (206 pages), or in a clone its first 127 pages (tests/golden/README.md)."""
+    if data_tier == "shared":
+        return RealDump(shared_data / REAL_DUMP, 106, 105, ("AA/wiki_00", "AA/wiki_01", "AA/wiki_02"),
+                        "Autism is a neurodevelopmental disorder", 5000, True)
+    return RealDump(shared_data / "enwiki-shortened-first127pages.xml.bz2", 48, 48, ("AA/wiki_00", "AA/wiki_01"),
+                    "Autism is a neurodevelopmental disorder", 4000, False)

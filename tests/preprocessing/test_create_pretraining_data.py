@@ -271,10 +271,10 @@ def test_failed_run_leaves_no_output(tmp_path, vocab):
     assert list(tmp_path.iterdir()) == [p]
 
 
-def test_fast_equals_plain_on_real_non_ascii_lines(shared_data, vocab, tmp_path):
+def test_fast_equals_plain_on_real_non_ascii_lines(mlperf_sample, vocab, tmp_path):
     """Every non-ASCII line of the real MLPerf sample (Greek capitals, CJK, accents, ...), both paths."""
     _fast_or_skip()
-    lines = (shared_data / "mlperf_sample" / "part-00000-of-00500").read_bytes().split(b"\n")
+    lines = (mlperf_sample / "part-00000-of-00500").read_bytes().split(b"\n")
     text = tmp_path / "non_ascii.txt"
     text.write_bytes(b"\n".join(x if not x.isascii() or not x.strip() else b"" for x in lines))
     kw = {"max_seq_length": 128, "max_predictions_per_seq": 20, "dupe_factor": 1}
@@ -285,10 +285,10 @@ def test_fast_equals_plain_on_real_non_ascii_lines(shared_data, vocab, tmp_path)
 
 
 @pytest.mark.slow
-def test_fast_equals_plain_on_mlperf_sample(shared_data, vocab):
+def test_fast_equals_plain_on_mlperf_sample(mlperf_sample, vocab):
     """The whole real MLPerf sample part with the MLPerf flags (plain takes ~30 s)."""
     _fast_or_skip()
-    part = shared_data / "mlperf_sample" / "part-00000-of-00500"
+    part = mlperf_sample / "part-00000-of-00500"
     kw = {"max_seq_length": 512, "max_predictions_per_seq": 76, "dupe_factor": 10}
     fast, s1 = run_bytes([part], cfg(vocab, "fast", **kw))
     plain, s2 = run_bytes([part], cfg(vocab, "plain", **kw))

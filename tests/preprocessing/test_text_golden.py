@@ -90,8 +90,8 @@ def test_bertpipe_text_on_golden_extractor_output(chain: Path, tmp_path: Path, f
     assert sorted(p.name for p in out.iterdir()) == sorted((*FINAL, "_manifest.json"))
 
 
-def test_bertpipe_text_on_mlperf_sample(shared_data: Path, tmp_path: Path) -> None:
-    sample = shared_data / "mlperf_sample"
+def test_bertpipe_text_on_mlperf_sample(mlperf_sample: Path, tmp_path: Path) -> None:
+    sample = mlperf_sample
     out = tmp_path / "results"
     rc = main(["text", "--extracted", str(sample / "extracted"), "--out", str(out), "--num_test_articles=20",
                "--block_size_mb=26.92", "--keep-intermediate"])
@@ -123,10 +123,10 @@ def test_stage_subcommands_chain(chain: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_many_files_roll_over_and_do_not_depend_on_workers(shared_data: Path, tmp_path: Path) -> None:
+def test_many_files_roll_over_and_do_not_depend_on_workers(mlperf_sample: Path, tmp_path: Path) -> None:
     """30 real extractor files (8 folders, ~31 MB): two 26.92 MB parts, identical for 1 and 3 workers,
     and the parts together are the one-part output of a huge block size."""
-    src = sorted((shared_data / "mlperf_sample" / "extracted" / "AA").glob("wiki_0?"))
+    src = sorted((mlperf_sample / "extracted" / "AA").glob("wiki_0?"))
     root = tmp_path / "extracted"
     for k in range(30):
         d = root / f"A{chr(65 + k // 4)}"
