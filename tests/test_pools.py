@@ -1,0 +1,70 @@
+"""core/pools.py is the one way to make a process pool: forkserver/spawn workers with signals reset."""
+
+from __future__ import annotations
+
+import ast
+import signal
+from pathlib import Path
+
+import pytest
+
+from core import pools
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_workers_start_clean_whatever_the_parent_installed() -> None:
+    """A parent inside Prefect has its own SIGTERM/SIGINT handlers; the workers must not carry them: SIGINT
+    is ignored (Ctrl-C is the parent's to handle) and SIGTERM kills at once."""
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pools.worker_pool(2) as pool:
+            assert pool._mp_context.get_start_method() in ("forkserver", "spawn")
+            got = [pool.submit(signal.getsignal, s).result(timeout=120) for s in (signal.SIGINT, signal.SIGTERM)]
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    assert got == [signal.SIG_IGN, signal.SIG_DFL]
+
+
+def test_an_error_in_the_block_terminates_the_workers() -> None:
+    with pytest.raises(RuntimeError, match="boom"), pools.worker_pool(2) as pool:
+        pool.submit(abs, -1).result(timeout=120)
+        procs = list(pool._processes.values())
+        raise RuntimeError("boom")
+    assert procs and not any(p.is_alive() for p in procs)
+
+
+#: what makes a process pool or a raw child process of Python's own
+_MAKERS = {"ProcessPoolExecutor", "Pool", "Process", "get_context", "fork", "forkpty", "set_start_method"}
+
+
+def _pool_makers(source: str) -> list[int]:
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in _MAKERS:
+                hits.append(node.lineno)
+    return hits
+
+
+@pytest.mark.parametrize("source", ["from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor(4)",
+                                    "import multiprocessing\nmultiprocessing.Pool(2)",
+                                    "import multiprocessing as mp\nmp.get_context('fork').Pool()",
+                                    "import os\nos.fork()", "from multiprocessing import Process\nProcess(target=f)"])
+def test_the_check_finds_pool_makers(source: str) -> None:
+    assert _pool_makers(source)
+
+
+def test_every_pool_comes_from_core_pools() -> None:
+    """No module but core/pools.py makes a process pool (or forks): they all get its start method and
+    signal handling (thread pools are fine; subprocesses of other programs are not pools)."""
+    offenders = []
+    for folder in ("core", "preprocessing", "pretrain", "tasks", "flows", "bertpipe"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == ROOT / "core" / "pools.py":
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{n}" for n in _pool_makers(path.read_text(encoding="utf-8"))]
+    assert offenders == []
