@@ -78,6 +78,9 @@ MLCOMMONS_METADATA = "https://training.mlcommons-storage.org/metadata"
 MLCOMMONS_METADATA_ENV = "BERTPIPE_MLCOMMONS_METADATA"  # another metadata folder (a mirror, tests)
 MLCOMMONS_TOKEN_ENV = "MLCOMMONS_CF_ACCESS_TOKEN"
 TOKEN_HEADER = "cf-access-token"
+# a Cloudflare Access service token (headless runs, deployments), as mlc-r2-downloader.sh -s reads it
+SERVICE_ID_ENV, SERVICE_SECRET_ENV = "CF_ACCESS_CLIENT_ID", "CF_ACCESS_CLIENT_SECRET"
+_SECRET_HEADERS = {TOKEN_HEADER, "cf-access-client-id", "cf-access-client-secret"}  # never sent to another host
 MLCOMMONS_DATASETS = {"wikipedia": "bert-preprocessed-wikipedia-dataset", "input-files": "bert-input-files"}
 TEXT_ARCHIVE = "results_text.tar.gz"  # the wikipedia dataset's text: results4/part-*, eval.txt, eval.md5
 TEXT_SUMS = "bert_reference_results_text_md5.txt"  # md5 of each file in the archive
@@ -392,22 +395,38 @@ def mlcommons_token(cfg: DownloadConfig = DownloadConfig()) -> str | None:
     return cfg.token or os.environ.get(MLCOMMONS_TOKEN_ENV) or None
 
 
-def auth_message(meta_url: str, token: str | None) -> str:
+def auth_message(meta_url: str, token: str | None, service: bool = False) -> str:
     """The one line that says how to get (another) Cloudflare Access token for ``meta_url``."""
     how = (f"get one with `cloudflared access login {meta_url}` then `cloudflared access token --app={meta_url}` "
            f"and put it in ${MLCOMMONS_TOKEN_ENV} (or `bertpipe download mlcommons --token`)")
+    if service:
+        return (f"the Cloudflare Access service token (${SERVICE_ID_ENV}, ${SERVICE_SECRET_ENV}) was refused; "
+                f"check it with MLCommons, or {how}")
     if token:
         return f"the Cloudflare Access token was refused (expired or for another app?): {how}"
     return f"MLCommons' files need a Cloudflare Access token: {how}"
 
 
 def mlcommons_opener(meta_url: str, cfg: DownloadConfig) -> _Opener:
+    """An opener that sends the access token (or else a service token from the environment) with each request."""
     token = mlcommons_token(cfg)
-    if token and not re.fullmatch(r"[\x21-\x7e]+", token):
-        raise InputError(f"the Cloudflare Access token (--token / ${MLCOMMONS_TOKEN_ENV}) holds spaces or "
-                         "control characters; paste the single line `cloudflared access token` prints")
-    return _Opener(_ca_bundle(cfg), cfg.timeout_s, headers={TOKEN_HEADER: token} if token else None,
-                   auth_message=auth_message(meta_url, token))
+    cid, secret = os.environ.get(SERVICE_ID_ENV), os.environ.get(SERVICE_SECRET_ENV)
+    if token:
+        headers = {TOKEN_HEADER: token}
+    elif cid or secret:
+        if not (cid and secret):
+            raise InputError(f"a Cloudflare Access service token needs both ${SERVICE_ID_ENV} and "
+                             f"${SERVICE_SECRET_ENV}; set the missing one (or unset both)")
+        headers = {"CF-Access-Client-Id": cid, "CF-Access-Client-Secret": secret}
+    else:
+        headers = {}
+    for name, value in headers.items():
+        if not re.fullmatch(r"[\x21-\x7e]+", value):
+            raise InputError(f"the Cloudflare Access credential {name} (--token / ${MLCOMMONS_TOKEN_ENV} / "
+                             f"${SERVICE_ID_ENV} / ${SERVICE_SECRET_ENV}) holds spaces or control characters; "
+                             "paste the single line it was given as")
+    return _Opener(_ca_bundle(cfg), cfg.timeout_s, headers=headers,
+                   auth_message=auth_message(meta_url, token, service=bool(headers) and not token))
 
 
 def _get_small(url: str, opener: _Opener, cfg: DownloadConfig, what: str) -> str:
@@ -738,7 +757,7 @@ class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
             raise InputError(f"{req.full_url}: redirected to Cloudflare Access's login; {self.auth_message}")
         out = super().redirect_request(req, fp, code, msg, headers, newurl)
         if out is not None and new.hostname != urllib.parse.urlsplit(req.full_url).hostname:
-            for k in [k for k in out.headers if k.lower() == TOKEN_HEADER]:
+            for k in [k for k in out.headers if k.lower() in _SECRET_HEADERS]:
                 del out.headers[k]
         return out
 

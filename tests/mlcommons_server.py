@@ -3,7 +3,8 @@
 HTTPS on 127.0.0.1 with a self-signed certificate made here (the ``cryptography`` package, else the openssl
 CLI). It serves the layout MLCommons' R2 downloader reads: ``/metadata/<dataset>.uri`` (the dataset's base
 URL), ``/metadata/<dataset>.md5`` (``<md5>  ./relative/path`` lines) and the files under the base URL. Every
-request must carry ``cf-access-token: <token>`` (403 without it, or a 302 to Cloudflare Access's login page
+request must carry ``cf-access-token: <token>`` (or a service token's ``cf-access-client-id`` and
+``cf-access-client-secret``; 403 without them, or a 302 to Cloudflare Access's login page
 with ``login_redirect``). Range requests are answered with 206; ``cut`` paths are cut off half-way once.
 Nothing here talks to anything but the loopback address.
 """
@@ -63,6 +64,7 @@ def make_cert(d: Path) -> tuple[Path, Path]:
 class State:
     files: dict[str, bytes] = field(default_factory=dict)
     token: str | None = TOKEN  # None: no access control
+    service: tuple[str, str] | None = None  # a service token (client id, secret) also let in
     login_redirect: bool = False  # without a valid token: 302 to Cloudflare Access's login (as the real one)
     cut: set[str] = field(default_factory=set)  # paths whose next transfer stops half-way
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
@@ -75,7 +77,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's API
         st: State = self.server.state  # type: ignore[attr-defined]
         st.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
-        if st.token is not None and self.headers.get("cf-access-token") != st.token:
+        service = st.service is not None and (self.headers.get("cf-access-client-id"),
+                                              self.headers.get("cf-access-client-secret")) == st.service
+        if st.token is not None and self.headers.get("cf-access-token") != st.token and not service:
             if st.login_redirect:
                 self.send_response(302)
                 self.send_header("Location", "https://mlcommons.cloudflareaccess.com/cdn-cgi/access/login/x")

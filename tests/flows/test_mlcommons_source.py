@@ -25,7 +25,8 @@ def mlc(tmp_path, monkeypatch, three_part_text: Path, shared_data: Path):
     srv = MlcServer(*make_cert(tmp_path))
     text = {p.name: p.read_bytes() for p in sorted(three_part_text.iterdir())}
     publish_bert(srv, text, (shared_data / "vocab.txt").read_bytes())
-    monkeypatch.delenv("BERTPIPE_MLCOMMONS_BASE_URL", raising=False)
+    for var in ("BERTPIPE_MLCOMMONS_BASE_URL", "CF_ACCESS_CLIENT_ID", "CF_ACCESS_CLIENT_SECRET"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("BERTPIPE_MLCOMMONS_METADATA", srv.metadata)
     monkeypatch.setenv("MLCOMMONS_CF_ACCESS_TOKEN", TOKEN)
     monkeypatch.setenv("BERTPIPE_CA_BUNDLE", str(tmp_path / "cert.pem"))

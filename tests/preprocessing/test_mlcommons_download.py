@@ -37,7 +37,8 @@ def cert(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture
 def srv(cert, monkeypatch):
     s = MlcServer(*cert)
-    for var in (dl.MLCOMMONS_TOKEN_ENV, dl.MLCOMMONS_BASE_URL_ENV, "BERTPIPE_CA_BUNDLE"):
+    for var in (dl.MLCOMMONS_TOKEN_ENV, dl.MLCOMMONS_BASE_URL_ENV, "BERTPIPE_CA_BUNDLE", dl.SERVICE_ID_ENV,
+                dl.SERVICE_SECRET_ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(dl.MLCOMMONS_METADATA_ENV, s.metadata)
     yield s
@@ -150,6 +151,24 @@ def test_token_from_the_environment_and_a_login_redirect(srv, cert, tmp_path, mo
     assert [f.name for f in m.files if f.name.endswith("eval.txt")] == ["results4/eval.txt"]
 
 
+def test_service_token_from_the_environment(srv, cert, tmp_path, monkeypatch):
+    srv.publish(WIKI, "wiki/processed", FILES)
+    srv.state.service = ("client.access", "s3cret")
+    monkeypatch.setenv(dl.SERVICE_ID_ENV, "client.access")
+    with pytest.raises(InputError, match=f"needs both .*{dl.SERVICE_SECRET_ENV}"):
+        run_mlcommons_dataset(tmp_path / "a", cfg=cfg(cert, token=None))
+    monkeypatch.setenv(dl.SERVICE_SECRET_ENV, "wrong")
+    with pytest.raises(InputError, match="service token .* was refused") as e:
+        run_mlcommons_dataset(tmp_path / "a", cfg=cfg(cert, token=None))
+    assert "s3cret" not in str(e.value) and "wrong" not in str(e.value)
+    monkeypatch.setenv(dl.SERVICE_SECRET_ENV, "s3cret")
+    m = run_mlcommons_dataset(tmp_path / "b", include=["eval.txt"], cfg=cfg(cert, token=None))
+    assert "results4/eval.txt" in [f.name for f in m.files]
+    last = srv.state.requests[-1][1]
+    assert (last["cf-access-client-id"], last["cf-access-client-secret"]) == srv.state.service
+    assert "cf-access-token" not in last
+
+
 def test_redirect_to_another_host_drops_the_token():
     import urllib.request
 
@@ -159,6 +178,10 @@ def test_redirect_to_another_host_drops_the_token():
     other = h.redirect_request(req, None, 302, "Found", {}, "https://b.example/y")
     assert any(k.lower() == dl.TOKEN_HEADER for k in same.headers)
     assert not any(k.lower() == dl.TOKEN_HEADER for k in other.headers)
+    svc = urllib.request.Request("https://a.example/x", headers={"CF-Access-Client-Id": "i",
+                                                                 "CF-Access-Client-Secret": "s", "X-Other": "1"})
+    moved = h.redirect_request(svc, None, 302, "Found", {}, "https://b.example/y")
+    assert [k.lower() for k in moved.headers] == ["x-other"]
     with pytest.raises(InputError, match="refusing http://b.example"):
         h.redirect_request(req, None, 302, "Found", {}, "http://b.example/y")
 
