@@ -12,7 +12,8 @@
 `mlcommons` follows MLCommons' R2 downloader: the dataset's metadata file (<metadata>/<dataset>.uri: its
 base URL), the md5 list beside it, then each file, sent with `cf-access-token: <token>` (--token or
 $MLCOMMONS_CF_ACCESS_TOKEN; get one with `cloudflared access token --app=<metadata URL>`; or a service
-token in $CF_ACCESS_CLIENT_ID / $CF_ACCESS_CLIENT_SECRET) and verified against the list. With --mlcommons-base-url / $BERTPIPE_MLCOMMONS_BASE_URL (a flat mirror of results/) the
+token in $CF_ACCESS_CLIENT_ID / $CF_ACCESS_CLIENT_SECRET) and verified against the list.
+With --mlcommons-base-url / $BERTPIPE_MLCOMMONS_BASE_URL (a flat mirror of results/) the
 wikipedia dataset is read from the mirror instead.
 
 An interrupted download leaves <out>/<name>.part; running the same command again resumes it (HTTP Range)
