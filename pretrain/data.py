@@ -14,11 +14,13 @@ Every file holds ``input_ids (n,512) i4, input_mask (n,512) i1, segment_ids (n,5
 masked_lm_positions (n,76) i4, masked_lm_ids (n,76) i4, next_sentence_labels (n,) i1``. A shard file
 without any dataset is an empty shard (the splitter opens all 4N files up front).
 
-Sharding: in each bin, rank ``r`` of ``W`` reads shard files ``k`` with ``k % W == r`` (when the bin has
-at least W shard files) or rows ``r, r+W, ...`` of every file (fewer files than ranks). Every rank
+Sharding: in each bin the rows are listed file by file, the files of rank 0 (``k % W == 0``) first, then
+those of rank 1, ... (file order when the bin has fewer files than ranks), and rank ``r`` of ``W`` takes the
+``r``-th of W contiguous, equal (+-1 row) slices of that list: mostly its own files, plus a few rows of a
+neighbour's where the files' row counts differ, so every rank gets N/W rows of a bin of N. Every rank
 computes the same plan from the shards' row counts, so all ranks draw from the same bin at each step
-and run the same number of steps per epoch (bins' leftovers that do not fill a micro-batch on every
-rank are dropped for that epoch).
+and run ``floor(N/W) // micro`` batches of it per epoch: an epoch leaves fewer than W x micro rows of each
+bin unread (they differ from epoch to epoch, as each rank's row order does).
 
 Position: (epoch, index of the next micro-batch in the epoch). Bin order and row order are pure
 functions of (seed, epoch[, bin, rank]), so this pair plus a digest of the plan is the whole state.
@@ -154,18 +156,19 @@ def discover_shards(train: Path | str) -> dict[int, list[Shard]]:
 
 
 def rank_rows(shards: list[Shard], rank: int, world: int) -> tuple[np.ndarray, np.ndarray]:
-    """(file index, row) of every sample rank ``rank`` reads in one bin."""
-    files, rows = [], []
-    by_file = len(shards) >= world
-    for i, s in enumerate(shards):
-        if by_file and i % world != rank:
-            continue
-        r = np.arange(s.rows, dtype=np.int64) if by_file else np.arange(rank, s.rows, world, dtype=np.int64)
-        files.append(np.full(len(r), i, dtype=np.int32))
-        rows.append(r)
-    if not files:
+    """(file index, row) of every sample rank ``rank`` reads in one bin (a balanced slice, module docstring).
+
+    The ranks' slices partition the bin's rows; their sizes differ by at most one row.
+    """
+    order = sorted(range(len(shards)), key=lambda i: (i % world, i)) if len(shards) >= world else range(len(shards))
+    order = [i for i in order if shards[i].rows]
+    if not order:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    return np.concatenate(files), np.concatenate(rows)
+    files = np.concatenate([np.full(shards[i].rows, i, dtype=np.int32) for i in order])
+    rows = np.concatenate([np.arange(shards[i].rows, dtype=np.int64) for i in order])
+    n = len(files)
+    lo, hi = rank * n // world, (rank + 1) * n // world
+    return files[lo:hi], rows[lo:hi]
 
 
 @dataclass
@@ -232,8 +235,7 @@ class BinnedSampler:
 
     def __post_init__(self) -> None:
         self._rows = {b: rank_rows(s, self.rank, self.world) for b, s in self.bins.items()}
-        per_rank = {b: min(len(rank_rows(s, r, self.world)[0]) for r in range(self.world))
-                    for b, s in self.bins.items()}
+        per_rank = {b: sum(s.rows for s in ss) // self.world for b, ss in self.bins.items()}  # every rank has >= this
         self.batches_per_bin = {b: n // self.micro_batch for b, n in per_rank.items()}
         if self.steps_per_epoch == 0:
             raise InputError(f"not one micro-batch of {self.micro_batch} per rank ({self.world} ranks) in the "
@@ -248,7 +250,7 @@ class BinnedSampler:
     def digest(self) -> str:
         """Fingerprint of everything the order depends on (checked on resume)."""
         key = repr((sorted((b, [(s.path.name, s.rows) for s in ss]) for b, ss in self.bins.items()),
-                    self.micro_batch, self.world, self.seed))
+                    self.micro_batch, self.world, self.seed, "balanced-slices"))  # the sharding scheme too
         return hashlib.md5(key.encode()).hexdigest()
 
     def _epoch_plan(self) -> tuple[np.ndarray, np.ndarray]:

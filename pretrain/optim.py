@@ -2,28 +2,43 @@
 
 All three keep their state in fp32 and work under DeepSpeed ZeRO-1/2 as "untested" optimizers
 (``zero_allow_untested_optimizer``). Under ZeRO each param group is flattened and partitioned across
-ranks, so the per-tensor norms of LAMB/LANS become norms of each rank's partition of a group, exactly
-as in Habana's BERT-1.5B/5B runs (LANS with ``adjust_step=zero_enabled``).
+ranks, so the optimizer sees one flat tensor per group. After :func:`attach_zero_partitions` (train.py calls
+it once the engine is built) LAMB/LANS still take each original parameter's norms ("per-tensor", the
+default): the sums of squares of each parameter's fragment in this rank's partition are all-reduced over
+the data-parallel group, so the update equals unsharded per-tensor LAMB/LANS to fp32 round-off.
+``trust_ratio="per-group"`` instead takes the norms of each rank's whole partition of a group, which is what
+Habana's BERT-1.5B/5B ZeRO runs do (without ZeRO both modes are per-tensor).
 
 Formulas (g: gradient, w: weight, t: step, wd: weight decay, b1/b2: betas):
 
 * LAMB (You et al. 2019, NVIDIA's NVLAMB variant): g /= clip (clip = ||g_all|| / max_grad_norm when
   above 1); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = m^/(sqrt(v^)+eps) + wd w;
-  w -= lr * ||w||/||u|| * u  (ratio 1 when either norm is 0).
+  w -= lr * ||w||/||u|| * u  (ratio 1 when either norm is 0). As NVLAMB's default, apex FusedLAMB and
+  NVIDIA's BERT trainer, a group with wd = 0 (biases, LayerNorm) takes w -= lr * u (ratio 1);
+  ``trust_ratio_no_decay=True`` applies the ratio to those groups too.
 * LANS (Zheng et al. 2020, spec §13): g^ = g/(||g||+eps); m, v from g^; d_m = m^/(sqrt(v^)+eps) + wd w,
   d_g = g^/(sqrt(v^)+eps) + wd w; w -= lr ||w||/||d_m|| b1 d_m + lr ||w||/||d_g|| (1-b1) d_g.
-  With ``adjust_step`` the bias correction uses t-1 for t > 1.
+  With ``adjust_step`` the bias correction uses t-1 for t > 1 (Habana's lans.py option; off by default).
 * AdamW (Loshchilov & Hutter): w -= lr wd w; w -= lr m^/(sqrt(v^)+eps).
+
+Step count t: each param group counts its own steps (``group["step"]``, saved with the optimizer state),
+one per ``step()`` call that updates it, so bias correction runs t = 1, 2, 3 ... under ZeRO-0/1/2 in fp32
+and bf16. A ``step()`` whose gradients are all exactly zero before the first real step is DeepSpeed's
+state-initialisation call (its FP16_UnfusedOptimizer, used for bf16 without ZeRO, makes one at
+construction): it changes nothing and is not counted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 OPTIMIZERS = ("lamb", "lans", "adamw")
+TRUST_RATIOS = ("per-tensor", "per-group")
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
@@ -37,8 +52,58 @@ def _f32(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+@dataclass(frozen=True)
+class PartitionLayout:
+    """Where the original parameters of one param group lie in this rank's flat partition.
+
+    ``segments``: (index of the parameter in the group, start in the partition, numel) of every parameter
+    fragment this rank holds; ``num_params``: parameters in the whole group (all ranks);
+    ``process_group``: the data-parallel group whose ranks hold the other fragments (None: one process).
+    """
+
+    segments: tuple[tuple[int, int, int], ...]
+    num_params: int
+    process_group: Any = None
+
+    def sum_squares(self, tensors: list[Tensor]) -> Tensor:
+        """Per-parameter sums of squares of ``tensors`` (each a flat partition), all-reduced: (len, num_params)."""
+        out = torch.zeros(len(tensors), self.num_params, dtype=torch.float64, device=tensors[0].device)
+        for k, t in enumerate(tensors):
+            for j, start, n in self.segments:
+                seg = t.narrow(0, start, n)
+                out[k, j] = torch.dot(seg, seg).to(torch.float64)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(out, group=self.process_group)
+        return out
+
+    def scaled(self, t: Tensor, factors: Tensor) -> Tensor:
+        """A copy of ``t`` with each parameter's fragment multiplied by its factor (padding kept as is)."""
+        out = t.clone()
+        for j, start, n in self.segments:
+            out.narrow(0, start, n).mul_(factors[j].to(out.dtype))
+        return out
+
+
 class _Base(torch.optim.Optimizer):
-    """Shared state handling: moments in at least fp32, a per-param step count."""
+    """Shared state handling: moments in at least fp32, a per-group step count, ZeRO partition layouts."""
+
+    def __init__(self, params: Iterable, defaults: dict) -> None:
+        super().__init__(params, defaults)
+        self._layouts: dict[Tensor, PartitionLayout] = {}
+        self.trust_ratio = "per-tensor"
+
+    def attach_partitions(self, layouts: dict[Tensor, PartitionLayout], trust_ratio: str = "per-tensor") -> None:
+        """Use these layouts for these flat (ZeRO) partitions; see :func:`attach_zero_partitions`.
+
+        Keyed by the flat tensor itself: DeepSpeed's ZeRO optimizer steps one group at a time, swapping
+        ``param_groups`` for a one-group list, so group indices do not identify a group inside ``step``.
+        """
+        if trust_ratio not in TRUST_RATIOS:
+            raise ValueError(f"trust_ratio must be one of {TRUST_RATIOS}, got {trust_ratio!r}")
+        self._layouts, self.trust_ratio = dict(layouts), trust_ratio
+
+    def _layout(self, p: Tensor) -> PartitionLayout | None:
+        return self._layouts.get(p) if self.trust_ratio == "per-tensor" else None
 
     def _state(self, p: Tensor) -> dict:
         st = self.state[p]
@@ -48,6 +113,13 @@ class _Base(torch.optim.Optimizer):
             st["exp_avg"] = torch.zeros_like(p, dtype=dtype)
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
         return st
+
+    def _group_step(self, group: dict) -> int:
+        """The group's step count (an optimizer state saved before groups counted: its params' count)."""
+        if "step" not in group:
+            group["step"] = max((int(self.state[p]["step"]) for p in group["params"] if self.state.get(p)),
+                                default=0)
+        return group["step"]
 
     @staticmethod
     def _clip_factor(params: list[Tensor], max_grad_norm: float) -> float:
@@ -67,36 +139,59 @@ class _Base(torch.optim.Optimizer):
         b1, b2 = group["betas"]
         return 1.0 - b1**t, 1.0 - b2**t
 
+    def _is_state_init_call(self, params: list[Tensor]) -> bool:
+        """Before any real step, all-zero gradients: DeepSpeed creating the optimizer state."""
+        if any(self._group_step(g) for g in self.param_groups) or not params:
+            return False
+        return not any(bool(p.grad.any()) for p in params)
+
     def step(self, closure=None):  # noqa: D102 (torch.optim signature)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        clip = self._clip_factor(self._params_with_grad(), self.defaults.get("max_grad_norm", 0.0))
+        params = self._params_with_grad()
+        if self._is_state_init_call(params):
+            return loss
+        clip = self._clip_factor(params, self.defaults.get("max_grad_norm", 0.0))
         with torch.no_grad():
             for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        self._update(p, group, clip)
+                live = [p for p in group["params"] if p.grad is not None]
+                if not live:
+                    continue
+                group["step"] = self._group_step(group) + 1
+                for p in live:
+                    st = self._state(p)
+                    st["step"] = group["step"]
+                    layout = self._layout(p)
+                    if layout is None:
+                        self._update(p, st, group, clip)
+                    else:
+                        self._update_flat(p, st, group, clip, layout)
         return loss
 
-    def _update(self, p: Tensor, group: dict, clip: float) -> None:
+    def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
         raise NotImplementedError
+
+    def _update_flat(self, p: Tensor, st: dict, group: dict, clip: float, layout: PartitionLayout) -> None:
+        self._update(p, st, group, clip)  # AdamW has no norms: a flat partition is just a tensor
 
 
 class Lamb(_Base):
-    """LAMB with global gradient-norm clipping (NVLAMB) and optional bias correction."""
+    """LAMB with global gradient-norm clipping (NVLAMB) and optional bias correction.
+
+    ``trust_ratio_no_decay``: also apply the trust ratio to weight-decay-0 groups (NVLAMB's default and
+    apex FusedLAMB don't; this was bertpipe's behaviour before).
+    """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 max_grad_norm: float = 0.0) -> None:
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, max_grad_norm=max_grad_norm)
+                 max_grad_norm: float = 0.0, trust_ratio_no_decay: bool = False) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
+                        max_grad_norm=max_grad_norm, trust_ratio_no_decay=trust_ratio_no_decay)
         super().__init__(params, defaults)
 
-    def _update(self, p: Tensor, group: dict, clip: float) -> None:
-        st = self._state(p)
-        st["step"] += 1
+    def _direction(self, p: Tensor, st: dict, group: dict, clip: float) -> tuple[Tensor, Tensor]:
         b1, b2 = group["betas"]
         g = _f32(p.grad) / clip
         w = _f32(p)
@@ -106,8 +201,28 @@ class Lamb(_Base):
         u = (st["exp_avg"] / bc1) / ((st["exp_avg_sq"] / bc2).sqrt() + group["eps"])
         if group["weight_decay"]:
             u.add_(w, alpha=group["weight_decay"])
+        return w, u
+
+    @staticmethod
+    def _plain(group: dict) -> bool:
+        return not group["weight_decay"] and not group.get("trust_ratio_no_decay", False)
+
+    def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
+        w, u = self._direction(p, st, group, clip)
+        if self._plain(group):
+            p.copy_(w - group["lr"] * u)
+            return
         ratio = _trust_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(u))
         p.copy_(w - group["lr"] * ratio * u)
+
+    def _update_flat(self, p: Tensor, st: dict, group: dict, clip: float, layout: PartitionLayout) -> None:
+        w, u = self._direction(p, st, group, clip)
+        if self._plain(group):
+            p.copy_(w - group["lr"] * u)
+            return
+        sq = layout.sum_squares([w, u]).sqrt()
+        ratio = _trust_ratio(sq[0], sq[1])
+        p.copy_(w - group["lr"] * layout.scaled(u, ratio))
 
 
 class Lans(_Base):
@@ -120,24 +235,40 @@ class Lans(_Base):
                         bias_correction=bias_correction, max_grad_norm=max_grad_norm, adjust_step=adjust_step)
         super().__init__(params, defaults)
 
-    def _update(self, p: Tensor, group: dict, clip: float) -> None:
-        st = self._state(p)
-        st["step"] += 1
+    def _moments(self, g_hat: Tensor, st: dict, group: dict) -> Tensor:
         b1, b2 = group["betas"]
+        st["exp_avg"].mul_(b1).add_(g_hat, alpha=1 - b1)
+        st["exp_avg_sq"].mul_(b2).addcmul_(g_hat, g_hat, value=1 - b2)
+        bc1, bc2 = self._bias_corrections(group, st["step"], group["adjust_step"])
+        return bc1, (st["exp_avg_sq"] / bc2).sqrt() + group["eps"]
+
+    def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
+        b1 = group["betas"][0]
         eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
         g = _f32(p.grad) / clip
         g_hat = g / (torch.linalg.vector_norm(g) + eps)
         w = _f32(p)
-        st["exp_avg"].mul_(b1).add_(g_hat, alpha=1 - b1)
-        st["exp_avg_sq"].mul_(b2).addcmul_(g_hat, g_hat, value=1 - b2)
-        bc1, bc2 = self._bias_corrections(group, st["step"], group["adjust_step"])
-        denom = (st["exp_avg_sq"] / bc2).sqrt() + eps
+        bc1, denom = self._moments(g_hat, st, group)
         d_m = (st["exp_avg"] / bc1) / denom + wd * w
         d_g = g_hat / denom + wd * w
         w_norm = torch.linalg.vector_norm(w)
         r_m = _trust_ratio(w_norm, torch.linalg.vector_norm(d_m))
         r_g = _trust_ratio(w_norm, torch.linalg.vector_norm(d_g))
         p.copy_(w - lr * r_m * b1 * d_m - lr * r_g * (1 - b1) * d_g)
+
+    def _update_flat(self, p: Tensor, st: dict, group: dict, clip: float, layout: PartitionLayout) -> None:
+        b1 = group["betas"][0]
+        eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
+        g = _f32(p.grad) / clip
+        g_norm = layout.sum_squares([g])[0].sqrt()
+        g_hat = layout.scaled(g, 1.0 / (g_norm + eps))
+        w = _f32(p)
+        bc1, denom = self._moments(g_hat, st, group)
+        d_m = (st["exp_avg"] / bc1) / denom + wd * w
+        d_g = g_hat / denom + wd * w
+        sq = layout.sum_squares([w, d_m, d_g]).sqrt()
+        r_m, r_g = _trust_ratio(sq[0], sq[1]), _trust_ratio(sq[0], sq[2])
+        p.copy_(w - lr * b1 * layout.scaled(d_m, r_m) - lr * (1 - b1) * layout.scaled(d_g, r_g))
 
 
 class AdamW(_Base):
@@ -148,9 +279,7 @@ class AdamW(_Base):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         super().__init__(params, defaults)
 
-    def _update(self, p: Tensor, group: dict, clip: float) -> None:
-        st = self._state(p)
-        st["step"] += 1
+    def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
         b1, b2 = group["betas"]
         g = _f32(p.grad)
         w = _f32(p) * (1 - group["lr"] * group["weight_decay"])
@@ -161,16 +290,55 @@ class AdamW(_Base):
         p.copy_(w - group["lr"] * (st["exp_avg"] / bc1) / denom)
 
 
-def build_optimizer(name: str, param_groups: list[dict], lr: float, *, zero_enabled: bool = False,
+def build_optimizer(name: str, param_groups: list[dict], lr: float, *, lamb_trust_ratio_no_decay: bool = False,
                     **kw) -> torch.optim.Optimizer:
     """The optimizer named on the command line ("lamb", "lans" or "adamw") over ``param_groups``.
 
-    LANS gets ``adjust_step=zero_enabled`` as in Habana's run_pretraining.py.
+    Bias correction counts t = 1, 2, 3 under every ZeRO stage (no ``adjust_step``: with DeepSpeed 0.19.8
+    Habana's ``adjust_step=zero_enabled`` would make ZeRO runs count t = 1, 1, 2).
     """
     if name == "lamb":
-        return Lamb(param_groups, lr=lr, **kw)
+        return Lamb(param_groups, lr=lr, trust_ratio_no_decay=lamb_trust_ratio_no_decay, **kw)
     if name == "lans":
-        return Lans(param_groups, lr=lr, adjust_step=zero_enabled, **kw)
+        return Lans(param_groups, lr=lr, **kw)
     if name == "adamw":
         return AdamW(param_groups, lr=lr, **kw)
     raise ValueError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
+
+
+def zero_partition_layouts(zero_optimizer) -> dict[int, PartitionLayout]:
+    """The :class:`PartitionLayout` of each flat param group of a DeepSpeed ZeRO-1/2 (or BF16) optimizer.
+
+    DeepSpeed links every original (bit16) parameter that has elements in this rank's fp32 partition to its
+    fragment (``param._hp_mapping.hp_fragment_address``: start and numel within the partition); the group's
+    parameters are ``bit16_groups[i]`` (``bf16_groups[i]`` for BF16_Optimizer) in param-group order.
+    Empty when the optimizer does not partition (ZeRO-0: the base optimizer sees the parameters themselves).
+    """
+    groups = getattr(zero_optimizer, "bit16_groups", None) or getattr(zero_optimizer, "bf16_groups", None)
+    if not groups:
+        return {}
+    pgs = getattr(zero_optimizer, "real_dp_process_group", None) or [None] * len(groups)
+    layouts = {}
+    for i, params in enumerate(groups):
+        segments = []
+        for j, lp in enumerate(params):
+            mapping = getattr(lp, "_hp_mapping", None)
+            if mapping is not None:
+                addr = mapping.hp_fragment_address
+                segments.append((j, int(addr.start), int(addr.numel)))
+        layouts[i] = PartitionLayout(tuple(segments), len(params), pgs[i])
+    return layouts
+
+
+def attach_zero_partitions(engine, optimizer: torch.optim.Optimizer, trust_ratio: str = "per-tensor") -> int:
+    """Give ``optimizer`` (ours, wrapped by ``engine``) the ZeRO partition layouts; returns the groups attached.
+
+    Call after ``deepspeed.initialize``. A no-op (0) without partitioning or for an optimizer of another kind.
+    """
+    if not isinstance(optimizer, _Base):
+        return 0
+    layouts = zero_partition_layouts(getattr(engine, "optimizer", None))
+    flat = {optimizer.param_groups[i]["params"][0]: lay for i, lay in layouts.items()
+            if i < len(optimizer.param_groups) and len(optimizer.param_groups[i]["params"]) == 1}
+    optimizer.attach_partitions(flat, trust_ratio)
+    return len(flat)

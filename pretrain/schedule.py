@@ -9,12 +9,12 @@ import torch
 
 def poly_warmup_factor(step: int, total_steps: int, warmup: float, constant: float = 0.0,
                        degree: float = 1.0) -> float:
-    """The lr multiplier after ``step`` scheduler steps (Habana's ``PolyWarmUpScheduler``).
+    """The lr multiplier f(step) of optimizer step ``step`` (1-based; Habana's ``PolyWarmUpScheduler``).
 
     progress = step / total_steps; linear warm-up ``progress / warmup`` while progress < warmup, then 1
     while progress < warmup + constant, then ``((1 - progress) / (1 - warmup - constant)) ** degree``
-    (clamped at 0 past the end). As in the reference, the first optimizer step runs at step 0, so with a
-    warm-up its lr is 0.
+    (clamped at 0 past the end). :class:`PolyWarmUpScheduler` gives step k the lr f(k), as the references
+    do (NVIDIA's trainer steps its scheduler before the optimizer), so the first step's lr is not 0.
     """
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
@@ -29,6 +29,9 @@ def poly_warmup_factor(step: int, total_steps: int, warmup: float, constant: flo
 
 class PolyWarmUpScheduler(torch.optim.lr_scheduler.LRScheduler):
     """Linear warm-up, optional constant phase, polynomial decay to 0 at ``total_steps``.
+
+    Stepped after each optimizer step (torch's convention); the lr the optimizer holds for its k-th step
+    (1-based) is ``base * poly_warmup_factor(k, ...)``: after ``last_epoch`` scheduler steps it is f(last_epoch + 1).
 
     Args:
         optimizer: the optimizer whose groups' ``lr`` it sets (their initial lr is the base lr).
@@ -46,7 +49,7 @@ class PolyWarmUpScheduler(torch.optim.lr_scheduler.LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        f = poly_warmup_factor(self.last_epoch, self.total_steps, self.warmup, self.constant, self.degree)
+        f = poly_warmup_factor(self.last_epoch + 1, self.total_steps, self.warmup, self.constant, self.degree)
         return [base * f for base in self.base_lrs]
 
 

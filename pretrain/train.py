@@ -205,7 +205,7 @@ def setup(cfg: TrainConfig):
     from pretrain.determinism import set_determinism
     from pretrain.evaluate import EvalSet
     from pretrain.model import BertForPreTraining
-    from pretrain.optim import build_optimizer
+    from pretrain.optim import attach_zero_partitions, build_optimizer
     from pretrain.schedule import PolyWarmUpScheduler
 
     if "RANK" not in os.environ:  # `python pretrain/train.py ...` without a launcher: one process
@@ -236,12 +236,12 @@ def setup(cfg: TrainConfig):
     from pretrain.init_checkpoint import init_weights
 
     init = init_weights(model, cfg.init_checkpoint, tag)  # before the engine: every rank, same weights
-    zero = ds_cfg.get("zero_optimization", {}).get("stage", 0) > 0
     opt = build_optimizer(cfg.optimizer, model.param_groups(cfg.weight_decay), cfg.learning_rate,
-                          zero_enabled=zero)
+                          lamb_trust_ratio_no_decay=cfg.lamb_trust_ratio_no_decay)
     sched = PolyWarmUpScheduler(opt, cfg.warmup_proportion, cfg.max_steps, cfg.scheduler_degree,
                                 cfg.constant_proportion)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
+    attach_zero_partitions(engine, opt, cfg.trust_ratio)  # ZeRO-1/2: per-tensor norms inside the flat partitions
     return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world, init
 
 

@@ -45,16 +45,23 @@ class TrainConfig:
     """Optimizer steps of the whole run (the schedule's length)."""
     steps_this_run: int = -1
     """Stop (with a checkpoint) after this many steps of this invocation (-1: run to max_steps)."""
-    optimizer: str = "lans"
-    """lans, lamb or adamw."""
-    learning_rate: float = 1e-3
-    """Peak learning rate (Habana BERT-1.5B: 0.0015)."""
+    optimizer: str = ""
+    """lans, lamb or adamw; not given: the --model preset's (MODEL_DEFAULTS)."""
+    trust_ratio: str = "per-tensor"
+    """LAMB/LANS trust ratios under ZeRO-1/2: per-tensor (each parameter's norms, summed over the ranks' flat
+    partitions: the same update as unsharded LAMB/LANS) or per-group (the norms of each rank's partition of a
+    param group, as Habana's ZeRO runs). Without ZeRO both are per-tensor."""
+    lamb_trust_ratio_no_decay: bool = False
+    """LAMB: apply the trust ratio to the weight-decay-0 group (biases, LayerNorm) too; off = NVLAMB's
+    default, apex FusedLAMB and NVIDIA's BERT trainer (those parameters take plain lr-sized steps)."""
+    learning_rate: float = 0.0
+    """Peak learning rate; not given: the --model preset's (MODEL_DEFAULTS)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases and LayerNorm)."""
-    warmup_proportion: float = 0.05
-    """PolyWarmUp warm-up fraction."""
-    constant_proportion: float = 0.0
-    """PolyWarmUp constant fraction after warm-up (Habana: 0.25)."""
+    warmup_proportion: float = -1.0
+    """PolyWarmUp warm-up fraction; not given: the --model preset's (MODEL_DEFAULTS)."""
+    constant_proportion: float = -1.0
+    """PolyWarmUp constant fraction after warm-up; not given: the --model preset's (MODEL_DEFAULTS)."""
     scheduler_degree: float = 1.0
     """PolyWarmUp decay degree."""
     seed: int = 12439
@@ -100,11 +107,33 @@ class TrainConfig:
     mlperf_status: str = "onprem"
     """MLPerf submission_status in mllog.txt: onprem, cloud, preview or research."""
 
+    def __post_init__(self) -> None:
+        # fields left at their "unset" default take the model's values (flags given explicitly win)
+        for name, value in MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["tiny"]).items():
+            if getattr(self, name) == UNSET[name]:
+                object.__setattr__(self, name, value)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+#: The "take the model's default" values of the fields in MODEL_DEFAULTS.
+UNSET: dict[str, Any] = {"optimizer": "", "learning_rate": 0.0, "warmup_proportion": -1.0, "constant_proportion": -1.0}
+
+#: Optimizer settings per model preset, used for the fields not given (TrainConfig.__post_init__).
+#: tiny: learns visibly in 60 steps on the golden sample (2 CPU ranks, micro-batch 8: loss 11.0 -> 8.1);
+#: large: the MLPerf BERT-Large reference (LAMB, lr 4e-4 at global batch 448, no warm-up, starting from
+#: MLPerf's checkpoint); 1.5b/5b: Habana's DeepSpeed BERT runs (LANS, lr 0.0015, warm-up 5 %, constant 25 %).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {"optimizer": "lans", "learning_rate": 0.05, "warmup_proportion": 0.05, "constant_proportion": 0.0},
+    "large": {"optimizer": "lamb", "learning_rate": 4e-4, "warmup_proportion": 0.0, "constant_proportion": 0.0},
+    "1.5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25},
+    "5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25},
+}
+
+
 CHOICES = {"model": ("tiny", "large", "1.5b", "5b"), "optimizer": ("lans", "lamb", "adamw"),
+           "trust_ratio": ("per-tensor", "per-group"),
            "device": ("auto", "hpu", "cuda", "cpu"), "mlperf_division": ("closed", "open"),
            "mlperf_status": ("onprem", "cloud", "preview", "research")}
 
@@ -141,8 +170,10 @@ def add_train_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) 
                 from core.numbers import number
 
                 typ = number(typ, *BOUNDS[f.name])  # type: ignore[assignment]
+            default = f"{f.default!r}" if f.name not in UNSET else "per --model: " + ", ".join(
+                f"{m} {d[f.name]}" for m, d in MODEL_DEFAULTS.items())
             p.add_argument(*names, dest=f.name, type=typ, default=f.default, choices=CHOICES.get(f.name),
-                           help=f"{docs.get(f.name, '')} (default: {f.default!r})")
+                           help=f"{docs.get(f.name, '')} (default: {default})")
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

@@ -49,7 +49,12 @@ def test_ranks_share_the_bin_order_and_split_the_files(bins):
         files0.update(a.files)
         files1.update(b.files)
     assert files0.isdisjoint(files1)
-    assert {Path(f).name for f in files0} <= {f"part_{k}_of_8.hdf5" for k in (0, 2, 4, 6)}
+    from pretrain.data import rank_rows
+
+    for b, shards in bins.items():  # balanced slices: mostly the rank's own files (k % 2 == r)
+        for r in (0, 1):
+            f, _ = rank_rows(shards, r, 2)
+            assert np.mean(f % 2 == r) > 0.9, (b, r)
 
 
 def test_one_epoch_reads_each_row_once(golden, tmp_path):
@@ -182,3 +187,50 @@ def test_more_ranks_than_files_split_rows(bins):
     assert sum(len(p) for p in pairs) == 663 and len(set().union(*pairs)) == 663  # a partition of the rows
     samplers = [BinnedSampler({384: shards}, 2, rank=r, world=16) for r in (0, 15)]
     assert samplers[0].steps_per_epoch == samplers[1].steps_per_epoch == 663 // 16 // 2
+
+
+def _epoch_rows(bins, micro, world, seed=4):
+    """(bin, file, row) of every sample all ranks read in one epoch (from the samplers' plans, no reading)."""
+    seen = []
+    for r in range(world):
+        s = BinnedSampler(bins, micro, rank=r, world=world, seed=seed)
+        for b, n in s.batches_per_bin.items():
+            files, rows = s._rows[b]
+            pick = s._perm(b, len(rows))[:n * micro]
+            seen += [(b, int(f), int(x)) for f, x in zip(files[pick], rows[pick], strict=True)]
+    return seen
+
+
+@pytest.mark.parametrize(("world", "micro"), [(2, 4), (3, 8), (3, 32), (5, 7), (16, 2), (16, 32)])
+def test_an_epoch_drops_fewer_than_ranks_x_micro_rows_per_bin(bins, world, micro):
+    seen = _epoch_rows(bins, micro, world)
+    assert len(set(seen)) == len(seen)  # no row twice in an epoch, across all ranks
+    for b, shards in bins.items():
+        total = sum(s.rows for s in shards)
+        read = sum(1 for x in seen if x[0] == b)
+        assert 0 <= total - read < world * micro, (b, total, read)
+    steps = {BinnedSampler(bins, micro, rank=r, world=world).steps_per_epoch for r in range(world)}
+    assert len(steps) == 1  # every rank runs the same number of steps
+
+
+def test_ranks_slices_partition_each_bin(bins):
+    from pretrain.data import rank_rows
+
+    for world in (2, 3, 16):
+        for b, shards in bins.items():
+            parts = [set(zip(*(a.tolist() for a in rank_rows(shards, r, world)), strict=True)) for r in range(world)]
+            sizes = [len(p) for p in parts]
+            assert max(sizes) - min(sizes) <= 1 and sum(sizes) == sum(s.rows for s in shards)
+            assert len(set().union(*parts)) == sum(sizes)
+
+
+def test_the_dropped_rows_change_with_the_epoch(golden, tmp_path):
+    one = tmp_path / "128"
+    one.mkdir()
+    shutil.copy(golden / "4bins/128/part_0_of_8.hdf5", one / "part_0_of_1.hdf5")  # 191 rows
+    s = BinnedSampler(discover_shards(tmp_path), micro_batch=10, rank=0, world=1, seed=3)
+    dropped = []
+    for epoch in (0, 1, 2):
+        s.epoch = epoch
+        dropped.append(int(s._perm(128, 191)[190]))
+    assert len(set(dropped)) > 1

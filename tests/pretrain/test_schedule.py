@@ -36,7 +36,8 @@ def test_scheduler_drives_the_optimizer_and_resumes():
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert seen == pytest.approx([0.0, 1.0, 2.0, 2.0, 2.0, 1.5, 1.0, 0.5])
+    # step k uses f(k): warm-up ends at step 2 (progress 0.25), constant to step 4, linear decay to 0 at step 8
+    assert seen == pytest.approx([1.0, 2.0, 2.0, 2.0, 1.5, 1.0, 0.5, 0.0])
     state = sched.state_dict()
     opt2 = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
     sched2 = PolyWarmUpScheduler(opt2, warmup=0.25, total_steps=8, constant=0.25)
@@ -60,3 +61,24 @@ def test_eval_steps_cross_sample_multiples():
     assert eval_interval_steps(4096) == pytest.approx(175_000 / 4096)
     with pytest.raises(ValueError):
         mlperf_eval_interval_samples(0)
+
+
+@pytest.mark.parametrize(("total", "warmup", "constant", "degree"), [(100, 0.05, 0.25, 1.0), (40, 0.1, 0.0, 2.0),
+                                                                      (7, 0.0, 0.0, 1.0)])
+def test_step_k_uses_f_of_k(total, warmup, constant, degree):
+    """The reference formula, written out: lr_k = base * f(k/total) for the k-th optimizer step (k = 1..total)."""
+    def f(progress):
+        if progress < warmup:
+            return progress / warmup
+        if progress < warmup + constant:
+            return 1.0
+        return max(0.0, (1 - progress) / (1 - warmup - constant)) ** degree
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.5)
+    sched = PolyWarmUpScheduler(opt, warmup=warmup, total_steps=total, constant=constant, degree=degree)
+    for k in range(1, total + 1):
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * f(k / total), abs=1e-15), k
+        opt.step()
+        sched.step()
+    assert PolyWarmUpScheduler(torch.optim.SGD([p], lr=0.5), 0.05, 100).get_last_lr()[0] > 0  # step 1 is not lr 0

@@ -67,3 +67,23 @@ def test_flag_overrides_and_bad_batch(tmp_path):
     with_opt = tmp_path / "opt.json"
     with_opt.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb"}}))
     assert "optimizer" not in load_ds_config(TrainConfig(deepspeed_config=str(with_opt)), world_size=1)
+
+
+def test_optimizer_settings_follow_the_model_and_explicit_flags_win():
+    from pretrain.train_config import MODEL_DEFAULTS
+
+    tiny, large, big = TrainConfig(), TrainConfig(model="large"), _parse(["--model", "1.5b"])
+    assert (tiny.optimizer, tiny.learning_rate, tiny.warmup_proportion, tiny.constant_proportion) == \
+        ("lans", 0.05, 0.05, 0.0)
+    assert (large.optimizer, large.learning_rate, large.warmup_proportion) == ("lamb", 4e-4, 0.0)  # MLPerf
+    assert (big.optimizer, big.learning_rate, big.warmup_proportion, big.constant_proportion) == \
+        ("lans", 0.0015, 0.05, 0.25)  # Habana's BERT-1.5B
+    mine = _parse(["--model", "1.5b", "--learning-rate", "0.002", "--optimizer", "lamb", "--constant-proportion", "0"])
+    assert (mine.optimizer, mine.learning_rate, mine.warmup_proportion, mine.constant_proportion) == \
+        ("lamb", 0.002, 0.05, 0.0)
+    assert _parse(to_argv(mine)) == mine and _parse(to_argv(big)) == big
+    assert set(MODEL_DEFAULTS) == {"tiny", "large", "1.5b", "5b"}
+    assert _parse(["--trust-ratio", "per-group"]).trust_ratio == "per-group" and TrainConfig().trust_ratio == "per-tensor"
+    assert _parse(["--lamb-trust-ratio-no-decay"]).lamb_trust_ratio_no_decay is True
+    with pytest.raises(SystemExit):
+        _parse(["--trust-ratio", "per-layer"])
