@@ -54,11 +54,15 @@ def resolve_dataset(train_dir: str, eval_file: str, vocab: str | None,
 def pretrain_flow(train_dir: str, eval_file: str = "", output_dir: str = "results/pretrain", model: str = "tiny",
                   max_steps: int = 20, nproc: int = 1, vocab: str | None = None, resume: bool = False,
                   options: dict[str, Any] | None = None, evaluate: bool = True) -> dict[str, Any]:
-    """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size when it is not the preset's.
+    """Launch training; ``vocab`` (a vocab.txt) sets the model's vocab size and is recorded with the run
+    (``bertpipe export-hf`` writes its tokenizer).
 
     ``train_dir`` may also be a data work dir (``datasets/latest``): its bins, eval file and vocab are used.
     ``evaluate``: evaluate on the eval file (required then); false trains without evaluation.
+    The launcher's output (step lines, errors) streams into this flow run's logs.
     """
     train_dir, eval_file, vocab = resolve_dataset(train_dir, eval_file, vocab, evaluate)
+    if vocab and "vocab" not in (options or {}):
+        options = {**(options or {}), "vocab": str(vocab)}
     return launch_pretraining(train_dir, eval_file, output_dir, model=model, max_steps=max_steps, nproc=nproc,
                               vocab_size=vocab_lines(vocab), resume=resume, options=options)
