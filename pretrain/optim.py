@@ -68,10 +68,11 @@ class PartitionLayout:
     def sum_squares(self, tensors: list[Tensor]) -> Tensor:
         """Per-parameter sums of squares of ``tensors`` (each a flat partition), all-reduced: (len, num_params)."""
         out = torch.zeros(len(tensors), self.num_params, dtype=torch.float64, device=tensors[0].device)
-        for k, t in enumerate(tensors):
-            for j, start, n in self.segments:
-                seg = t.narrow(0, start, n)
-                out[k, j] = torch.dot(seg, seg).to(torch.float64)
+        if self.segments:
+            index = torch.tensor([j for j, _, _ in self.segments], device=out.device)
+            for k, t in enumerate(tensors):
+                dots = [torch.dot(t.narrow(0, start, n), t.narrow(0, start, n)) for _, start, n in self.segments]
+                out[k].index_copy_(0, index, torch.stack(dots).to(torch.float64))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(out, group=self.process_group)
         return out
@@ -140,8 +141,12 @@ class _Base(torch.optim.Optimizer):
         return 1.0 - b1**t, 1.0 - b2**t
 
     def _is_state_init_call(self, params: list[Tensor]) -> bool:
-        """Before any real step, all-zero gradients: DeepSpeed creating the optimizer state."""
-        if any(self._group_step(g) for g in self.param_groups) or not params:
+        """Before any real step, all-zero gradients: DeepSpeed creating the optimizer state.
+
+        Never for ZeRO partitions (DeepSpeed 0.19.8 makes no such call there, and a rank whose partition
+        happens to have only zero gradients must still take part in the norms' all-reduce).
+        """
+        if self._layouts or any(self._group_step(g) for g in self.param_groups) or not params:
             return False
         return not any(bool(p.grad.any()) for p in params)
 
