@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +35,59 @@ log = logging.getLogger(__name__)
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
 LAUNCHERS = ("deepspeed", "torchrun")
+#: ``bertpipe -v`` sets it (the count of -v): the launcher's and ranks' whole output then goes to the console
+VERBOSE_ENV = "BERTPIPE_VERBOSE"
+LAUNCHER_LOG = "launcher.log"
+_STEP = re.compile(r"\[rank0\] INFO pretrain\.train: step (\d+)/(\d+): ")
+_WORTH = re.compile(r"\[rank\d+\] (INFO|WARNING|ERROR|CRITICAL) pretrain\.|\[rank\d+\] (WARNING|ERROR|CRITICAL) "
+                    r"|^pretrain/train\.py \[rank \d+\]: error: ")
+
+
+def verbose_from_env() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def console_line(line: str) -> bool:
+    """Whether a line of the launcher's (or a rank's) output belongs on a quiet console: what bertpipe's own
+    code in the ranks logs (pretrain.*: set-up, eval results, checkpoints; of the step lines five a run: 1,
+    each quarter, the last) and any rank's warnings and errors. DeepSpeed's own start-up chatter, the ranks'
+    library warnings (FutureWarning ...) and the other step lines stay in launcher.log."""
+    m = _STEP.search(line)
+    if m:
+        step, total = int(m[1]), int(m[2])
+        return step == 1 or step == total or step % max(1, total // 4) == 0
+    return bool(_WORTH.search(line))
+
+
+class _LauncherLog:
+    """Every output line, in arrival order, appended to ``<output_dir>/launcher.log``; the last ones kept."""
+
+    def __init__(self, path: Path, keep: int = 20) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.last, self._lock = path, deque(maxlen=keep), threading.Lock()
+        self._f = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in close()
+        self._f.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} launch\n")
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self.last.append(line)
+            if not self._f.closed:  # (a rank that outlived the launch's wait)
+                self._f.write(line + "\n")
+                self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def _pump(pipe, sink: _LauncherLog, stream) -> None:
+    """Each line of ``pipe`` into the log, and onto ``stream`` if it belongs on a quiet console."""
+    for raw in pipe:
+        line = raw.rstrip("\n")
+        sink.write(line)
+        if console_line(line):
+            print(line, file=stream, flush=True)
+    pipe.close()
 
 
 def _tool(name: str) -> str:
@@ -133,13 +188,16 @@ def preflight(cfg: TrainConfig) -> None:
 
 def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",
            num_nodes: int = 0, master_addr: str = "", master_port: int = 0, dry_run: bool = False,
-           check: bool = True, on_output: Callable[[str], None] | None = None) -> int:
+           check: bool = True, on_output: Callable[[str], None] | None = None, verbose: bool | None = None) -> int:
     """Print the launcher command, run it, and return its exit code (0 when ``dry_run``).
 
     SIGTERM/SIGINT received here are forwarded to the launcher's process group, so the ranks write a
     checkpoint and exit (see pretrain/train.py). ``on_output``: called with the command and then each line
     the launcher and its ranks write (stdout and stderr merged), instead of printing them (the Prefect task
-    streams them into the run's logs).
+    streams them into the run's logs), and into ``<output_dir>/launcher.log``. Without it the console stays
+    quiet: the whole output goes to ``<output_dir>/launcher.log`` and only :func:`console_line` lines are
+    shown, plus the log's last lines if the launch fails; ``verbose`` (default: ``bertpipe -v``, via
+    BERTPIPE_VERBOSE) shows everything on the console instead (and writes no launcher.log).
     """
     if check:
         preflight(cfg)
@@ -155,9 +213,25 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
         on_output(line)
     if dry_run:
         return 0
-    pipe = {} if on_output is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                              errors="replace", bufsize=1)
+    quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
+    sink = _LauncherLog(Path(cfg.output_dir) / LAUNCHER_LOG) if quiet or on_output is not None else None
+    if quiet:
+        print(f"(launcher and rank output: {sink.path}; bertpipe -v shows it here)", flush=True)
+        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    elif on_output is not None:
+        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+        relay = on_output
+
+        def on_output(line: str) -> None:  # the callback's lines go to launcher.log as well
+            sink.write(line)
+            relay(line)
+    else:
+        pipe = {}
     proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True, **pipe)
+    pumps = [threading.Thread(target=_pump, args=(p, sink, stream), daemon=True)
+             for p, stream in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))] if quiet else []
+    for t in pumps:
+        t.start()
 
     def forward(signum, frame):
         try:
@@ -172,8 +246,17 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
             _stream(proc.stdout, on_output)  # until the launcher and every rank closed it
         rc = proc.wait()
         wait_for_group(proc.pid)  # after a SIGTERM the ranks are still writing their checkpoint
+        for t in pumps:
+            t.join(timeout=30)
+        if quiet and rc != 0:
+            print(f"training failed (exit status {rc}); the last lines of {sink.path}:", file=sys.stderr)
+            for last in sink.last:
+                print(f"  {last}", file=sys.stderr)
+            sys.stderr.flush()
         return rc
     finally:
+        if sink is not None:
+            sink.close()
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import lzma
 import os
 import shutil
 import sys
