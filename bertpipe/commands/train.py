@@ -17,7 +17,14 @@ before any rank starts). With --resume and a checkpoint of this run in OUTPUT_DI
 the run's own state wins, so one command line serves the first start and every restart. config.json and
 summary.json record it ("init_checkpoint").
 
-Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/.
+--train-dir may be a data work dir (`bertpipe run --work-dir W`, or W/datasets/latest): its 4 bins, and its
+eval file and vocab unless --eval-file/--vocab are given. --vocab (the data's vocab.txt) sets the model's
+vocab_size unless --vocab-size is given, and is recorded (path, md5) so `bertpipe export-hf` writes the
+matching tokenizer.
+
+Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/, and mllog.txt
+(MLPerf `:::MLLOG` lines, when mlperf_logging is installed: the `mlperf` extra; --mlperf-division closed|open,
+--mlperf-org, --mlperf-platform, --mlperf-status name the submission).
 """
 
 from __future__ import annotations
@@ -69,10 +76,28 @@ def check_paths(args: argparse.Namespace) -> None:
     pc.output_dir("--output-dir", args.output_dir, ["metrics.jsonl", "summary.json", "config.json"])
 
 
+def from_work_dir(args: argparse.Namespace) -> None:
+    """--train-dir naming a data work dir (it holds last_run.json, e.g. `datasets/latest`) stands for its
+    4 bins, and for its eval file and vocab unless --eval-file / --vocab are given (as the pretrain flow)."""
+    if not args.train_dir or not (Path(args.train_dir) / "last_run.json").is_file():
+        return
+    from core.errors import InputError
+    from tasks.workdir import last_run
+
+    out = last_run(Path(args.train_dir)).get("outputs", {})
+    if "train_dir" not in out:
+        raise InputError(f"--train-dir {args.train_dir} is a work dir whose last data run made no 4-bin output; run "
+                         "the data flow on it first (bertpipe run), or pass the 4-bin folder")
+    args.train_dir = out["train_dir"]
+    args.eval_file = args.eval_file or out.get("eval_hdf5", "")
+    args.vocab = args.vocab or out.get("vocab", "")
+
+
 def run(args: argparse.Namespace) -> int:
     from pretrain.launch import launch
     from pretrain.train_config import from_args
 
+    from_work_dir(args)
     check_paths(args)
     return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
                   num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,

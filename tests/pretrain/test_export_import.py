@@ -416,3 +416,69 @@ def test_cli_import_tf_errors_are_one_line(tf1_checkpoint, tmp_path, capsys):
     assert "layer_norm_large_model" in cli_error(capsys, ["import-tf", str(prefix), "--model", "1.5b", "--out-hf",
                                                           str(tmp_path / "hf")])
     assert not out.exists() and not (tmp_path / "hf").exists()
+
+
+# --- the vocab a run trains on: recorded, sets vocab_size, and becomes the export's tokenizer --------------
+
+def test_vocab_sets_the_model_vocab_size_unless_given(tmp_path):
+    from pretrain.train import model_config_for
+    from pretrain.train_config import TrainConfig
+
+    small = fake_vocab(tmp_path / "vocab.txt", 2056)  # the demo data's vocab size
+    assert model_config_for(TrainConfig(model="tiny")).vocab_size == 30522  # the preset
+    assert model_config_for(TrainConfig(model="tiny", vocab=str(small))).vocab_size == 2056
+    assert model_config_for(TrainConfig(model="tiny", vocab=str(small), vocab_size=4000)).vocab_size == 4000
+    cfg_json = tmp_path / "bert_config.json"
+    cfg_json.write_text(json.dumps({"vocab_size": 3000}))
+    assert model_config_for(TrainConfig(model="tiny", vocab=str(small), model_config=str(cfg_json))).vocab_size == 3000
+    with pytest.raises(ValueError, match=r"--vocab .*missing.txt: cannot read it"):
+        model_config_for(TrainConfig(model="tiny", vocab=str(tmp_path / "missing.txt")))
+
+
+def test_bertpipe_train_takes_a_work_dirs_bins_eval_and_vocab(tmp_path, capsys, shared_data):
+    """--train-dir naming a data work dir (last_run.json) stands for its bins, eval file and vocab."""
+    from bertpipe.cli import main
+
+    golden = shared_data / "golden"
+    work = tmp_path / "work"
+    work.mkdir()
+    outputs = {"train_dir": str(golden / "4bins"), "eval_hdf5": str(golden / "eval_100.hdf5"),
+               "vocab": str(shared_data / "vocab.txt")}
+    (work / "last_run.json").write_text(json.dumps({"stages": {}, "outputs": outputs}))
+    assert main(["train", "--train-dir", str(work), "--output-dir", str(tmp_path / "out"), "--dry-run"]) == 0
+    cmd = capsys.readouterr().out.strip().splitlines()[-1]
+    for flag, value in (("--train-dir", "train_dir"), ("--eval-file", "eval_hdf5"), ("--vocab", "vocab")):
+        assert f"{flag} {outputs[value]}" in cmd, cmd
+    other = fake_vocab(tmp_path / "other.txt")  # an explicit --vocab wins
+    assert main(["train", "--train-dir", str(work), "--output-dir", str(tmp_path / "out"), "--vocab", str(other),
+                 "--dry-run"]) == 0
+    assert f"--vocab {other}" in capsys.readouterr().out
+
+
+def test_a_run_records_its_vocab(vocab_run):
+    """The real 2-rank run (tests/pretrain/conftest.py) records path, md5 and entries of its --vocab."""
+    import hashlib
+
+    vocab = vocab_run.parent / "data" / "vocab.txt"
+    want = {"path": str(vocab.resolve()), "md5": hashlib.md5(vocab.read_bytes()).hexdigest(), "entries": 30522}
+    config = json.loads((vocab_run / "config.json").read_text())
+    assert config["vocab"] == want and config["model"]["vocab_size"] == 30522
+    assert json.loads((vocab_run / "summary.json").read_text())["vocab"] == want
+    from pretrain import checkpoint as ckpt
+
+    tag = ckpt.latest_tag(vocab_run)
+    assert json.loads((ckpt.checkpoint_dir(vocab_run) / tag / ckpt.CONFIG_NAME).read_text())["run"]["vocab"] == want
+
+
+def test_export_hf_of_a_trained_run_fills_masks_as_our_model(vocab_run, tmp_path):
+    """`bertpipe export-hf` of the real run, no --vocab: MLPerf ids ([CLS]=101) and our top prediction."""
+    from bertpipe.cli import main
+    from pretrain.hf_export import load_training_checkpoint
+
+    assert main(["export-hf", str(vocab_run), str(tmp_path / "hf")]) == 0
+    state, config = load_training_checkpoint(vocab_run)
+    ours = BertForPreTraining(config)
+    ours.load_state_dict({k: v.float() for k, v in state.items()})
+    for text in ("the man went to the [MASK] .", "In 1905 , [MASK] published four papers ."):
+        top = fill_mask_matches_ours(tmp_path / "hf", ours, text)
+        assert top["token_str"] and not top["token_str"].startswith("[unused")  # a word of the vocab
