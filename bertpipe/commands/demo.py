@@ -12,12 +12,17 @@ eval.txt -> TFRecord -> eval picks -> HDF5; then the tiny BERT is pre-trained on
 (CPU, gloo, ZeRO-1, bf16) and evaluated on the eval HDF5. Every stage lands in <work-dir>/<stage>/<key>/
 with its _manifest.json; a second `bertpipe demo` finds the data stages done and re-trains only.
 Prefect: with no PREFECT_API_URL a temporary local server runs for the length of the command.
+
+The console shows progress bars (on a terminal), warnings and errors, a few training lines, the stage table
+and the summary (about 30 lines); -v shows every log line and the DeepSpeed launcher's whole output. The
+Prefect run logs keep everything either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -51,11 +56,48 @@ def run_args(args: argparse.Namespace) -> argparse.Namespace:
     return ns
 
 
+class QuietConsole(logging.Filter):
+    """The demo's console without -v: warnings and errors, and of the INFO lines only the training's own
+    (:func:`pretrain.launch.console_line`: set-up, five step lines, eval results), which the Prefect task
+    relays from the launcher. Set on the console handlers only: the loggers stay at INFO, so the Prefect run
+    logs keep every line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pretrain.launch import console_line
+
+        return record.levelno >= logging.WARNING or console_line(record.getMessage())
+
+
+def quiet_console() -> list[tuple[logging.Handler, logging.Filter]]:
+    """Put :class:`QuietConsole` on every console handler (call once Prefect has configured logging); returns
+    what to remove afterwards."""
+    added = []
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    for lg in loggers:
+        for h in getattr(lg, "handlers", ()):
+            if type(h) is logging.StreamHandler or type(h).__name__ == "PrefectConsoleHandler":
+                if not any(isinstance(f, QuietConsole) for f in h.filters):
+                    f = QuietConsole()
+                    h.addFilter(f)
+                    added.append((h, f))
+    return added
+
+
 def run(args: argparse.Namespace) -> int:
     from bertpipe.commands import run as run_cmd
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the demo trains on the CPU even where a GPU is present
-    rc = run_cmd.run(run_args(args))
+    quieted: list[tuple[logging.Handler, logging.Filter]] = []
+    if not getattr(args, "verbose", 0):
+        run_cmd.prefect_env(getattr(args, "quiet", False))  # (what `run` does first) before Prefect's import
+        import prefect  # noqa: F401 - configures Prefect's logging: the filter goes on its handlers too
+
+        quieted = quiet_console()
+    try:
+        rc = run_cmd.run(run_args(args))
+    finally:
+        for h, f in quieted:
+            h.removeFilter(f)
     if rc:
         return rc
     work = Path(args.work_dir)

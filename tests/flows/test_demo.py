@@ -76,3 +76,45 @@ def test_demo_stands_for_run_e2e_with_the_sample_settings() -> None:
     assert (ns.flow, ns.work_dir, ns.nproc, ns.max_steps, ns.source, ns.text_dir) == ("e2e", "work/demo", 2, 40, "sample", None)
     assert train_options(ns) == {"learning_rate": 0.05}
     assert demo.run_args(p.parse_args(["--no-train"])).flow == "data"
+
+
+def test_the_quiet_console_filter() -> None:
+    """Without -v the demo's console handlers pass warnings, errors and the training's own lines only."""
+    import logging
+
+    from bertpipe.commands.demo import QuietConsole
+
+    def rec(level: int, msg: str) -> logging.LogRecord:
+        return logging.LogRecord("prefect.task_runs", level, __file__, 1, msg, None, None)
+
+    f = QuietConsole()
+    relayed = "08:19:47 [rank0] INFO pretrain.train: step {}/40: loss 7.5131 lr 0.03947 11.0 seq/s"
+    assert f.filter(rec(logging.WARNING, "preprocessing.pick_eval_samples: holds only 125 records"))
+    assert f.filter(rec(logging.ERROR, "pretrain/train.py [rank 0]: error: boom"))
+    assert f.filter(rec(logging.INFO, relayed.format(10))) and not f.filter(rec(logging.INFO, relayed.format(11)))
+    assert not f.filter(rec(logging.INFO, "Finished in state Completed()"))
+    assert not f.filter(rec(logging.INFO, "[2026-11-25 07:59:49,433] [INFO] [launch.py:170:main] dist_world_size=2"))
+
+
+@pytest.mark.slow
+def test_demo_console_is_short_and_clean(tmp_path: Path) -> None:
+    """`bertpipe demo` as a user runs it (its own temporary Prefect server, no test settings): at most 60
+    lines, no traceback, no example dumps; the DeepSpeed launcher's output is in pretrain/launcher.log."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BERTPIPE_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    work = tmp_path / "demo"
+    r = subprocess.run([str(Path(sys.executable).parent / "bertpipe"), "demo", "--work-dir", str(work)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-5000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) <= 60, r.stdout
+    assert "Traceback" not in r.stdout and "*** Example ***" not in r.stdout, r.stdout
+    assert "bertpipe demo: done" in r.stdout and "step 40/40" in r.stdout
+    assert sum(line.startswith(name + " ") for line in lines for name in ("download", "tfrecord", "bins")) == 3
+    log = (work / "pretrain" / "launcher.log").read_text(encoding="utf-8")
+    assert "step 17/40" in log and "step 17/40" not in r.stdout  # the other step lines are in the log
