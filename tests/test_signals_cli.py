@@ -63,8 +63,8 @@ def _tmp_files(root: Path) -> list[str]:
 
 
 @pytest.fixture()
-def texts(shared_data: Path, tmp_path: Path) -> Path:
-    src = shared_data / "mlperf_sample" / "part-00000-of-00500"
+def texts(shared_data: Path, mlperf_sample: Path, tmp_path: Path) -> Path:
+    src = mlperf_sample / "part-00000-of-00500"
     for name in ("a.txt", "b.txt"):
         shutil.copyfile(src, tmp_path / name)
     shutil.copyfile(shared_data / "vocab.txt", tmp_path / "vocab.txt")
@@ -123,8 +123,8 @@ def test_split_4bins(golden, tmp_path, sig, group, rc):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,group,rc", [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
                          ids=["SIGTERM", "Ctrl-C"])
-def test_text_with_workers(shared_data, tmp_path, sig, group, rc):
-    proc = _start(["text", "--extracted", str(shared_data / "mlperf_sample" / "extracted"), "--out", "out",
+def test_text_with_workers(mlperf_sample, tmp_path, sig, group, rc):
+    proc = _start(["text", "--extracted", str(mlperf_sample / "extracted"), "--out", "out",
                    "--workers", "2", "--num_test_articles", "5"], tmp_path)
     _wait_for(lambda: (tmp_path / "out").is_dir(), proc)
     time.sleep(0.5)
