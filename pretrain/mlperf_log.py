@@ -19,7 +19,7 @@ invocation's log is kept as ``mllog.to-step-<N>.txt``.
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +55,23 @@ class MLPerfLog:
         self._handler = logging.FileHandler(self.path, mode="w", encoding="utf-8")
         logger.addHandler(self._handler)
         self._logger, self._constants = logger, constants
-        root = str(Path(__file__).resolve().parents[1]) + os.sep
-        # stack offset 2: the caller reported in each line's metadata is pretrain/train.py, not this module
-        self._mllog = mllog.MLLogger(logger=logger, default_stack_offset=2, root_dir=root)
+        root = str(Path(__file__).resolve().parents[1])  # metadata "file": pretrain/train.py
+        self._mllog = mllog.MLLogger(logger=logger, root_dir=root)
         self.enabled = True
 
     # --- low level -------------------------------------------------------------------------------------------
+    # stack_offset: each line's metadata names the first caller outside this module (pretrain/train.py)
     def event(self, key: str, value: Any = None, metadata: dict | None = None, time_ms: float | None = None):
         if self.enabled:
-            self._mllog.event(key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=3)
+            self._mllog.event(key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=_offset())
 
     def start(self, key: str, value: Any = None, metadata: dict | None = None, time_ms: float | None = None):
         if self.enabled:
-            self._mllog.start(key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=3)
+            self._mllog.start(key=key, value=value, metadata=metadata, time_ms=time_ms, stack_offset=_offset())
 
     def end(self, key: str, value: Any = None, metadata: dict | None = None):
         if self.enabled:
-            self._mllog.end(key=key, value=value, metadata=metadata, stack_offset=3)
+            self._mllog.end(key=key, value=value, metadata=metadata, stack_offset=_offset())
 
     # --- the run's phases ------------------------------------------------------------------------------------
     def init_start(self, start_time_s: float) -> None:
@@ -156,6 +156,14 @@ class MLPerfLog:
             self._logger.removeHandler(self._handler)
             self._handler.close()
             self.enabled = False
+
+
+def _offset() -> int:
+    """mllog's stack offset that skips this module's frames (mllog counts from its own logging method)."""
+    frame, ours = sys._getframe(1), 0
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, ours = frame.f_back, ours + 1
+    return ours + 1
 
 
 def optimizer_group(optimizer) -> dict:

@@ -405,7 +405,12 @@ class Run:
 
 def train(cfg: TrainConfig) -> dict:
     """Run (or resume) training; returns the summary (every rank; rank 0 writes it)."""
-    return Run(cfg).loop()
+    run = Run(cfg)
+    try:
+        return run.loop()
+    except BaseException:  # (a non-finite loss, a bad batch...): the MLPerf log ends with run_stop aborted
+        run.mllog.run_stop(run.step * run.global_batch, None)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,7 @@ def test_log_has_the_runs_values(vocab_run: Path) -> None:
     assert blocks == [0, 3 * global_batch]
     t = [r["time_ms"] for r in recs]
     assert t == sorted(t)
+    assert {r["metadata"]["file"] for r in recs} == {"pretrain/train.py"}  # the call sites, repo-relative
 
 
 def test_without_mlperf_logging_no_log_and_one_line(tmp_path: Path, monkeypatch, caplog) -> None:
