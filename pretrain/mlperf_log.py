@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 LOG_NAME = "mllog.txt"
 TARGET = 0.720
 #: how to get the library (not on PyPI)
-INSTALL_HINT = 'pip install "bertpipe[mlperf]" or "git+https://github.com/mlcommons/logging.git@4.1.59"'
+INSTALL_HINT = 'pip install "git+https://github.com/mlcommons/logging.git@4.1.59", or ".[mlperf]" in a checkout'
 
 
 class MLPerfLog:
@@ -36,13 +36,13 @@ class MLPerfLog:
 
     def __init__(self, output_dir: str | Path, enabled: bool, resumed_from: str | None = None) -> None:
         self.enabled, self.path = False, Path(output_dir) / LOG_NAME
-        self._mllog = self._constants = self._logger = None
+        self._mllog = self._logger = None
         self._block: int | None = None  # first sample of the open block
         self._epoch: int | None = None  # the open epoch
         if not enabled:
             return
         try:
-            from mlperf_logging.mllog import constants, mllog
+            from mlperf_logging.mllog import mllog
         except ImportError:
             log.info("mlperf_logging is not installed: no %s (%s)", self.path, INSTALL_HINT)
             return
@@ -54,7 +54,7 @@ class MLPerfLog:
         logger.setLevel(logging.INFO)
         self._handler = logging.FileHandler(self.path, mode="w", encoding="utf-8")
         logger.addHandler(self._handler)
-        self._logger, self._constants = logger, constants
+        self._logger = logger
         root = str(Path(__file__).resolve().parents[1])  # metadata "file": pretrain/train.py
         self._mllog = mllog.MLLogger(logger=logger, root_dir=root)
         self.enabled = True
