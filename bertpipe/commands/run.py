@@ -213,6 +213,7 @@ def check_paths(args: argparse.Namespace) -> None:
     from core.paths import PathCheck
 
     pc = PathCheck()
+    pc.output_dir("--work-dir", args.work_dir)
     if args.vocab is not None:
         pc.input_file("--vocab", args.vocab, "vocab.txt")
     if args.text_dir is not None:
@@ -229,8 +230,10 @@ def check_paths(args: argparse.Namespace) -> None:
         pc.input_dir("--train-dir", args.train_dir, "4-bin HDF5 folder")
         if args.eval_file:
             pc.input_file("--eval-file", args.eval_file, "eval HDF5")
-    out = args.output_dir or str(Path(args.work_dir) / "pretrain")
-    pc.output_dir("--output-dir", out)
+    if args.output_dir:
+        pc.output_dir("--output-dir", args.output_dir)
+    else:  # <work>/pretrain
+        pc.output_dir("--work-dir", Path(args.work_dir) / "pretrain")
 
 
 def _run_flow(args: argparse.Namespace, params) -> int:
