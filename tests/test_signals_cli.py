@@ -136,3 +136,29 @@ def test_text_with_workers(mlperf_sample, tmp_path, sig, group, rc):
     assert _tmp_files(tmp_path) == []
     assert not (tmp_path / "out" / "_manifest.json").exists()
     assert _no_process_left(proc.pid), "a worker survived"
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_train_saves_a_checkpoint_like_sigterm(golden, tmp_path):
+    """Ctrl-C reaches `bertpipe train` (the terminal's foreground group; the launcher runs in its own session
+    and gets it forwarded): the ranks stop together at a step boundary and checkpoint, as on SIGTERM, and no
+    KeyboardInterrupt traceback is printed."""
+    pytest.importorskip("deepspeed")
+    import json
+
+    out = tmp_path / "out"
+    proc = _start(["train", "--train-dir", str(golden / "4bins"), "--output-dir", str(out), "--model", "tiny",
+                   "--max-steps", "400", "--device", "cpu", "--micro-batch", "4", "--nproc", "2",
+                   "--no-tensorboard", "--learning-rate", "0.05", "--checkpoint-interval", "0"], tmp_path)
+
+    def three_steps() -> bool:
+        m = out / "metrics.jsonl"
+        return m.is_file() and sum('"loss"' in ln for ln in m.read_text().splitlines()) >= 3
+
+    _wait_for(three_steps, proc, timeout=600)
+    code, err = _interrupt(proc, signal.SIGINT, group=True)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "sigterm" and 3 <= summary["steps"] < 400, summary  # (a signal stop)
+    assert (out / "checkpoints" / "latest").read_text().strip() == str(summary["steps"])
+    assert code in (0, 130), code
