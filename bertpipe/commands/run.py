@@ -212,6 +212,9 @@ def check_paths(args: argparse.Namespace) -> None:
     from core.errors import InputError
     from core.paths import PathCheck
 
+    from bertpipe.commands.download import check_source
+
+    check_source(args.source)  # a URL with spaces or control characters
     pc = PathCheck()
     pc.output_dir("--work-dir", args.work_dir)
     if args.vocab is not None:
