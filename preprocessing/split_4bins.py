@@ -86,6 +86,11 @@ STAGE_VERSION = "2"  # 2: a 0-row shard holds the six datasets with zero rows (w
 ROWS_PER_GROUP = 32768
 #: Shards per bin a group call keeps open at once (4 x this many output files).
 OPEN_SHARDS = 32
+#: Input files a group call keeps open at once.
+OPEN_INPUTS = 64
+#: A shard up to this size is built in memory and written when closed (at most OPEN_SHARDS x 4 at once).
+IN_MEMORY_BYTES = 1 << 20
+_ROW_BYTES = 512 * (4 + 1 + 1) + 76 * (4 + 4) + 1  # one padded row of the six datasets
 _NBINS = len(BIN_BOUNDS)
 #: Where the DAG's bins stage puts the bin folders inside its stage directory (last_run.json's train_dir).
 DAG_DATA_DIR = "data"
@@ -240,13 +245,51 @@ def write_shard_group(group: ShardGroup, out_dir: Path | str, cfg: Split4BinsCon
     faults("start")
     entries: list[list[Any]] = []
     empty = 0
-    for j0 in range(0, group.k1 - group.k0, OPEN_SHARDS):  # a bounded number of open output files
-        j1 = min(j0 + OPEN_SHARDS, group.k1 - group.k0)
-        part = _subgroup(group, j0, j1)
-        e, z = _write_subgroup(part, out_dir, cfg, faults)
-        entries += e
-        empty += z
+    inputs = _Inputs(cfg)
+    try:
+        for j0 in range(0, group.k1 - group.k0, OPEN_SHARDS):  # a bounded number of open output files
+            j1 = min(j0 + OPEN_SHARDS, group.k1 - group.k0)
+            e, z = _write_subgroup(_subgroup(group, j0, j1), out_dir, cfg, faults, inputs)
+            entries += e
+            empty += z
+    finally:
+        inputs.close()
     return {"kind": "shards", "k0": group.k0, "k1": group.k1, "entries": entries, "empty": empty}
+
+
+class _Inputs:
+    """The input files of a group call, each opened and checked once (at most :data:`OPEN_INPUTS` at a time)."""
+
+    def __init__(self, cfg: Split4BinsConfig) -> None:
+        from collections import OrderedDict
+
+        self.cfg = cfg
+        self.files: OrderedDict[str, Any] = OrderedDict()
+        self.datasets: dict[tuple[str, str], Any] = {}
+
+    def dataset(self, path: str, name: str) -> Any:
+        f = self.files.pop(path, None)
+        if f is None:
+            if len(self.files) >= OPEN_INPUTS:
+                old, g = self.files.popitem(last=False)
+                self.datasets = {k: v for k, v in self.datasets.items() if k[0] != old}
+                g.close()
+            f = open_padded(Path(path), max_predictions_per_seq=self.cfg.max_predictions_per_seq)
+        self.files[path] = f  # the most recently used last
+        ds = self.datasets.get((path, name))
+        if ds is None:
+            with reading(Path(path), f"dataset {name}"):
+                ds = self.datasets[path, name] = f[name]
+        return ds
+
+    def read(self, path: str, name: str, a: int, b: int) -> np.ndarray:
+        with reading(Path(path), f"{name} rows {a}..{b - 1}"):
+            return self.dataset(path, name)[a:b]
+
+    def close(self) -> None:
+        self.datasets.clear()
+        while self.files:
+            self.files.popitem()[1].close()
 
 
 def _subgroup(g: ShardGroup, j0: int, j1: int) -> ShardGroup:
@@ -279,40 +322,38 @@ def _routes(bins: np.ndarray, base: tuple[int, ...], starts: tuple[tuple[int, ..
     return out
 
 
-def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults: _Faults,
+def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults: _Faults, inputs: _Inputs,
                     ) -> tuple[list[list[Any]], int]:
     n_j = g.k1 - g.k0
     sizes = [[g.starts[b][j + 1] - g.starts[b][j] for j in range(n_j)] for b in range(_NBINS)]
-    # which rows of each chunk go where (1 byte per row of the span is kept: the bins of its rows)
-    plan: list[tuple[str, int, list[tuple[int, int, np.ndarray, int, int]]]] = []
-    f, open_path = None, None
-    try:
-        for path, a, b, base, _ in g.chunks:
-            if path != open_path:
-                if f is not None:
-                    f.close()
-                f, open_path = open_padded(Path(path), max_predictions_per_seq=cfg.max_predictions_per_seq), path
-            with reading(Path(path), f"input_mask rows {a}..{b - 1}"):
-                mask = f["input_mask"][a:b]
-            routes = _routes(_bins_of_chunk(mask, path, a), base, g.starts)
-            if routes:
-                plan.append((path, a, routes))
-    finally:
-        if f is not None:
-            f.close()
+    # which rows of each chunk go where (what is kept: the routes, at most a few bytes per row of the span)
+    plan: list[tuple[str, int, int, list[tuple[int, int, np.ndarray, int, int]], dict[str, np.ndarray]]] = []
+    for path, a, b, base, _ in g.chunks:
+        routes = _routes(_bins_of_chunk(inputs.read(path, "input_mask", a, b), path, a), base, g.starts)
+        if routes:
+            lo = min(int(r[2][0]) for r in routes)
+            plan.append((path, a + lo, a + max(int(r[2][-1]) for r in routes) + 1,
+                         [(bi, j, idx - lo, o0, o1) for bi, j, idx, o0, o1 in routes], {}))
+    if sum(hi - lo for _, lo, hi, _, _ in plan) <= cfg.chunk_rows:  # small: read every dataset once, here
+        for path, lo, hi, _, data in plan:
+            for name, _, _ in HDF5_DATASETS:
+                data[name] = inputs.read(path, name, lo, hi)
     names = [[shard_name(BIN_BOUNDS[b], g.k0 + j, g.n_shards) for j in range(n_j)] for b in range(_NBINS)]
     finals = [[out_dir / nm for nm in row] for row in names]
     entries: list[list[Any]] = []
-    shards = _OpenShards(finals)
+    shards = _OpenShards(finals, [[n * _ROW_BYTES <= IN_MEMORY_BYTES for n in row] for row in sizes])
     with shards as files:
         for name, dtype, kind in HDF5_DATASETS:  # dataset by dataset: each complete before the next exists
             width = row_shape(kind, 512, cfg.max_predictions_per_seq)
-            out = [[files[b][j].create_dataset(name, (sizes[b][j], *width), dtype=dtype) for j in range(n_j)]
+            out = [[files[b][j].create_dataset(name, (sizes[b][j], *width), dtype=dtype).id for j in range(n_j)]
                    for b in range(_NBINS)]
-            _copy_dataset(plan, name, dtype, out, cfg)
+            _copy_dataset(plan, name, dtype, out, inputs)
+        del out  # the datasets' ids: released, so closing a file's id closes the file for good
         for b in range(_NBINS):
             for j in range(n_j):
-                files[b][j].close()
+                # H5Fclose through the low-level id: h5py's File.close() also sweeps every object the
+                # process has open, which costs milliseconds per file with a hundred files open
+                files[b][j].id.close()
                 faults("rename")
                 os.replace(shards.tmp[b][j], finals[b][j])
                 entries.append([names[b][j], finals[b][j].stat().st_size, md5_file(finals[b][j])])
@@ -320,35 +361,33 @@ def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults:
     return entries, sum(s == 0 for row in sizes for s in row)
 
 
-def _copy_dataset(plan: list[tuple[str, int, list[tuple[int, int, np.ndarray, int, int]]]], name: str, dtype: str,
-                  out: list[list[Any]], cfg: Split4BinsConfig) -> None:
-    """Copy dataset ``name`` of every routed row into its shard (one input file open at a time)."""
-    f, open_path = None, None
-    try:
-        for path, a, routes in plan:
-            if path != open_path:
-                if f is not None:
-                    f.close()
-                f, open_path = open_padded(Path(path), max_predictions_per_seq=cfg.max_predictions_per_seq), path
-            lo = min(int(r[2][0]) for r in routes)
-            hi = max(int(r[2][-1]) for r in routes) + 1
-            with reading(Path(path), f"{name} rows {a + lo}..{a + hi - 1}"):
-                rows = f[name][a + lo:a + hi]
-            if rows.dtype != np.dtype(dtype):
-                rows = rows.astype(dtype)
-            for b, j, idx, o0, o1 in routes:
-                sel = idx - lo
-                out[b][j][o0:o1] = rows[sel[0]:sel[-1] + 1] if sel[-1] - sel[0] + 1 == sel.size else rows[sel]
-    finally:
-        if f is not None:
-            f.close()
+def _copy_dataset(plan: list[tuple[str, int, int, list[tuple[int, int, np.ndarray, int, int]], dict[str, np.ndarray]]],
+                  name: str, dtype: str, out: list[list[Any]], inputs: _Inputs) -> None:
+    """Copy dataset ``name`` of every routed row into its shard (``out``: low-level dataset ids)."""
+    for path, lo, hi, routes, data in plan:
+        rows = data[name] if name in data else inputs.read(path, name, lo, hi)
+        if rows.dtype != np.dtype(dtype):
+            rows = rows.astype(dtype)
+        for b, j, sel, o0, _ in routes:
+            _write_rows(out[b][j], o0, rows[sel[0]:sel[-1] + 1] if sel[-1] - sel[0] + 1 == sel.size else rows[sel])
+
+
+def _write_rows(dsid: Any, first: int, rows: np.ndarray) -> None:
+    """``ds[first:first + len(rows)] = rows`` through h5py's low-level API (the same HDF5 write, without the
+    high-level bookkeeping that costs more than the copy for a shard's few rows)."""
+    from h5py import h5s
+
+    rows = np.ascontiguousarray(rows)
+    fspace = dsid.get_space()
+    fspace.select_hyperslab((first,) + (0,) * (rows.ndim - 1), rows.shape)
+    dsid.write(h5s.create_simple(rows.shape), fspace, rows)
 
 
 class _OpenShards:
     """The output files of a sub-group, open under temporary names; removed unless renamed."""
 
-    def __init__(self, finals: list[list[Path]]) -> None:
-        self.finals = finals
+    def __init__(self, finals: list[list[Path]], in_memory: list[list[bool]]) -> None:
+        self.finals, self.in_memory = finals, in_memory
         self.tmp: list[list[Path]] = []
         self.files: list[list[Any]] = []
 
@@ -362,8 +401,11 @@ class _OpenShards:
             self.files.append([])
         try:
             for b, row in enumerate(self.tmp):
-                for p in row:
-                    self.files[b].append(h5py.File(p, "w"))
+                for p, mem in zip(row, self.in_memory[b], strict=True):
+                    # a small shard is built in memory and written at close (HDF5's core driver: the same
+                    # bytes, fewer system calls); a large one goes straight to disk
+                    self.files[b].append(h5py.File(p, "w", driver="core", backing_store=True) if mem else
+                                         h5py.File(p, "w"))
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise

@@ -126,7 +126,7 @@ def test_every_shard_has_the_six_datasets(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_same_bytes_for_any_worker_count_and_chunk_size(tmp_path: Path, workers: int) -> None:
     """Counts, then shard groups written in parallel: the files are those of one process reading 4096 rows at a
-    time, whatever the worker count, group cut or chunk size."""
+    time (small shards built in memory), whatever the worker count, group cut, chunk size or HDF5 driver."""
     import preprocessing.split_4bins as sp
     from core.manifest import md5_file
 
@@ -139,13 +139,13 @@ def test_same_bytes_for_any_worker_count_and_chunk_size(tmp_path: Path, workers:
         write_padded(inputs[-1], lengths, seed=i)
     ref = run_split_4bins(inputs, tmp_path / "ref", Split4BinsConfig(n_output_shards=9))
     want = {f.name: f.md5 for f in ref.files}
-    old = (sp.ROWS_PER_GROUP, sp.OPEN_SHARDS)
-    try:
-        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS = 5, 2  # many groups, each writing shards in several sub-groups
+    old = (sp.ROWS_PER_GROUP, sp.OPEN_SHARDS, sp.OPEN_INPUTS, sp.IN_MEMORY_BYTES)
+    try:  # many groups, each writing shards in several sub-groups, re-opening inputs, straight to disk
+        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS, sp.OPEN_INPUTS, sp.IN_MEMORY_BYTES = 5, 2, 1, 0
         m = run_split_4bins(inputs, tmp_path / "par", Split4BinsConfig(n_output_shards=9, chunk_rows=13),
                             workers=workers)
     finally:
-        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS = old
+        sp.ROWS_PER_GROUP, sp.OPEN_SHARDS, sp.OPEN_INPUTS, sp.IN_MEMORY_BYTES = old
     assert {f.name: f.md5 for f in m.files} == want and len(want) == 36
     assert all(md5_file(tmp_path / "par" / name) == md5 for name, md5 in want.items())
     assert m.counters == ref.counters
