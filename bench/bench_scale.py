@@ -1,0 +1,371 @@
+"""The whole MLPerf job at its real shape: 500 part files, 2,048 shards per bin, 10,000 eval picks.
+
+  .venv/bin/python bench/bench_scale.py                       # 500 parts of 60 lines, eval.txt ~3.7 MB
+  .venv/bin/python bench/bench_scale.py --part-mb 1 --parts 500 --workers 16
+  .venv/bin/python bench/bench_scale.py --real-part-only      # just the one 27 MB part through cpd/hdf5/bins
+  .venv/bin/python bench/bench_scale.py --keep-work DIR       # keep the corpus and the work dir
+
+1. **Corpus**: ``--parts`` part files ``part-XXXXX-of-00500`` and an ``eval.txt``, made deterministically of whole
+   documents of ``../shared/data/mlperf_sample`` (MLCommons' sample text; the built-in sample's text when that
+   folder is absent), taken in order and round the sample again: each part gets ``--part-lines`` lines
+   (default 60, the issue's small parts) or ``--part-mb`` MB (up to 27, a real MLPerf part); ``eval.txt`` gets
+   ``--eval-mb`` MB (default 3.7: more than 10,000 eval instances, as MLPerf's).
+2. **The run**: ``bertpipe run --text-dir CORPUS --vocab VOCAB --n-output-shards 2048 --workers W`` in a fresh
+   work dir and PREFECT_HOME (a temporary Prefect server, as a new user gets). While it runs, every process of
+   its tree is sampled (``/proc/PID/status`` VmHWM: each process's own peak RSS). Printed per stage: wall time
+   (from its manifests: first start to last finish), work (core-seconds summed over its calls) and throughput
+   (MB of text per second of wall), bytes on disk, Prefect task runs; then the run's wall, the orchestration
+   overhead (wall minus work / W) per task run, and the peak RSS of every process.
+3. **One real-size part** (``--real-mb``, default 27 MB, built the same way) through
+   ``create-pretraining-data`` -> ``tfrecord-to-hdf5`` -> ``split-4bins --n_output_shards 2048`` (one process
+   each, one core; split again with 2 workers): seconds, peak RSS and output bytes of each step.
+4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3's per-part figures:
+   core-hours, and wall at 2, 16 and 64 cores (every stage's calls run side by side; the eval chain runs beside
+   the parts).
+
+Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SHARED = ROOT.parent / "shared" / "data"
+FULL_PARTS, FULL_PART_MB = 500, 27.15  # MLCommons' results/: 500 parts, 13.5 GB
+CORES = (2, 16, 64)
+
+
+# -- the corpus ------------------------------------------------------------------------------------------
+def sample_documents() -> list[list[str]]:
+    """Whole documents (lists of sentence lines) of MLCommons' sample text, or of the built-in sample's."""
+    src = SHARED / "mlperf_sample" / "part-00000-of-00500"
+    if src.is_file():
+        text = src.read_text(encoding="utf-8")
+    else:  # a clone without ../shared: the built-in sample's articles, one sentence per line
+        sys.path.insert(0, str(ROOT))
+        from preprocessing.sample.articles import ARTICLES  # type: ignore[attr-defined]
+
+        text = "\n\n".join("\n".join(s.strip() + "." for s in body.split(". ") if s.strip())
+                           for _, body in ARTICLES) + "\n"
+    docs, cur = [], []
+    for line in text.splitlines():
+        if line.strip():
+            cur.append(line)
+        elif cur:
+            docs.append(cur)
+            cur = []
+    if cur:
+        docs.append(cur)
+    return docs
+
+
+class DocStream:
+    """The sample's documents in order, round and round (deterministic: part i's text never depends on a seed)."""
+
+    def __init__(self, docs: list[list[str]]) -> None:
+        self.docs, self.i = docs, 0
+
+    def take(self, *, lines: int = 0, nbytes: int = 0) -> str:
+        out: list[str] = []
+        got_lines = got_bytes = 0
+        while (lines and got_lines < lines) or (nbytes and got_bytes < nbytes):
+            doc = self.docs[self.i % len(self.docs)]
+            self.i += 1
+            if lines:
+                doc = doc[:lines - got_lines]
+            out.append("\n".join(doc) + "\n")
+            got_lines += len(doc)
+            got_bytes += sum(len(x.encode()) + 1 for x in doc) + 1
+        return "\n".join(out)
+
+
+def build_corpus(out: Path, parts: int, part_lines: int, part_mb: float, eval_mb: float) -> dict[str, float]:
+    """Write ``parts`` part files and eval.txt into ``out``; returns sizes in MB."""
+    out.mkdir(parents=True, exist_ok=True)
+    stream = DocStream(sample_documents())
+    ev = SHARED / "mlperf_sample" / "eval.txt"
+    eval_text = ev.read_text(encoding="utf-8") if ev.is_file() else ""
+    eval_text = eval_text.rstrip("\n") + "\n\n" if eval_text else ""
+    need = int(eval_mb * 1e6) - len(eval_text.encode())
+    if need > 0:
+        eval_text += stream.take(nbytes=need)
+    (out / "eval.txt").write_text(eval_text, encoding="utf-8")
+    stream = DocStream(sample_documents())  # parts start at the sample's first document again
+    total = 0
+    for i in range(parts):
+        text = stream.take(nbytes=int(part_mb * 1e6)) if part_mb else stream.take(lines=part_lines)
+        (out / f"part-{i:05d}-of-00500").write_text(text, encoding="utf-8")
+        total += len(text.encode())
+    return {"parts_mb": total / 1e6, "eval_mb": len(eval_text.encode()) / 1e6}
+
+
+# -- watching a process tree ---------------------------------------------------------------------------------
+class TreeWatch:
+    """Samples a process tree every ``every_s``: each member's own peak RSS (VmHWM) and its command line."""
+
+    def __init__(self, root_pid: int, every_s: float = 0.1) -> None:
+        self.root, self.every = root_pid, every_s
+        self.peak: dict[int, tuple[float, str]] = {}
+        self.parent: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeWatch:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def _children(self) -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                kids.setdefault(ppid, []).append(int(d))
+        return kids
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            kids, todo = self._children(), [self.root]
+            while todo:
+                pid = todo.pop()
+                for k in kids.get(pid, []):
+                    self.parent[k] = pid
+                    todo.append(k)
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                hwm = next((int(x.split()[1]) / 1024 for x in status.splitlines() if x.startswith("VmHWM:")), 0.0)
+                if hwm >= self.peak.get(pid, (0.0, ""))[0]:
+                    self.peak[pid] = (hwm, cmd.strip())
+            self._stop.wait(self.every)
+
+    def report(self) -> list[tuple[float, str]]:
+        """(peak MB, what) of every process of the tree but short-lived helpers (under 20 MB: ``sleep``...)."""
+        out = []
+        for pid, (mb, cmd) in self.peak.items():
+            parent_cmd = self.peak.get(self.parent.get(pid, -1), (0.0, ""))[1]
+            if mb >= 20:
+                out.append((mb, _short(cmd, parent_cmd)))
+        return sorted(out, reverse=True)
+
+
+def _short(cmd: str, parent_cmd: str) -> str:
+    if "multiprocessing" in cmd:
+        return "pool worker" if "multiprocessing" in parent_cmd else "forkserver"
+    if "prefect" in cmd and "server" in cmd or "uvicorn" in cmd:
+        return "prefect server (temporary)"
+    if "bertpipe" in cmd:
+        return "bertpipe run (the flow)"
+    return cmd[:60]
+
+
+def run_watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, TreeWatch]:
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        with TreeWatch(p.pid) as watch:
+            rc = p.wait()
+    return time.perf_counter() - t0, rc, watch
+
+
+def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(seconds, peak RSS MB) of one subprocess (its own and its children's largest: wait4's ru_maxrss)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = p.stdout.read() if p.stdout else b""
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out.decode(errors='replace')[-3000:]}")
+    return dt, ru.ru_maxrss / 1024
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+# -- the DAG run -------------------------------------------------------------------------------------------
+def stage_walls(work: Path, summary: dict) -> dict[str, float]:
+    """Each stage's wall: from its first call's start (manifest mtime - seconds) to its last manifest."""
+    out = {}
+    ends: dict[str, float] = {}
+    for name, st in summary["stages"].items():
+        d = Path(st["dir"])
+        mans = list(d.rglob("_manifest.json")) + list(d.parent.glob("*/_manifest.json"))
+        mans = [m for m in dict.fromkeys(mans) if m.is_file()]
+        if not mans:
+            continue
+        times = []
+        for m in mans:
+            try:
+                secs = json.loads(m.read_text())["seconds"]
+            except (OSError, ValueError, KeyError):
+                secs = 0.0
+            times.append((m.stat().st_mtime - secs, m.stat().st_mtime))
+        ends[name] = max(t[1] for t in times)
+        out[name] = (min(t[0] for t in times), ends[name])
+    walls = {}
+    for name, (start, end) in out.items():
+        if name == "bins" and "hdf5" in ends:  # pieces: it starts when the last part's HDF5 is done
+            start = ends["hdf5"]
+        walls[name] = max(0.0, end - start)
+    return walls
+
+
+def dag_run(args: argparse.Namespace, corpus: Path, work: Path, sizes: dict[str, float]) -> None:
+    env = dict(os.environ, PREFECT_HOME=str(work.parent / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore", DS_ACCELERATOR="cpu")
+    env.pop("PREFECT_API_URL", None)
+    workers = args.workers or os.cpu_count() or 1
+    cmd = [str(BIN / "bertpipe"), "run", "--text-dir", str(corpus), "--vocab", str(args.vocab), "--work-dir",
+           str(work), "--n-output-shards", str(args.shards), "--workers", str(workers), "-q"]
+    print(f"\n## bertpipe run: {args.parts} parts ({sizes['parts_mb']:.1f} MB) + eval.txt ({sizes['eval_mb']:.2f} MB), "
+          f"--n-output-shards {args.shards}, --workers {workers}")
+    wall, rc, watch = run_watched(cmd, env, work.parent / "run.log")
+    if rc != 0:
+        raise SystemExit(f"bertpipe run failed ({rc}); see {work.parent / 'run.log'}:\n"
+                         + (work.parent / "run.log").read_text()[-3000:])
+    summary = json.loads((work / "last_run.json").read_text())
+    walls = stage_walls(work, summary)
+    runs = summary.get("task_runs", {})
+    runs_of = {s: n for label, n in runs.items() for s in label.split("+")}
+    text_mb = sizes["parts_mb"]
+    print(f"{'stage':<14}{'calls':>6}{'task runs':>10}{'wall s':>9}{'work s':>9}{'MB/s':>8}{'disk MB':>10}{'files':>8}")
+    work_total = 0.0
+    sys.path.insert(0, str(ROOT))
+    from preprocessing.registry import names
+
+    order = [n for n in names() if n in summary["stages"]]
+    for name, st in ((n, summary["stages"][n]) for n in order):
+        mb = sizes["eval_mb"] if name.startswith("eval") else text_mb
+        w = walls.get(name, 0.0)
+        work_total += st["seconds"]
+        disk = du(Path(st["dir"])) / 1e6
+        print(f"{name:<14}{st['calls']:>6}{runs_of.get(name, 0):>10}{w:>9.2f}{st['seconds']:>9.2f}"
+              f"{(mb / w if w else 0):>8.1f}{disk:>10.1f}{st['files']:>8}")
+    n_runs = sum(runs.values())
+    flow = summary.get("wall_seconds", 0.0)
+    in_flow = flow - work_total / workers
+    print(f"run wall {wall:.1f} s = start-up and shutdown (interpreter, imports, temporary Prefect server) "
+          f"{wall - flow:.1f} s + the flow's DAG {flow:.1f} s; stage work {work_total:.1f} core-s = "
+          f"{work_total / workers:.1f} s on {workers} workers; {n_runs} task runs ({runs}); orchestration inside "
+          f"the flow {in_flow:.1f} s ({in_flow / max(n_runs, 1) * 1000:.0f} ms per task run)")
+    print(f"rows in the bins: {summary['stages'].get('bins', {}).get('rows', '?')}; eval picks: "
+          f"{summary['stages'].get('eval_10k', {}).get('picked', '?')}")
+    print("peak RSS per process (MB): " + ", ".join(f"{mb:.0f} {what}" for mb, what in watch.report()))
+
+
+# -- one real-size part ----------------------------------------------------------------------------------------
+def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    d = tmp / "real"
+    d.mkdir(parents=True, exist_ok=True)
+    part = d / "part-00000-of-00500"
+    part.write_text(DocStream(sample_documents()).take(nbytes=int(args.real_mb * 1e6)), encoding="utf-8")
+    mb = part.stat().st_size / 1e6
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    bp = str(BIN / "bertpipe")
+    (d / "tf").mkdir()
+    (d / "h5").mkdir()
+    print(f"\n## one real-size part: {mb:.2f} MB of text, one process each")
+    figures: dict[str, float] = {"mb": mb}
+    steps = [
+        ("create-pretraining-data", [bp, "create-pretraining-data", "--input_file", str(part), "--output_file",
+                                     str(d / "tf" / part.name), "--vocab_file", str(args.vocab), "-q"], d / "tf"),
+        ("tfrecord-to-hdf5", [bp, "tfrecord-to-hdf5", "--input", str(d / "tf" / part.name), "--output",
+                              str(d / "h5" / f"{part.name}.hdf5"), "-q"], d / "h5"),
+        ("split-4bins (1 worker)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins1"),
+                                    "--n_output_shards", str(args.shards), "--workers", "1", "-q"], d / "bins1"),
+        ("split-4bins (2 workers)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins2"),
+                                     "--n_output_shards", str(args.shards), "--workers", "2", "-q"], d / "bins2"),
+    ]
+    for name, cmd, out in steps:
+        dt, rss = timed_child(cmd, env)
+        size = du(out) / 1e6
+        figures[name] = dt
+        print(f"{name:<26}{dt:>8.2f} s {mb / dt:>7.2f} MB/s {rss:>7.0f} MB peak RSS  -> {size:,.0f} MB")
+    same = _same_files(d / "bins1", d / "bins2")
+    print(f"split-4bins 2 workers vs 1: {figures['split-4bins (1 worker)'] / figures['split-4bins (2 workers)']:.2f}x, "
+          f"bytes {'identical' if same else 'DIFFER'}")
+    return figures
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return fa == fb and all((a / p).read_bytes() == (b / p).read_bytes() for p in fa)
+
+
+def projection(fig: dict[str, float]) -> None:
+    """The full set from one real part's figures (per-part work scales with the part's MB)."""
+    scale = FULL_PART_MB / fig["mb"]
+    cpd, h5, bins = (fig["create-pretraining-data"] * scale, fig["tfrecord-to-hdf5"] * scale,
+                     fig["split-4bins (1 worker)"] * scale)
+    per_part = cpd + h5 + bins
+    # eval.txt (~3.7 MB of text in MLPerf's set): cpd + pick + hdf5 of ~36 k instances, one chain
+    eval_chain = (fig["create-pretraining-data"] + fig["tfrecord-to-hdf5"]) * 3.7 / fig["mb"]
+    total = per_part * FULL_PARTS + eval_chain
+    print(f"\n## projection to the full set ({FULL_PARTS} x {FULL_PART_MB} MB): per part cpd {cpd:.1f} + hdf5 {h5:.1f} "
+          f"+ bins {bins:.1f} core-s; eval chain {eval_chain:.1f} s")
+    print(f"work {total / 3600:.2f} core-hours (goal <= 1, aim <= 0.5)")
+    for c in CORES:
+        wall = max(eval_chain, (cpd + h5) * FULL_PARTS / c) + bins * FULL_PARTS / c
+        print(f"  {c:>3} cores: wall ~{wall / 60:.1f} min (tfrecord+hdf5 per part side by side, then the bins' "
+              f"groups side by side; no stage serial)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", type=int, default=500)
+    ap.add_argument("--part-lines", type=int, default=60, help="lines per part (default 60; --part-mb wins)")
+    ap.add_argument("--part-mb", type=float, default=0.0, help="MB of text per part (real MLPerf: 27)")
+    ap.add_argument("--eval-mb", type=float, default=3.7, help="MB of eval.txt text (default 3.7: > 10,000 instances)")
+    ap.add_argument("--shards", type=int, default=2048, help="--n-output-shards (default 2048)")
+    ap.add_argument("--workers", type=int, default=0, help="--workers of the run (default: one per CPU)")
+    ap.add_argument("--vocab", type=Path, default=SHARED / "vocab.txt")
+    ap.add_argument("--real-mb", type=float, default=FULL_PART_MB, help="size of the one real part (default 27.15)")
+    ap.add_argument("--real-part-only", action="store_true", help="skip the 500-part run")
+    ap.add_argument("--no-real-part", action="store_true", help="skip the real-size part")
+    ap.add_argument("--keep-work", type=Path, help="build and keep everything under this folder")
+    args = ap.parse_args(argv)
+    if not args.vocab.is_file():
+        raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")
+    tmp = args.keep_work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    try:
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        if not args.real_part_only:
+            t0 = time.perf_counter()
+            sizes = build_corpus(tmp / "corpus", args.parts, args.part_lines, args.part_mb, args.eval_mb)
+            print(f"corpus: {args.parts} parts, {sizes['parts_mb']:.2f} MB + eval.txt {sizes['eval_mb']:.2f} MB "
+                  f"(built in {time.perf_counter() - t0:.1f} s)")
+            dag_run(args, tmp / "corpus", tmp / "work", sizes)
+        if not args.no_real_part:
+            projection(real_part(args, tmp))
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    finally:
+        if not args.keep_work:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
