@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -217,7 +216,7 @@ def test_ranks_slices_partition_each_bin(bins):
     from pretrain.data import rank_rows
 
     for world in (2, 3, 16):
-        for b, shards in bins.items():
+        for shards in bins.values():
             parts = [set(zip(*(a.tolist() for a in rank_rows(shards, r, world)), strict=True)) for r in range(world)]
             sizes = [len(p) for p in parts]
             assert max(sizes) - min(sizes) <= 1 and sum(sizes) == sum(s.rows for s in shards)

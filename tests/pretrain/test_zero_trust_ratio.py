@@ -79,7 +79,7 @@ def _worker_counts(out: Path) -> None:
                 opt = po.build_optimizer(name, _groups(model), lr=0.01)
                 engine = _engine(deepspeed, model, opt, stage, bf16)
                 po.attach_zero_partitions(engine, opt)
-                unchanged = all(torch.equal(a, p.detach().float()) for a, p in zip(before, model.parameters()))
+                unchanged = all(torch.equal(a, p.detach().float()) for a, p in zip(before, model.parameters(), strict=True))
                 counts = []
                 for x in _batches(torch, torch.bfloat16 if bf16 else torch.float32):
                     seen.clear()
@@ -155,7 +155,7 @@ def _worker_sharded(out: Path) -> None:
             for x in _batches(torch, torch.float32):  # the same batch on both ranks
                 engine.backward(_loss(engine, x))
                 engine.step()
-            diff = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters()))
+            diff = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
             scale = max(float(a.abs().max()) for a in ref)
             key = f"{name}{'+no-decay-ratio' if kw else ''} zero{stage} {mode}"
             result[key] = {"max_abs_diff": diff, "max_abs_weight": scale, "groups_attached": attached,
@@ -164,7 +164,7 @@ def _worker_sharded(out: Path) -> None:
                 habana = _per_partition_reference(torch, name, [int(n) for n in engine.optimizer.partition_size],
                                                   torch.distributed.get_world_size(), **kw)
                 result[key]["max_abs_diff_per_partition_ref"] = max(
-                    float((a - b).abs().max()) for a, b in zip(habana, model.parameters()))
+                    float((a - b).abs().max()) for a, b in zip(habana, model.parameters(), strict=True))
     if rank == 0:
         out.write_text(json.dumps(result))
 
