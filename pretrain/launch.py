@@ -233,9 +233,12 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     for t in pumps:
         t.start()
 
+    stopped: list[int] = []
+
     def forward(signum, frame):
-        try:
-            os.killpg(proc.pid, signum)
+        stopped.append(signum)
+        try:  # Ctrl-C as SIGTERM: each rank checkpoints (DeepSpeed's runner dies in a traceback on SIGINT)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
@@ -248,6 +251,14 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
         wait_for_group(proc.pid)  # after a SIGTERM the ranks are still writing their checkpoint
         for t in pumps:
             t.join(timeout=30)
+        if stopped:  # the user stopped it: not a failure
+            from pretrain import checkpoint as ckpt
+
+            tag = ckpt.latest_tag(cfg.output_dir)
+            name = "Ctrl-C" if stopped[0] == signal.SIGINT else signal.Signals(stopped[0]).name
+            print(f"training stopped by {name}: " + (f"checkpoint {tag} saved in {cfg.output_dir}; add --resume to "
+                  "continue" if tag else "no checkpoint yet (stopped before the first one)"), file=sys.stderr)
+            return 128 + stopped[0]
         if quiet and rc != 0:
             print(f"training failed (exit status {rc}); the last lines of {sink.path}:", file=sys.stderr)
             for last in sink.last:
