@@ -139,6 +139,23 @@ def test_text_with_workers(mlperf_sample, tmp_path, sig, group, rc):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig,group,rc", [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
+                         ids=["SIGTERM", "Ctrl-C"])
+def test_extract_with_workers(shared_data, tmp_path, sig, group, rc):
+    dump = shared_data / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    proc = _start(["extract", "--dump", str(dump), "--out", "out", "--processes", "2"], tmp_path)
+    _wait_for(lambda: (tmp_path / "out").is_dir(), proc)
+    time.sleep(1.0)
+    code, err = _interrupt(proc, sig, group)
+    if code == 0:
+        pytest.skip("the extraction finished before the signal arrived")
+    assert code == rc, err
+    assert "Traceback" not in err, err
+    assert _tmp_files(tmp_path) == [] and not (tmp_path / "out" / "_manifest.json").exists()
+    assert _no_process_left(proc.pid), "a worker survived"
+
+
+@pytest.mark.slow
 def test_ctrl_c_on_train_saves_a_checkpoint_like_sigterm(golden, tmp_path):
     """Ctrl-C reaches `bertpipe train` (the terminal's foreground group; the launcher runs in its own session
     and gets it forwarded): the ranks stop together at a step boundary and checkpoint, as on SIGTERM, and no
