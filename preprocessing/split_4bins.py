@@ -516,10 +516,19 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
 
 
 # -- the DAG's declaration of this stage (core/stage.py) -----------------------------------------------
-def count_piece(path: str, hdf5_dir: str, out_dir: Path, cfg: Split4BinsConfig) -> dict[str, Any]:
-    """DAG piece: check one part's HDF5 against its manifest (md5 re-hashed only if its stat changed), count it."""
-    verify_manifest(hdf5_dir, trust_stat=True)
-    return count_bins(path, cfg)
+def count_piece(paths: Sequence[str], hdf5_dirs: Sequence[str], out_dir: Path, cfg: Split4BinsConfig,
+                ) -> dict[str, Any]:
+    """DAG piece: check a few parts' HDF5 against their manifests (md5 re-hashed only if a stat changed), count
+    them."""
+    for d in hdf5_dirs:
+        verify_manifest(d, trust_stat=True)
+    return {"kind": "count-list", "counts": [count_bins(p, cfg) for p in paths]}
+
+
+def parts_per_count(n_parts: int, workers: int) -> int:
+    """Parts one count piece reads: a few dozen at most (a count is milliseconds for a small part, and each
+    call costs a little), and about 8 pieces per worker."""
+    return max(1, min(32, math.ceil(n_parts / (8 * max(1, workers)))))
 
 
 def group_piece(group: ShardGroup, out_dir: Path, cfg: Split4BinsConfig) -> dict[str, Any]:
@@ -530,15 +539,17 @@ def group_piece(group: ShardGroup, out_dir: Path, cfg: Split4BinsConfig) -> dict
 def _plan_bins(plan: Any) -> list[Any]:
     """Pieces: count every part's HDF5, in part order (the reference's input order decides the shards)."""
     h5 = plan.result("hdf5")
-    return [replace(plan.unit(str(h5.path(s + ".hdf5", s)), str(h5.unit_dir(s)), cfg=plan.cfg, shard=f"count/{s}",
-                              upstream=[h5.unit_dir(s)]), run=count_piece, piece=True, pass_upstream=False,
-                    out_dir=str(plan.dir))
-            for s in h5.shards]
+    shards = h5.shards
+    step = parts_per_count(len(shards), plan.params.workers or default_workers())
+    return [replace(plan.unit([str(h5.path(s + ".hdf5", s)) for s in part], [str(h5.unit_dir(s)) for s in part],
+                              cfg=plan.cfg, shard=f"count/{part[0]}", upstream=[h5.unit_dir(s) for s in part]),
+                    run=count_piece, piece=True, pass_upstream=False, out_dir=str(plan.dir))
+            for part in (shards[i:i + step] for i in range(0, len(shards), step))]
 
 
 def _finish_bins(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:
     """After the counts: the shard groups; after the groups: the stage manifest."""
-    counts = [v for v in values if v["kind"] == "counts"]
+    counts = [c for v in values if v["kind"] == "count-list" for c in v["counts"]]
     written = [v for v in values if v["kind"] == "shards"]
     n = plan.cfg.n_output_shards
     if not written:
