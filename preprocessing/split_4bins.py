@@ -29,8 +29,9 @@ Differences, where the reference crashes or needs memory proportional to a shard
   reference leaves as empty files), has the six datasets with zero rows (same dtypes and widths as a
   full shard), so every MLPerf loader reads it as length 0. Counter ``empty_shards``.
 * a row whose length is 0 or above 512 (reference: IndexError) is refused, naming file and row.
-* memory is bounded by ``chunk_rows`` input rows plus one byte per row of a shard group's input span
-  (the reference buffers whole shards in float64).
+* memory is bounded by ``chunk_rows`` input rows, plus 8 bytes (a row index) per row of the input span of
+  :data:`OPEN_SHARDS` shards per bin, plus shards of up to :data:`IN_MEMORY_BYTES` built in memory (the
+  reference buffers whole shards in float64).
 
 Layout: a trainer's data folder holds only the four int-named bin folders (Samsung's trainer sorts its
 entries by ``int(name)``), so the manifest lives outside it. The DAG's stage writes
