@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 # name -> (module under bertpipe.commands, one-line help). The names and flags are contracts.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,9 +55,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C, so every ``finally`` and temp-file cleanup runs."""
 
 
+#: Set once Ctrl-C or SIGTERM arrived: what fails after it (a task whose pool was stopped) is a consequence,
+#: not news; the console shows the one line of the stop (bertpipe/commands/run.py filters Prefect's reports).
+STOPPING = threading.Event()
+
+
 def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
+    STOPPING.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not interrupt the cleanup
     raise Terminated()
+
+
+def _on_sigint(signum, frame) -> None:  # noqa: ANN001
+    STOPPING.set()
+    raise KeyboardInterrupt()
 
 
 def _one_line(text: object) -> str:
@@ -136,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     from core.errors import BertpipeError
 
     # SIGTERM unwinds like Ctrl-C: temporary files are removed, no half output stays, exit 143.
+    # multiprocessing's resource tracker (a helper process, started later with these -W options) frees the
+    # semaphores of a pool stopped by Ctrl-C/SIGTERM and warns about each: its cleanup is the point, the warning noise.
+    sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
+    previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
         if hasattr(module, "run_for"):
             rc = module.run_for(command, args)
@@ -161,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
     return int(rc or 0)
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 

@@ -191,3 +191,31 @@ def test_ctrl_c_on_train_saves_a_checkpoint_like_sigterm(golden, tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == str(summary["steps"])
     assert code == 130, code
     assert err.strip().splitlines()[-1].startswith("training stopped by Ctrl-C: checkpoint"), err[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,group,rc", [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
+                         ids=["SIGTERM", "Ctrl-C"])
+def test_run_data_flow(tmp_path, sig, group, rc):
+    """`bertpipe run` (Prefect, a temporary server, a shared worker pool): stopped mid-DAG, it exits 143/130
+    without a traceback (the tasks whose pool the stop ended are not reported), and leaves no temp file."""
+    env_home = tmp_path / "prefect-home"
+    proc = subprocess.Popen([sys.executable, "-m", "bertpipe", "run", "--work-dir", "work", "--workers", "2", "-q"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "BERTPIPE_PROGRESS": "0",
+                                               "PREFECT_HOME": str(env_home)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for(lambda: (tmp_path / "work" / "extract").is_dir(), proc, timeout=300)
+    time.sleep(1.0)
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("no exit within 300 s of the signal")
+    if proc.returncode == 0:
+        pytest.skip("the data DAG finished before the signal arrived")
+    assert proc.returncode == rc, err[-3000:]
+    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("bertpipe run: "), err[-3000:]
+    assert _tmp_files(tmp_path / "work") == []
+    assert _no_process_left(proc.pid), "a worker survived"

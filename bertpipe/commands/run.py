@@ -17,6 +17,7 @@ Prefect: with no PREFECT_API_URL a temporary local server is started for the run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -128,7 +129,53 @@ class _KnownErrorsOnce(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, self.base):
             return False
+        if exc is not None and not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: the CLI says so in one line
+            return False
+        from bertpipe.cli import STOPPING
+
+        if STOPPING.is_set():  # a task whose pool the stop ended (BrokenProcessPool ...): a consequence, not news
+            return False
         return not self.pattern.search(record.getMessage())
+
+
+def shield_temporary_server() -> None:
+    """Start Prefect's temporary server (no PREFECT_API_URL) in its own session. Ctrl-C reaches the terminal's
+    whole foreground process group: the server died with it, before the flow could record the stop, and the run
+    ended in pages of connection errors. The server is still stopped at exit (Prefect's atexit) or by the reaper."""
+    import functools
+    import subprocess
+    import types
+
+    try:
+        from prefect.server.api import server
+    except ImportError:  # another Prefect layout: nothing to shield
+        return
+    if isinstance(getattr(server, "subprocess", None), types.SimpleNamespace):
+        return
+    shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__")})
+    shim.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    server.subprocess = shim
+
+
+def note_prefect_sigterm() -> None:
+    """Inside a flow run Prefect's own SIGTERM handler replaces the CLI's; wrap it so that the CLI still learns
+    of the stop (``bertpipe.cli.STOPPING``: the task failures it causes are not shown as tracebacks)."""
+    from bertpipe.cli import STOPPING
+
+    try:
+        from prefect.utilities import engine
+    except ImportError:
+        return
+    original = getattr(engine, "_prefect_sigterm_handler", None)
+    if original is None or getattr(original, "bertpipe", False):
+        return
+
+    def handler(sig_num: int, *args: object):  # noqa: ANN202
+        STOPPING.set()
+        return original(sig_num, *args)
+
+    handler.bertpipe = True  # type: ignore[attr-defined]
+    engine._prefect_sigterm_handler = handler
 
 
 def quiet_known_errors() -> None:
@@ -209,10 +256,9 @@ def run(args: argparse.Namespace) -> int:
 def check_paths(args: argparse.Namespace) -> None:
     """--vocab and --text-dir; for pretrain / e2e the training inputs and output folder: all checked before
     Prefect or DeepSpeed starts (the stages' own checks follow in preflight)."""
+    from bertpipe.commands.download import check_source
     from core.errors import InputError
     from core.paths import PathCheck
-
-    from bertpipe.commands.download import check_source
 
     check_source(args.source)  # a URL with spaces or control characters
     pc = PathCheck()
@@ -239,6 +285,20 @@ def check_paths(args: argparse.Namespace) -> None:
         pc.output_dir("--work-dir", Path(args.work_dir) / "pretrain")
 
 
+@contextlib.contextmanager
+def _swept_on_stop(work: Path):
+    """After Ctrl-C / SIGTERM (or an error), remove what killed writers left in the locked work dir
+    (``.<name>.tmp-<pid>``): the pool's workers are stopped by then, and the lock keeps other runs out."""
+    try:
+        yield
+    except BaseException:
+        from core.manifest import remove_debris
+
+        if work.is_dir():
+            remove_debris(work)
+        raise
+
+
 def _run_flow(args: argparse.Namespace, params) -> int:
     from core.lock import WorkDirLock
 
@@ -247,8 +307,10 @@ def _run_flow(args: argparse.Namespace, params) -> int:
     lock_dir = params.work_dir
     if args.flow == "pretrain":
         lock_dir = args.output_dir or str(Path(args.work_dir) / "pretrain")
-    with WorkDirLock(lock_dir, wait_s=params.wait_lock_s):
+    with WorkDirLock(lock_dir, wait_s=params.wait_lock_s), _swept_on_stop(Path(lock_dir)):
         start_reaper()
+        shield_temporary_server()
+        note_prefect_sigterm()
         if args.flow == "data":
             from flows.data_flow import data_flow
 
