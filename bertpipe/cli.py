@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     # multiprocessing's resource tracker (a helper process, started later with these -W options) frees the
     # semaphores of a pool stopped by Ctrl-C/SIGTERM and warns about each: its cleanup is the point, the warning noise.
     sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
+    STOPPING.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
