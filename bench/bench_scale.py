@@ -19,9 +19,11 @@
 3. **One real-size part** (``--real-mb``, default 27 MB, built the same way) through
    ``create-pretraining-data`` -> ``tfrecord-to-hdf5`` -> ``split-4bins --n_output_shards 2048`` (one process
    each, one core; split again with 2 workers): seconds, peak RSS and output bytes of each step.
-4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3's per-part figures:
-   core-hours, and wall at 2, 16 and 64 cores (every stage's calls run side by side; the eval chain runs beside
-   the parts).
+   The same part also goes through ``bertpipe run --n-output-shards 8 --workers 1``: each stage's work as the DAG
+   does it (manifests, md5s and input checks included).
+4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3: the DAG's per-part work
+   x 500, plus the 8,192 bin files once (the 2,048- minus the 8-shard split); core-hours, and wall at 2, 16 and
+   64 cores (every stage's calls run side by side; the eval chain runs beside the parts).
 
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
@@ -312,7 +314,33 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     same = _same_files(d / "bins1", d / "bins2")
     print(f"split-4bins 2 workers vs 1: {figures['split-4bins (1 worker)'] / figures['split-4bins (2 workers)']:.2f}x, "
           f"bytes {'identical' if same else 'DIFFER'}")
+    figures.update(dag_real(args, tmp))
     return figures
+
+
+def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """The real-size part through the data DAG (one worker, 8 shards per bin: the rows' own cost): each stage's
+    work as the DAG does it (manifests, md5s, input checks included)."""
+    corpus, work = tmp / "real-corpus", tmp / "real-work"
+    corpus.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp / "real" / "part-00000-of-00500", corpus / "part-00000-of-00500")
+    ev = SHARED / "mlperf_sample" / "eval.txt"
+    (corpus / "eval.txt").write_text(ev.read_text(encoding="utf-8") if ev.is_file() else
+                                     DocStream(sample_documents()).take(nbytes=400_000), encoding="utf-8")
+    env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect-home-real"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore", DS_ACCELERATOR="cpu")
+    env.pop("PREFECT_API_URL", None)
+    cmd = [str(BIN / "bertpipe"), "run", "--text-dir", str(corpus), "--vocab", str(args.vocab), "--work-dir", str(work),
+           "--n-output-shards", "8", "--workers", "1", "-q"]
+    wall, rc, watch = run_watched(cmd, env, tmp / "real-run.log")
+    if rc != 0:
+        raise SystemExit(f"bertpipe run of the real part failed ({rc}):\n" + (tmp / "real-run.log").read_text()[-3000:])
+    stages = json.loads((work / "last_run.json").read_text())["stages"]
+    out = {f"dag {n}": stages[n]["seconds"] for n in ("tfrecord", "hdf5", "bins")}
+    print(f"the same part through `bertpipe run --n-output-shards 8 --workers 1` ({wall:.1f} s): stage work "
+          + ", ".join(f"{n} {stages[n]['seconds']:.2f} s" for n in ("tfrecord", "hdf5", "bins"))
+          + f"; peak RSS {max(mb for mb, _ in watch.report()):.0f} MB")
+    return out
 
 
 def _same_files(a: Path, b: Path) -> bool:
@@ -324,9 +352,10 @@ def _same_files(a: Path, b: Path) -> bool:
 def projection(fig: dict[str, float]) -> None:
     """The full set from one real part's figures (per-part work scales with the part's MB)."""
     scale = FULL_PART_MB / fig["mb"]
-    cpd, h5 = fig["create-pretraining-data"] * scale, fig["tfrecord-to-hdf5"] * scale
-    # the bins: every part's rows once (the 8-shard split: data cost) + the 8,192 files once (fixed cost)
-    bins_rows = fig["split-4bins (8 shards)"] * scale
+    # the DAG's own per-part work (manifests, md5s, input checks): what 500 parts cost
+    cpd, h5 = fig["dag tfrecord"] * scale, fig["dag hdf5"] * scale
+    # the bins: every part's rows once (8 shards: data cost) + the 8,192 files once (fixed cost)
+    bins_rows = fig["dag bins"] * scale
     bins_files = max(0.0, fig["split-4bins (1 worker)"] - fig["split-4bins (8 shards)"])
     bins = bins_rows * FULL_PARTS + bins_files
     # eval.txt (~3.7 MB of text in MLPerf's set): cpd + pick + hdf5 of ~36 k instances, one chain
