@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import InputError
-from core.schema import BIN_BOUNDS, H5_ERRORS, HDF5_FIELDS, SEQ_FEATURES
+from core.schema import BIN_BOUNDS, H5_ERRORS, HDF5_DATASETS, HDF5_FIELDS, SEQ_FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def _inspect(h, path: Path, bound: int | None) -> Shard:  # noqa: ANN001 - an op
     if bad:
         raise InputError(f"HDF5 shard {path}: datasets {', '.join(bad)} do not have {n} rows like input_ids")
     width = shapes["input_ids"][1]
-    seq_w = {shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}
-    mlm_w = {shapes[k][1] for k in ("masked_lm_positions", "masked_lm_ids")}
+    seq_w = {shapes[k][1] for k, _, kind in HDF5_DATASETS if kind == "seq"}
+    mlm_w = {shapes[k][1] for k, _, kind in HDF5_DATASETS if kind == "pred"}
     if len(seq_w) > 1 or len(mlm_w) > 1 or max(mlm_w) > width:  # else an IndexError inside a rank
         raise InputError(f"HDF5 shard {path}: datasets of mismatched widths ({', '.join(f'{k} {shapes[k]}' for k in HDF5_FIELDS)}); "
                          "input_ids/input_mask/segment_ids need one width, masked_lm_* another (not wider); re-create it")
