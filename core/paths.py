@@ -32,13 +32,13 @@ from core.errors import InputError
 MANIFEST_NAME = "_manifest.json"
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: Path, flag: str = "") -> os.stat_result | None:
     try:
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:  # ELOOP (a symlink loop), EACCES on a parent, ENAMETOOLONG ...
-        raise InputError(f"{path}: {exc.strerror}; check the path") from None
+        raise InputError(f"{_flag(flag)}{path}: {exc.strerror}; check the path") from None
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -98,7 +98,7 @@ class PathCheck:
     # -- inputs --------------------------------------------------------------------------------
     def input_file(self, flag: str, path: str | os.PathLike, what: str = "file") -> Path:
         p = _path(flag, path)
-        st = _stat(p)
+        st = _stat(p, flag)
         if st is None:
             hint = " (a path under a file?)" if _under_file(p) else ""
             raise InputError(f"{_flag(flag)}{p} does not exist{hint}; check the path (expected: {what})")
@@ -118,7 +118,7 @@ class PathCheck:
 
     def input_dir(self, flag: str, path: str | os.PathLike, what: str = "folder") -> Path:
         p = _path(flag, path)
-        st = _stat(p)
+        st = _stat(p, flag)
         if st is None:
             raise InputError(f"{_flag(flag)}{p} does not exist; check the path (expected: {what})")
         if not stat.S_ISDIR(st.st_mode):
@@ -146,7 +146,7 @@ class PathCheck:
         """The nearest existing folder at or above ``p`` must be a writable folder."""
         q = p
         while True:
-            st = _stat(q)
+            st = _stat(q, flag)
             if st is not None:
                 break
             if q.parent == q:
@@ -162,7 +162,7 @@ class PathCheck:
         p = _path(flag, path)
         if str(path).endswith(("/", os.sep)):
             raise InputError(f"{_flag(flag)}{path} ends in '/', but an {what} is expected; give a file name")
-        st = _stat(p)
+        st = _stat(p, flag)
         if st is not None:
             if stat.S_ISDIR(st.st_mode):
                 raise InputError(f"{_flag(flag)}{p} is a directory, but an {what} is expected; give a file name "
@@ -174,7 +174,7 @@ class PathCheck:
             if not st.st_mode & 0o222:
                 raise InputError(f"{_flag(flag)}{p} is read-only (mode {stat.filemode(st.st_mode)}); delete it or "
                                  "choose another output path")
-        self._parent_writable(flag, p.parent if st is None else p.parent, what)
+        self._parent_writable(flag, p.parent, what)
         return p
 
     def output_dir(self, flag: str, path: str | os.PathLike, names: Iterable[str] = (), *,
@@ -187,7 +187,7 @@ class PathCheck:
         manifest records it.
         """
         p = _path(flag, path)
-        st = _stat(p)
+        st = _stat(p, flag)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             raise InputError(f"{_flag(flag)}{p} is a file, but an output folder is expected; give a folder")
         for in_flag, q in self.input_dirs:
@@ -238,3 +238,10 @@ def path_arg(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
     return Path(text)
+
+
+def is_dir(flag: str, path: str | os.PathLike) -> bool:
+    """``Path.is_dir`` that names ``flag`` in one line where the path cannot even be looked at (a name too long,
+    a symlink loop) instead of raising OSError."""
+    st = _stat(_path(flag, path), flag)
+    return st is not None and stat.S_ISDIR(st.st_mode)

@@ -76,6 +76,8 @@ def _build_sandbox(s: Path) -> None:
     (s / "other").mkdir()  # a folder that holds another data set
     (s / "other" / "_manifest.json").write_text(json.dumps({"stage": "someone_else", "key": "k", "files": []}))
     (s / "other" / "vocab.txt").write_text("[PAD]\n")
+    os.symlink("loop2", s / "loop1")
+    os.symlink("loop1", s / "loop2")
     (s / "links").mkdir()
     for rel in INPUT_FILES:
         name = rel.replace("/", "_")
@@ -152,15 +154,15 @@ SPECS: dict[str, dict] = {
 
 # classes of a bad input path -> value (relative to the sandbox)
 BAD_INPUT_FILE = {"missing": "nothere.txt", "empty": "", "dir-for-file": "adir", "under-a-file": "afile/x",
-                  "fifo": "fifo", "unreadable": "noread"}
+                  "fifo": "fifo", "unreadable": "noread", "symlink-loop": "loop1"}
 BAD_INPUT_PATH = {"missing": "nothere", "empty": "", "under-a-file": "afile/x", "fifo": "fifo"}  # file or folder
 BAD_INPUT_DIR = {"missing": "nothere", "empty": "", "file-for-dir": "afile", "under-a-file": "afile/x",
-                 "unreadable": "noread_dir"}
+                 "unreadable": "noread_dir", "symlink-loop": "loop1"}
 BAD_OUTPUT_FILE = {"dir-for-file": "adir", "under-a-file": "afile/x", "read-only-folder": "ro/x.out",
-                   "read-only-file": "ro_file", "empty": ""}
+                   "read-only-file": "ro_file", "empty": "", "name-too-long": "n" * 300}
 BAD_OUTPUT_ANY = {k: v for k, v in BAD_OUTPUT_FILE.items() if k != "dir-for-file"}  # a file, or into a folder
 BAD_OUTPUT_DIR = {"file-for-dir": "afile", "under-a-file": "afile/sub", "read-only-folder": "ro/sub",
-                  "read-only": "ro", "empty": ""}
+                  "read-only": "ro", "empty": "", "name-too-long": "n" * 300}
 
 
 def _set(argv: list[str], slot, value: str) -> list[str]:

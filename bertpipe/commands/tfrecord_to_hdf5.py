@@ -54,17 +54,17 @@ def check_paths(args: argparse.Namespace, what: str, stage: str, suffix: str) ->
     """(inputs, output, whether the output is a folder), every path checked (core.paths) first: an
     output that is an input (by any spelling, or in its folder) is refused, and a folder holding another
     data set needs --overwrite."""
-    from core.paths import PathCheck
+    from core.paths import PathCheck, is_dir
 
     pc = PathCheck(overwrite=args.overwrite)
     p = Path(args.input)
-    if p.is_dir():
+    if is_dir("--input", p):
         pc.input_dir("--input", p)
     elif not glob.has_magic(args.input):
         pc.input_file("--input", p, what)
     inputs = pc.input_files("--input", expand_inputs(args.input), what)
     out = Path(args.output)
-    as_dir = out.is_dir() or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
+    as_dir = is_dir("--output", out) or args.output.endswith(("/", "\\")) or not Path(args.input).is_file()
     if len(inputs) == 1 and not as_dir:
         return inputs, pc.output_file("--output", out), False
     if out.exists() and not out.is_dir():
