@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: temporary files are removed, no half output stays, exit 143.
     # multiprocessing's resource tracker (a helper process, started later with these -W options) frees the
     # semaphores of a pool stopped by Ctrl-C/SIGTERM and warns about each: its cleanup is the point, the warning noise.
-    sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
+    quiet_tracker = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet_tracker not in sys.warnoptions:
+        sys.warnoptions.append(quiet_tracker)
     STOPPING.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
@@ -175,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertpipe {command}: error: {exc.strerror or _one_line(exc)}{': ' + where if where else ''} "
               "(check the path and its permissions; -vv shows the traceback)", file=sys.stderr)
         return 2
+    except BaseException as exc:
+        if type(exc).__name__ != "TerminationSignal":  # Prefect's SIGTERM inside a flow run
+            raise
+        print(f"bertpipe {command}: terminated (SIGTERM); unfinished outputs were removed", file=sys.stderr)
+        return 143
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
