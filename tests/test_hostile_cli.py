@@ -1,7 +1,7 @@
 """A generated hostile command-line suite: every command x every class of bad input (issue 15).
 
 Classes: a missing path, an empty one, a directory for a file, a file for a directory, a path under a
-file, an unreadable input (a FIFO, which would block a reader, and a file of mode 000: bertpipe honours
+file, a symlink loop, a name too long, an unreadable input (a FIFO, which would block a reader, and a file of mode 000: bertpipe honours
 mode bits even as root, which these tests run as), a read-only output folder or file (mode bits), an
 output that is an input by each spelling (the same string, ``./``, ``..``, absolute, a symlink, a hard
 link), an output folder that is an input folder, an output that would replace an input inside its folder,
