@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -205,16 +206,19 @@ def test_sigterm_writes_a_checkpoint_and_resumes(golden, tmp_path):
 
 @pytest.mark.slow
 def test_diverging_run_stops_before_the_optimizer_step(golden, tmp_path):
-    """AdamW at lr 1e30 blows the weights up after step 1: step 2's loss is NaN and the ranks exit 2."""
+    """Weights initialised at 1e20 (a model config, since --learning-rate is bounded at parse time) overflow the
+    first forward pass: step 1's loss is not finite, no optimizer step is taken, no checkpoint, the ranks exit 2."""
     out = tmp_path / "nan"
     cfg = _cfg(golden, out, train_dir=str(golden / "4bins" / "128"), eval_file="", optimizer="adamw",
-               learning_rate=1e30, warmup_proportion=0.0, deterministic=False, max_steps=6)
+               model_config=str(_write_json(tmp_path / "huge_init.json", {"initializer_range": 1e20})),
+               warmup_proportion=0.0, deterministic=False, max_steps=6)
     cmd = build_command(cfg, 2, master_port=free_port())
     res = subprocess.run(cmd, env={**os.environ, **launch_env(cfg, 2)}, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
-    assert "non-finite loss nan at step 2 (micro-step 1 of 1), epoch 0 batch 1 (bin 128" in res.stdout + res.stderr
-    assert sorted(_losses(out)) == [1]
-    assert not (out / "checkpoints" / "2").exists()
+    text = res.stdout + res.stderr
+    assert re.search(r"non-finite loss (nan|inf) at step 1 \(micro-step 1 of 1\), epoch 0 batch 0 \(bin 128", text), text[-3000:]
+    assert _losses(out) == {}  # no step was logged as taken
+    assert not (out / "checkpoints" / "1").exists()
 
 
 @pytest.mark.slow
