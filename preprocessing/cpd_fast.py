@@ -22,6 +22,7 @@ Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the pla
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import importlib.machinery
 import importlib.util
@@ -30,7 +31,8 @@ import os
 import random
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO
@@ -48,12 +50,30 @@ from preprocessing.tokenization import FullTokenizer, check_vocab, load_vocab
 
 log = logging.getLogger(__name__)
 
-ABI = 1  # must equal the extension's ABI constant; bump both when the C interface changes
+ABI = 2  # must equal the extension's ABI constant; bump both when the C interface changes
 NATIVE_DIR = Path(__file__).with_name("_native")
 _module: ModuleType | None = None
 _reason = ""
 # Characters that str.split() splits on but the reference's _clean_text deletes (they join words).
 _JOINERS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
+# Where create_pretraining_data_fast leaves its engine after writing (see keeping_engine).
+_ENGINE_SINK: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("cpd_engine_sink", default=None)
+
+
+@contextmanager
+def keeping_engine() -> Iterator[list[Any]]:
+    """Collect the engine of every fast invocation run inside the block, once it has written its records.
+
+    The fused tfrecord+hdf5 path (:func:`preprocessing.tfrecord_to_hdf5.run_fused`) fills the padded HDF5 from
+    the instances the engine holds (``Engine.fill_padded``) instead of parsing the TFRecord it just wrote. The
+    list stays empty when the plain implementation ran (``BERTPIPE_NATIVE=0``, no C compiler).
+    """
+    sink: list[Any] = []
+    token = _ENGINE_SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _ENGINE_SINK.reset(token)
 
 
 def _sources_digest() -> str:
@@ -253,6 +273,9 @@ def _run(engine: Any, fallback: _LineTokenizer, vocab: dict[str, int], input_fil
     n = engine.create(state, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dupe_factor,
                       cfg.masked_lm_prob, cfg.short_seq_prob)
     engine.write(list(outputs))
+    sink = _ENGINE_SINK.get()
+    if sink is not None:
+        sink.append(engine)
     words = list(vocab)
     for k in range(min(n, log_examples)):
         tokens, len_a, positions, labels, is_random = engine.instance(k)

@@ -12,6 +12,11 @@ write, in dataset order, after all the object headers.
 
     bertpipe tfrecord-to-hdf5 --input eval_10k.tfrecord --output eval_10k.hdf5
     bertpipe tfrecord-to-hdf5 --input 'tfrecords/part-*' --output hdf5/   # one <name>.hdf5 each
+
+In the data DAG, when part i's TFRecord and its HDF5 are both due, :func:`run_fused` makes both in one
+call: create_pretraining_data's C engine writes the TFRecord, then fills the padded rows of the HDF5
+from the same instances (``Engine.fill_padded``), so the 500 MB TFRecord is not parsed again. Same
+files, bytes, md5s and manifests as the two stages run one after the other.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import RecordError
+from core.errors import ManifestError, RecordError
 from core.manifest import Manifest, StageOutput
 from core.progress import progress
 from core.schema import HDF5_DATASETS, row_shape
-from core.stage import Stage
+from core.stage import Stage, Unit
 from preprocessing.hdf5_io import (
     atomic_path,
+    chunks,
     stage_file,
     stage_params,
     verify_inputs,
@@ -136,6 +142,114 @@ def tfrecord_to_hdf5_file(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5Conf
         return convert_tfrecord_to_hdf5(Path(input_tfrecord), tmp, cfg)
 
 
+# -- tfrecord + hdf5 of one part in one pass (Stage.fused) ---------------------------------------------
+#: The datasets in the order of Engine.fill_padded's buffers, with the dtypes it fills.
+_ENGINE_ROWS = (("input_ids", "i4"), ("input_mask", "i1"), ("segment_ids", "i1"), ("masked_lm_positions", "i4"),
+                ("masked_lm_ids", "i4"), ("next_sentence_labels", "i1"))
+
+
+def write_padded_from_engine(engine: Any, n: int, output_hdf5: Path, cfg: HDF5Config, desc: str = "") -> int:
+    """The padded HDF5 of the ``n`` instances the engine wrote, in the order written: the bytes
+    :func:`convert_tfrecord_to_hdf5` makes from that TFRecord (same datasets, created the same way, filled
+    in the same row chunks). Returns ``n``."""
+    import h5py
+
+    dtypes = dict(_ENGINE_ROWS)
+    with h5py.File(output_hdf5, "w") as f, progress(total=n, desc=desc, unit="rec") as bar:
+        datasets = {name: f.create_dataset(name, (n, *row_shape(kind, cfg.max_seq_length,
+                                                                  cfg.max_predictions_per_seq)), dtype=dtype)
+                    for name, dtype, kind in HDF5_DATASETS}
+        rows = min(cfg.batch_size, max(n, 1))
+        bufs = [np.empty((rows, *datasets[name].shape[1:]), dtype=dtypes[name]) for name, _ in _ENGINE_ROWS]
+        for first, stop in chunks(n, cfg.batch_size):
+            views = [b[:stop - first] for b in bufs]
+            engine.fill_padded(first, stop, *views)
+            for (name, _), v in zip(_ENGINE_ROWS, views, strict=True):
+                datasets[name][first:stop] = v
+            bar.update(stop - first)
+    return n
+
+
+def _engine_fits(engines: list[Any], tf_cfg: Any, h5_cfg: HDF5Config, n: int) -> bool:
+    """Whether the one engine of the TFRecord just written can give this HDF5's rows directly."""
+    return (len(engines) == 1 and hasattr(engines[0], "fill_padded") and n > 0
+            and (tf_cfg.max_seq_length, tf_cfg.max_predictions_per_seq)
+            == (h5_cfg.max_seq_length, h5_cfg.max_predictions_per_seq)
+            and {name: dtype for name, dtype, _ in HDF5_DATASETS} == dict(_ENGINE_ROWS))
+
+
+def _call(unit: Unit, upstream: list[Manifest]) -> Manifest:
+    kwargs = dict(unit.kwargs)
+    if unit.pass_upstream:
+        kwargs["upstream"] = upstream
+    return unit.run(*unit.args, Path(unit.out_dir), **kwargs)
+
+
+def _upstream(unit: Unit) -> list[Manifest]:
+    from core.manifest import load_manifest
+
+    out = []
+    for d in unit.upstream_dirs:
+        m = load_manifest(d)
+        if m is None:
+            raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {unit.label} is not done; "
+                                "run again to redo it")
+        out.append(m)
+    return out
+
+
+def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
+    """Part i's TFRecord and its padded HDF5 in one pass (the hdf5 stage's ``fused``; the DAG calls it when
+    both are due). The TFRecord stage runs as always; its C engine is kept, and the HDF5 is filled from the
+    instances it holds rather than from the 500 MB it wrote. Both manifests are what the two stages write one
+    after the other (same files, md5s, keys, counters). Without the C engine (``BERTPIPE_NATIVE=0``), or for
+    any other pair of units, the HDF5 stage runs as usual on the TFRecord just written."""
+    from preprocessing import cpd_fast
+
+    with cpd_fast.keeping_engine() as engines:
+        tf_manifest = _call(tf_unit, _upstream(tf_unit) if tf_unit.pass_upstream else [])
+    try:
+        upstream = _upstream(h5_unit)
+        cfg = h5_unit.kwargs.get("cfg")
+        n = int(tf_manifest.counters.get("instances", -1))
+        src = Path(h5_unit.args[0]) if h5_unit.args else None
+        if (h5_unit.run is not run_tfrecord_to_hdf5 or not isinstance(cfg, HDF5Config) or len(h5_unit.args) != 1
+                or src is None or src.parent != Path(tf_unit.out_dir) or "output_name" not in h5_unit.kwargs
+                or src.name != tf_unit.kwargs.get("output_name")
+                or not _engine_fits(engines, tf_unit.kwargs.get("cfg"), cfg, n)):
+            engines.clear()  # free the instances before the separate path reads the TFRecord
+            return [tf_manifest, _call(h5_unit, upstream)]
+        return [tf_manifest, _fused_hdf5(engines.pop(), n, src, Path(h5_unit.out_dir), cfg,
+                                         h5_unit.kwargs["output_name"], upstream)]
+    finally:
+        engines.clear()
+
+
+def _fused_hdf5(engine: Any, n: int, src: Path, out_dir: Path, cfg: HDF5Config, output_name: str,
+                upstream: list[Manifest]) -> Manifest:
+    """run_tfrecord_to_hdf5's manifest and file, the rows taken from ``engine`` (which wrote ``src``). The
+    input is checked as listed upstream with its size; its md5 is the one computed while it was written."""
+    from core.manifest import verify_file
+
+    entry = next((f for m in upstream for f in m.files if f.name == src.name), None)
+    if entry is None:
+        stages = ", ".join(sorted({m.stage for m in upstream}))
+        raise ManifestError(f"{src} is not listed in the upstream manifest(s) of {stages}; "
+                            "pass the files that stage produced")
+    verify_file(src, entry.md5, entry.bytes, check_md5=False, what="per the upstream manifest")
+    with StageOutput(out_dir, "tfrecord_to_hdf5", params=stage_params(cfg), upstream=upstream,
+                     code_version=STAGE_VERSION) as out:
+        t0 = time.perf_counter()
+        with stage_file(out, output_name) as tmp:
+            write_padded_from_engine(engine, n, tmp, cfg, desc=src.name)
+        dt = time.perf_counter() - t0
+        out.count("records", n)
+        out.count("files", 1)
+        log.info("%s -> %s: %d records in %.2f s (%.0f records/s, from the instances that wrote it)", src,
+                 out.path(output_name), n, dt, n / max(dt, 1e-9))
+    return out.manifest
+
+
 # -- the DAG's declarations of this stage (core/stage.py) ----------------------------------------------
 def _hdf5_config(p: Any) -> HDF5Config:
     return HDF5Config(max_seq_length=p.max_seq_length, max_predictions_per_seq=p.max_predictions_per_seq)
@@ -155,7 +269,7 @@ DAG_STAGES = (
     Stage(name="hdf5", title="tfrecord_to_hdf5: one padded HDF5 per part file (Samsung's layout)",
           reads=("tfrecord",), run=run_tfrecord_to_hdf5, version=STAGE_VERSION, config=HDF5Config,
           configure=_hdf5_config, key_params=stage_params, plan=_plan_shards, per_shard=True, chain=True,
-          droppable=True, aliases=("tfrecord_to_hdf5",)),
+          fused=run_fused, droppable=True, aliases=("tfrecord_to_hdf5",)),
     Stage(name="eval_hdf5", title="tfrecord_to_hdf5 over eval_10k: the eval set trainers read",
           reads=("eval_10k",), run=run_tfrecord_to_hdf5, version=STAGE_VERSION, config=HDF5Config,
           configure=_hdf5_config, key_params=stage_params, plan=_plan_eval, outputs={"eval_hdf5": "eval_10k.hdf5"}),

@@ -10,6 +10,8 @@
  *                              -> number of instances (documents shuffled, instances made, shuffled)
  *   .write(files)              canonical TFRecords, round-robin over the file objects (.write(bytes))
  *   .instance(k)               (tokens, len_a, positions, labels, is_random_next) of the k-th written
+ *   .fill_padded(start, stop, *six_buffers)  rows start..stop-1 (written order) as the padded HDF5's
+ *                              six datasets (int32/int8 buffers; the fused tfrecord+hdf5 path)
  *   .tokenize_line(line)       ids of one ASCII line (None when blank), for tests
  * Helpers (vocab hash, MT19937, CRC32C) are in cpd_core.h. See the header comment there.
  */
@@ -303,6 +305,7 @@ static PyMethodDef eng_methods[] = {
     {"create", (PyCFunction)eng_create, METH_VARARGS, "shuffle, create and mask instances, shuffle them"},
     {"instance", (PyCFunction)eng_instance, METH_VARARGS, "the k-th instance in output order"},
     {"write", (PyCFunction)eng_write, METH_VARARGS, "write canonical TFRecords round-robin"},
+    {"fill_padded", (PyCFunction)eng_fill_padded, METH_VARARGS, "rows of the padded HDF5 into six buffers"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -335,7 +338,7 @@ PyMODINIT_FUNC PyInit__cpd_native(void) {
     if (!m) return NULL;
     Py_INCREF(&EngineType);
     if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) { Py_DECREF(&EngineType); Py_DECREF(m); return NULL; }
-    PyModule_AddIntConstant(m, "ABI", 1);
+    PyModule_AddIntConstant(m, "ABI", 2);
     PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }

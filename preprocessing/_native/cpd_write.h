@@ -150,4 +150,51 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* .fill_padded(start, stop, input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids,
+ * next_sentence_labels): rows start..stop-1 of the written order as the padded HDF5 holds them, into six
+ * C-contiguous writable buffers of (stop - start) rows: int32 x L, int8 x L, int8 x L, int32 x P, int32 x P,
+ * int8. The same values encode_instance writes, so the padded HDF5 needs no parse of the TFRecord. */
+static PyObject *eng_fill_padded(Engine *e, PyObject *args) {
+    Py_ssize_t start, stop;
+    Py_buffer b[6];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "nnw*w*w*w*w*w*", &start, &stop, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]))
+        return NULL;
+    PyObject *res = NULL;
+    const size_t L = (size_t)e->L, P = (size_t)e->P;
+    if (!e->order || start < 0 || stop < start || (size_t)stop > e->ninst) {
+        PyErr_SetString(PyExc_IndexError, "fill_padded: no such rows (nothing created?)");
+        goto done;
+    }
+    size_t rows = (size_t)(stop - start);
+    const size_t need[6] = {rows * L * 4, rows * L, rows * L, rows * P * 4, rows * P * 4, rows};
+    for (int i = 0; i < 6; i++)
+        if ((size_t)b[i].len != need[i]) {
+            PyErr_Format(PyExc_ValueError, "fill_padded: buffer %d has %zd bytes, expected %zu", i, b[i].len, need[i]);
+            goto done;
+        }
+    int32_t *ids = b[0].buf, *pos = b[3].buf, *lab = b[4].buf;
+    int8_t *mask = b[1].buf, *seg = b[2].buf, *nsl = b[5].buf;
+    for (size_t r = 0; r < rows; r++) {
+        const Inst *in = &e->insts[e->order[(size_t)start + r]];
+        const int32_t *tok = e->itok.v + in->tok_off, *mk = e->imask.v + in->mask_off;
+        size_t n = (size_t)in->ntok, nm = (size_t)in->nmask, a = (size_t)in->lena + 2;
+        int32_t *ri = ids + r * L, *rp = pos + r * P, *rl = lab + r * P;
+        int8_t *rm = mask + r * L, *rs = seg + r * L;
+        memcpy(ri, tok, n * sizeof(int32_t));
+        memset(ri + n, 0, (L - n) * sizeof(int32_t));
+        memset(rm, 1, n); memset(rm + n, 0, L - n);
+        memset(rs, 0, a); memset(rs + a, 1, n - a); memset(rs + n, 0, L - n);
+        for (size_t i = 0; i < nm; i++) { rp[i] = mk[2 * i]; rl[i] = mk[2 * i + 1]; }
+        memset(rp + nm, 0, (P - nm) * sizeof(int32_t));
+        memset(rl + nm, 0, (P - nm) * sizeof(int32_t));
+        nsl[r] = in->is_random ? 1 : 0;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    for (int i = 0; i < 6; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    return res;
+}
+
 #endif /* BERTPIPE_CPD_WRITE_H */
