@@ -101,7 +101,7 @@ class PathCheck:
         st = _stat(p, flag)
         if st is None:
             hint = " (a path under a file?)" if _under_file(p) else ""
-            raise InputError(f"{_flag(flag)}{p} does not exist{hint}; check the path (expected: {what})")
+            raise InputError(f"{_flag(flag)}{p}: no such {what} ({p.name} does not exist{hint}); check the path")
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{_flag(flag)}{p} is a directory, not a file ({what}); name the file inside it")
         if not stat.S_ISREG(st.st_mode):
@@ -120,7 +120,7 @@ class PathCheck:
         p = _path(flag, path)
         st = _stat(p, flag)
         if st is None:
-            raise InputError(f"{_flag(flag)}{p} does not exist; check the path (expected: {what})")
+            raise InputError(f"{_flag(flag)}{p}: no such {what} ({p.name} does not exist); check the path")
         if not stat.S_ISDIR(st.st_mode):
             raise InputError(f"{_flag(flag)}{p} is a file, but a {what} is expected; give its folder")
         if not st.st_mode & 0o444 or not os.access(p, os.R_OK | os.X_OK):
