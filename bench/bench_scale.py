@@ -18,14 +18,17 @@
    overhead (wall minus work / W) per task run, and the peak RSS of every process.
 3. **One real-size part** (``--real-mb``, default 27 MB, built the same way) through
    ``create-pretraining-data`` -> ``tfrecord-to-hdf5`` -> ``split-4bins --n_output_shards 2048`` (one process
-   each, one core; split again with 2 workers): seconds, peak RSS and output bytes of each step.
+   each, one core; split again with 2 workers), and through the DAG's fused tfrecord+hdf5 call alone (one
+   process, the stage functions with their manifests and md5s): seconds, CPU seconds, peak RSS and output bytes.
    The same part also goes through ``bertpipe run --n-output-shards 8 --workers 1``: each stage's work as the DAG
    does it (manifests, md5s and input checks included). There part i's TFRecord and padded HDF5 are written by
    one fused call (the C engine fills the HDF5 rows from the instances it wrote: no second parse), whose time
    the run's table splits evenly between ``tfrecord`` and ``hdf5``; the separate CLI steps above still parse.
-4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3: the DAG's per-part work
-   x 500, plus the 8,192 bin files once (the 2,048- minus the 8-shard split); core-hours, and wall at 2, 16 and
-   64 cores (every stage's calls run side by side; the eval chain runs beside the parts).
+4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3: per-part work x 500, plus
+   the 8,192 bin files once (the 2,048- minus the 8-shard split), in core-hours: from the CPU time (user + system)
+   of the one-process steps (the fused tfrecord+hdf5 call, the 8-shard split), and from the DAG's stage seconds
+   (wall: on a loaded machine or a slow disk these run higher); wall at 2, 16 and 64 cores from the CPU figures
+   (every stage's calls run side by side; the eval chain runs beside the parts).
 
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
@@ -191,8 +194,9 @@ def run_watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, 
     return time.perf_counter() - t0, rc, watch
 
 
-def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(seconds, peak RSS MB) of one subprocess (its own and its children's largest: wait4's ru_maxrss)."""
+def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(seconds, peak RSS MB, CPU seconds) of one subprocess (RSS: its own and its children's largest, wait4's
+    ru_maxrss; CPU: user + system, so waits for the disk or for other jobs' cores do not count)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
@@ -201,7 +205,7 @@ def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out.decode(errors='replace')[-3000:]}")
-    return dt, ru.ru_maxrss / 1024
+    return dt, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime
 
 
 def du(path: Path) -> int:
@@ -279,6 +283,34 @@ def dag_run(args: argparse.Namespace, corpus: Path, work: Path, sizes: dict[str,
     print("peak RSS per process (MB): " + ", ".join(f"{mb:.0f} {what}" for mb, what in watch.report()))
 
 
+#: One part through the hdf5 stage's fused call (preprocessing.tfrecord_to_hdf5.run_fused), units as the DAG plans
+#: them: argv = part, vocab, output folder. The call's own CPU seconds (no interpreter start-up: a worker process
+#: pays that once, not per part) go to <output folder>/cpu_seconds.txt.
+FUSED_CALL = """
+import resource
+import sys
+from pathlib import Path
+from core.stage import Unit
+from preprocessing.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
+from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
+part, vocab, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+cfg = CreatePretrainingDataConfig(vocab_file=vocab, do_lower_case=True, max_seq_length=512, max_predictions_per_seq=76,
+                                  dupe_factor=10, masked_lm_prob=0.15, short_seq_prob=0.1, random_seed=12345)
+tf_dir = out / "tfrecord" / part.name
+tf = Unit(stage="tfrecord", key="k", shard=part.name, out_dir=str(tf_dir), run=run_create_pretraining_data,
+          args=([str(part)],), kwargs={"cfg": cfg, "output_name": part.name})
+h5 = Unit(stage="hdf5", key="k", shard=part.name, out_dir=str(out / "hdf5" / part.name), run=run_tfrecord_to_hdf5,
+          args=(str(tf_dir / part.name),), kwargs={"cfg": HDF5Config(), "output_name": part.name + ".hdf5"},
+          upstream_dirs=(str(tf_dir),))
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+c0 = cpu()
+run_fused(tf, h5)
+(out / "cpu_seconds.txt").write_text(f"{cpu() - c0:.3f}\\n")
+"""
+
+
 # -- one real-size part ----------------------------------------------------------------------------------------
 def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     d = tmp / "real"
@@ -300,6 +332,10 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
          d / "tf"),
         ("tfrecord-to-hdf5", [bp, "tfrecord-to-hdf5", "--input", str(d / "tf" / part.name), "--output",
                               str(d / "h5" / f"{part.name}.hdf5"), "-q"], d / "h5"),
+        # the DAG's fused call for this part (both stage functions' work: manifests and md5s included), as a
+        # `bertpipe run` makes it when part i's TFRecord and HDF5 are both due
+        ("tfrecord+hdf5 (fused call)", [sys.executable, "-c", FUSED_CALL, str(part), str(args.vocab), str(d / "fused")],
+         d / "fused"),
         ("split-4bins (1 worker)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins1"),
                                     "--n_output_shards", str(args.shards), "--workers", "1", "-q"], d / "bins1"),
         ("split-4bins (2 workers)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins2"),
@@ -309,10 +345,14 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
                                     "--n_output_shards", "8", "--workers", "1", "-q"], d / "bins8"),
     ]
     for name, cmd, out in steps:
-        dt, rss = timed_child(cmd, env)
+        dt, rss, cpu = timed_child(cmd, env)
         size = du(out) / 1e6
-        figures[name] = dt
-        print(f"{name:<26}{dt:>8.2f} s {mb / dt:>7.2f} MB/s {rss:>7.0f} MB peak RSS  -> {size:,.0f} MB")
+        if (out / "cpu_seconds.txt").is_file():  # the fused call's own CPU, without the interpreter's start-up
+            cpu = float((out / "cpu_seconds.txt").read_text())
+        figures[name], figures[f"cpu {name}"] = dt, cpu
+        # a pool's workers are not the CLI's waited-for children: its CPU figure would be the parent's alone
+        cpu_txt = f"cpu {cpu:5.2f} s" if "2 workers" not in name else "cpu   n/a  "
+        print(f"{name:<28}{dt:>7.2f} s ({cpu_txt}) {mb / dt:>6.2f} MB/s {rss:>6.0f} MB peak RSS  -> {size:,.0f} MB")
     same = _same_files(d / "bins1", d / "bins2")
     print(f"split-4bins 2 workers vs 1: {figures['split-4bins (1 worker)'] / figures['split-4bins (2 workers)']:.2f}x, "
           f"bytes {'identical' if same else 'DIFFER'}")
@@ -352,26 +392,39 @@ def _same_files(a: Path, b: Path) -> bool:
 
 
 def projection(fig: dict[str, float]) -> None:
-    """The full set from one real part's figures (per-part work scales with the part's MB)."""
+    """The full set from one real part's figures (per-part work scales with the part's MB), twice: from CPU time
+    (user + system of the one-process steps: core-seconds proper) and from the DAG's stage seconds (the wall of its
+    calls, which also counts waits for the disk and, on a shared machine, for other jobs' cores)."""
     scale = FULL_PART_MB / fig["mb"]
-    # the DAG's own per-part work (manifests, md5s, input checks): what 500 parts cost
-    cpd, h5 = fig["dag tfrecord"] * scale, fig["dag hdf5"] * scale
-    # the bins: every part's rows once (8 shards: data cost) + the 8,192 files once (fixed cost)
-    bins_rows = fig["dag bins"] * scale
-    bins_files = max(0.0, fig["split-4bins (1 worker)"] - fig["split-4bins (8 shards)"])
-    bins = bins_rows * FULL_PARTS + bins_files
-    # eval.txt (~3.7 MB of text in MLPerf's set): cpd + pick + hdf5 of ~36 k instances, one chain
-    eval_chain = (fig["create-pretraining-data"] + fig["tfrecord-to-hdf5"]) * 3.7 / fig["mb"]
-    total = (cpd + h5) * FULL_PARTS + bins + eval_chain
-    print(f"\n## projection to the full set ({FULL_PARTS} x {FULL_PART_MB} MB): per part tfrecord+hdf5 {cpd + h5:.1f} "
-          f"+ bins {bins_rows:.1f} core-s, plus {bins_files:.1f} s for the 8,192 bin files once; eval chain "
-          f"{eval_chain:.1f} s")
-    print(f"work {total / 3600:.2f} core-hours (goal <= 1, aim <= 0.5): tfrecord+hdf5 {(cpd + h5) * FULL_PARTS / 3600:.2f}"
-          f", bins {bins / 3600:.2f}, eval chain {eval_chain / 3600:.3f}")
+    print(f"\n## projection to the full set ({FULL_PARTS} x {FULL_PART_MB} MB)")
+    cpu = _project(
+        tf_h5=fig["cpu tfrecord+hdf5 (fused call)"] * scale,  # the DAG's fused call: manifests and md5s included
+        # every part's rows once (8 shards: the data's cost; one CLI process, its start-up included)
+        bins_rows=fig["cpu split-4bins (8 shards)"] * scale,
+        bins_files=max(0.0, fig["cpu split-4bins (1 worker)"] - fig["cpu split-4bins (8 shards)"]),  # 8,192 files once
+        # eval.txt (~3.7 MB of text in MLPerf's set): cpd + hdf5 of ~36 k instances, one chain
+        eval_chain=(fig["cpu create-pretraining-data"] + fig["cpu tfrecord-to-hdf5"]) * 3.7 / fig["mb"],
+        label="from CPU time")
+    _project(tf_h5=(fig["dag tfrecord"] + fig["dag hdf5"]) * scale, bins_rows=fig["dag bins"] * scale,
+             bins_files=max(0.0, fig["split-4bins (1 worker)"] - fig["split-4bins (8 shards)"]),
+             eval_chain=(fig["create-pretraining-data"] + fig["tfrecord-to-hdf5"]) * 3.7 / fig["mb"],
+             label="from the DAG's stage seconds (wall)")
+    tf_h5, bins, eval_chain = cpu
     for c in CORES:
-        wall = max(eval_chain, (cpd + h5) * FULL_PARTS / c) + bins / c
-        print(f"  {c:>3} cores: wall ~{wall / 60:.1f} min (tfrecord+hdf5 per part side by side, then the bins' "
-              f"counts and shard groups side by side; no stage serial)")
+        wall = max(eval_chain, tf_h5 * FULL_PARTS / c) + bins / c
+        print(f"  {c:>3} cores: wall ~{wall / 60:.1f} min (from CPU time: tfrecord+hdf5 per part side by side, then "
+              f"the bins' counts and shard groups side by side; no stage serial)")
+
+
+def _project(*, tf_h5: float, bins_rows: float, bins_files: float, eval_chain: float,
+             label: str) -> tuple[float, float, float]:
+    bins = bins_rows * FULL_PARTS + bins_files
+    total = tf_h5 * FULL_PARTS + bins + eval_chain
+    print(f"{label}: per part tfrecord+hdf5 {tf_h5:.1f} + bins {bins_rows:.1f} core-s, plus {bins_files:.1f} s for the "
+          f"8,192 bin files once; eval chain {eval_chain:.1f} s")
+    print(f"  work {total / 3600:.2f} core-hours (goal <= 1, aim <= 0.5): tfrecord+hdf5 "
+          f"{tf_h5 * FULL_PARTS / 3600:.2f}, bins {bins / 3600:.2f}, eval chain {eval_chain / 3600:.3f}")
+    return tf_h5, bins, eval_chain
 
 
 def main(argv: list[str] | None = None) -> int:
