@@ -140,3 +140,39 @@ def test_other_widths_for_the_hdf5_than_the_records_take_the_separate_path(golde
     with pytest.raises(RecordError):
         run_fused(tf, h5)
     assert load_manifest(tf.out_dir) is not None and load_manifest(h5.out_dir) is None
+
+
+@needs_native
+def test_fill_padded_checks_its_rows_and_buffers(golden: Path, shared_data: Path) -> None:
+    import random
+
+    from preprocessing.tokenization import FullTokenizer, load_vocab
+
+    vocab = load_vocab(str(shared_data / "vocab.txt"))
+    engine = cpd_fast.load().Engine(list(vocab), True, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
+                                    vocab["[MASK]"])
+    fb = cpd_fast._LineTokenizer(FullTokenizer(vocab=vocab, do_lower_case=True), False, engine.tokenize_line)
+
+    def bufs(rows: int, seq: int = 128, pred: int = 20) -> list[np.ndarray]:
+        return [np.zeros((rows, seq), "i4"), np.zeros((rows, seq), "i1"), np.zeros((rows, seq), "i1"),
+                np.zeros((rows, pred), "i4"), np.zeros((rows, pred), "i4"), np.zeros(rows, "i1")]
+
+    with pytest.raises(IndexError):  # nothing created yet
+        engine.fill_padded(0, 1, *bufs(1))
+    engine.add_file((golden / "edge_input.txt").read_bytes(), fb, fb.chunk)
+    n = engine.create(random.Random(12345).getstate()[1], 128, 20, 2, 0.15, 0.1)
+    assert n == 157
+    with pytest.raises(IndexError):
+        engine.fill_padded(n - 1, n + 1, *bufs(2))
+    with pytest.raises(ValueError, match="buffer 3"):
+        engine.fill_padded(0, 2, *bufs(2)[:3], np.zeros((2, 19), "i4"), *bufs(2)[4:])
+    out = bufs(3)
+    engine.fill_padded(5, 8, *out)
+    for k, row in enumerate(range(5, 8)):
+        tokens, len_a, positions, labels, is_random = engine.instance(row)
+        assert out[0][k, :len(tokens)].tolist() == tokens and not out[0][k, len(tokens):].any()
+        assert out[1][k].sum() == len(tokens)
+        assert out[2][k].tolist() == [0] * (len_a + 2) + [1] * (len(tokens) - len_a - 2) + [0] * (128 - len(tokens))
+        assert out[3][k, :len(positions)].tolist() == positions and out[4][k, :len(labels)].tolist() == labels
+        assert not out[3][k, len(positions):].any() and not out[4][k, len(labels):].any()
+        assert out[5][k] == int(is_random)
