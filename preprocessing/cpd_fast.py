@@ -16,6 +16,10 @@ What it uses, and why:
   the plain Python tokenizer with a cache (Python's ``lower()``/NFD/``unicodedata`` rules stay exact,
   e.g. the final sigma that HF ``tokenizers`` gets wrong).
 
+* for the data DAG's fused tfrecord+hdf5 call, the engine also fills the padded HDF5 rows of the instances
+  it wrote (``Engine.fill_padded``; :func:`keeping_engine` hands the engine over), so the TFRecord is
+  not parsed again.
+
 No TensorFlow, numpy or numba is imported: start-up is the Python interpreter plus this module.
 Set ``BERTPIPE_NATIVE=0`` to disable the extension (everything then runs the plain implementation).
 """
