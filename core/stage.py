@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.manifest import Manifest
+from core.errors import ManifestError
+from core.manifest import Manifest, load_manifest
 
 PART = re.compile(r"^part-\d{5}-of-\d{5}$")
 
@@ -44,6 +45,24 @@ class Unit:
     @property
     def label(self) -> str:
         return f"{self.stage}[{self.shard}]" if self.shard else self.stage
+
+    def upstream_manifests(self) -> list[Manifest]:
+        """The manifests of the upstream directories (each must exist: upstream stages ran first)."""
+        out = []
+        for d in self.upstream_dirs:
+            m = load_manifest(d)
+            if m is None:
+                raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {self.label} is not "
+                                    "done; run again to redo it")
+            out.append(m)
+        return out
+
+    def call(self, upstream: Sequence[Manifest] | None = None) -> Any:
+        """Run the library function in this process (``upstream=`` defaults to :meth:`upstream_manifests`)."""
+        kwargs = dict(self.kwargs)
+        if self.pass_upstream:
+            kwargs["upstream"] = self.upstream_manifests() if upstream is None else list(upstream)
+        return self.run(*self.args, Path(self.out_dir), **kwargs)
 
 
 @dataclass

@@ -178,26 +178,6 @@ def _engine_fits(engines: list[Any], tf_cfg: Any, h5_cfg: HDF5Config, n: int) ->
             and {name: dtype for name, dtype, _ in HDF5_DATASETS} == dict(_ENGINE_ROWS))
 
 
-def _call(unit: Unit, upstream: list[Manifest]) -> Manifest:
-    kwargs = dict(unit.kwargs)
-    if unit.pass_upstream:
-        kwargs["upstream"] = upstream
-    return unit.run(*unit.args, Path(unit.out_dir), **kwargs)
-
-
-def _upstream(unit: Unit) -> list[Manifest]:
-    from core.manifest import load_manifest
-
-    out = []
-    for d in unit.upstream_dirs:
-        m = load_manifest(d)
-        if m is None:
-            raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {unit.label} is not done; "
-                                "run again to redo it")
-        out.append(m)
-    return out
-
-
 def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
     """Part i's TFRecord and its padded HDF5 in one pass (the hdf5 stage's ``fused``; the DAG calls it when
     both are due). The TFRecord stage runs as always; its C engine is kept, and the HDF5 is filled from the
@@ -207,9 +187,9 @@ def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
     from preprocessing import cpd_fast
 
     with cpd_fast.keeping_engine() as engines:
-        tf_manifest = _call(tf_unit, _upstream(tf_unit) if tf_unit.pass_upstream else [])
+        tf_manifest = tf_unit.call()
     try:
-        upstream = _upstream(h5_unit)
+        upstream = h5_unit.upstream_manifests()
         cfg = h5_unit.kwargs.get("cfg")
         n = int(tf_manifest.counters.get("instances", -1))
         src = Path(h5_unit.args[0]) if h5_unit.args else None
@@ -218,7 +198,7 @@ def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
                 or src.name != tf_unit.kwargs.get("output_name")
                 or not _engine_fits(engines, tf_unit.kwargs.get("cfg"), cfg, n)):
             engines.clear()  # free the instances before the separate path reads the TFRecord
-            return [tf_manifest, _call(h5_unit, upstream)]
+            return [tf_manifest, h5_unit.call(upstream)]
         return [tf_manifest, _fused_hdf5(engines.pop(), n, src, Path(h5_unit.out_dir), cfg,
                                          h5_unit.kwargs["output_name"], upstream)]
     finally:

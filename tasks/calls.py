@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from core.errors import ChecksumError, ManifestError
@@ -71,18 +70,6 @@ class Batch:
         return first if len(self.calls) == 1 else f"{first}..{last.rsplit('[', 1)[-1].rstrip(']')} ({len(self.calls)})"
 
 
-def upstream_manifests(unit: Unit) -> list[Manifest]:
-    """The manifests of ``unit``'s upstream directories (each must exist: upstream stages ran first)."""
-    out = []
-    for d in unit.upstream_dirs:
-        m = load_manifest(d)
-        if m is None:
-            raise ManifestError(f"{d}/_manifest.json is missing: the upstream stage of {unit.label} is not done; "
-                                "run again to redo it")
-        out.append(m)
-    return out
-
-
 def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> tuple[Manifest | None, str]:
     """(the verified manifest, "") when ``unit`` is done, else (None, why it is not).
 
@@ -100,7 +87,7 @@ def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> tu
         return None, str(exc).split(";")[0]
     if unit.pass_upstream:
         try:
-            expected = {f"{u.stage}:{u.key}": u.digest for u in upstream_manifests(unit)}
+            expected = {f"{u.stage}:{u.key}": u.digest for u in unit.upstream_manifests()}
         except ManifestError as exc:
             return None, str(exc)
         if m.upstream != expected:
@@ -117,10 +104,7 @@ def check_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> Mani
 
 def invoke(unit: Unit) -> Manifest:
     """Run ``unit``'s library function in this process."""
-    kwargs = dict(unit.kwargs)
-    if unit.pass_upstream:
-        kwargs["upstream"] = upstream_manifests(unit)
-    return unit.run(*unit.args, Path(unit.out_dir), **kwargs)
+    return unit.call()
 
 
 def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: str = "") -> dict[str, Any]:
@@ -173,10 +157,7 @@ def _run_piece(unit: Unit) -> dict[str, Any]:
     """A piece of a stage (``Unit.piece``): it always runs (the DAG asked the whole stage "done?" first) and
     returns a JSON value, which the stage's ``finish`` reads; no manifest of its own."""
     t = time.perf_counter()
-    kwargs = dict(unit.kwargs)
-    if unit.pass_upstream:
-        kwargs["upstream"] = upstream_manifests(unit)
-    value = unit.run(*unit.args, Path(unit.out_dir), **kwargs)
+    value = unit.call()
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir, "manifest": None,
             "cached": False, "seconds": round(time.perf_counter() - t, 3), "why": "", "dropped": False,
             "value": value}
