@@ -146,6 +146,10 @@ def shield_temporary_server() -> None:
     import subprocess
     import types
 
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():  # a running server: no temporary one, and its 2.5 s module is not imported
+        return
     try:
         from prefect.server.api import server
     except ImportError:  # another Prefect layout: nothing to shield
