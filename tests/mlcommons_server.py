@@ -73,6 +73,29 @@ class State:
         return [p for p, _ in self.requests[since:]]
 
 
+def send_headers(handler: BaseHTTPRequestHandler, data: bytes, etag: str, honour_range: bool = True) -> bytes | None:
+    """Answer a GET for ``data`` as a server with Range support does: 206 from the requested offset, 416 past
+    the end (returns None: nothing more to send), else 200. Returns the body still to write."""
+    start, rng = 0, handler.headers.get("Range")
+    if rng and honour_range:
+        start = int(rng.removeprefix("bytes=").rstrip("-"))
+        if start >= len(data):
+            handler.send_response(416)
+            handler.send_header("Content-Range", f"bytes */{len(data)}")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return None
+        handler.send_response(206)
+        handler.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+    else:
+        handler.send_response(200)
+    body = data[start:]
+    handler.send_header("Content-Length", str(len(body)))
+    handler.send_header("ETag", etag)
+    handler.end_headers()
+    return body
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's API
         st: State = self.server.state  # type: ignore[attr-defined]
@@ -92,23 +115,9 @@ class Handler(BaseHTTPRequestHandler):
         if data is None:
             self.send_error(404)
             return
-        start, rng = 0, self.headers.get("Range")
-        if rng:
-            start = int(rng.removeprefix("bytes=").rstrip("-"))
-            if start >= len(data):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(data)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        else:
-            self.send_response(200)
-        body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("ETag", '"' + hashlib.md5(data).hexdigest() + '"')
-        self.end_headers()
+        body = send_headers(self, data, '"' + hashlib.md5(data).hexdigest() + '"')
+        if body is None:
+            return
         if self.path in st.cut:
             st.cut.discard(self.path)
             self.wfile.write(body[: len(body) // 2])

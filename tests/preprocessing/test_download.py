@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from mlcommons_server import send_headers
 
 from core.errors import ChecksumError, InputError
 from core.manifest import MANIFEST_NAME, verify_manifest
@@ -58,23 +59,9 @@ class Handler(BaseHTTPRequestHandler):
         if data is None:
             self.send_error(404)
             return
-        start, rng = 0, self.headers.get("Range")
-        if rng and not st.ignore_range:
-            start = int(rng.removeprefix("bytes=").rstrip("-"))
-            if start >= len(data):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(data)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        else:
-            self.send_response(200)
-        body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("ETag", '"v1"')
-        self.end_headers()
+        body = send_headers(self, data, '"v1"', honour_range=not st.ignore_range)
+        if body is None:
+            return
         if st.cut_after is not None:
             self.wfile.write(body[: st.cut_after])
             st.cut_after = None
