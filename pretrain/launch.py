@@ -217,7 +217,8 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     sink = _LauncherLog(Path(cfg.output_dir) / LAUNCHER_LOG) if quiet or on_output is not None else None
     if quiet:
         print(f"(launcher and rank output: {sink.path}; bertpipe -v shows it here)", flush=True)
-        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+        # one merged pipe: the log (and its last lines on failure) keeps the order the lines were written in
+        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
     elif on_output is not None:
         pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
         relay = on_output
@@ -228,8 +229,7 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     else:
         pipe = {}
     proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True, **pipe)
-    pumps = [threading.Thread(target=_pump, args=(p, sink, stream), daemon=True)
-             for p, stream in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))] if quiet else []
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, sink, sys.stderr), daemon=True)] if quiet else []
     for t in pumps:
         t.start()
 
