@@ -1,4 +1,4 @@
-"""Build hook for the optional C accelerator of create_pretraining_data.
+"""Build hook for the optional C accelerators (create_pretraining_data; md5 of many files).
 
 Everything else is declared in pyproject.toml. The extension is optional: when no C compiler is
 available the build carries on without it and bertpipe uses the plain-Python implementation
@@ -12,15 +12,16 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
-SOURCES = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.c"))
-HEADERS = sorted(str(p.relative_to(HERE)) for p in (HERE / "preprocessing" / "_native").glob("*.h"))
+#: (module, its sources folder, the file that includes the rest): bertpipe's optional C extensions
+NATIVE = [("preprocessing._cpd_native", HERE / "preprocessing" / "_native", "cpd.c"),
+          ("core._md5_native", HERE / "core" / "_native", "md5.c")]
 
 
-def sources_digest() -> str:
-    """md5 of the C sources, compiled into the module: preprocessing.cpd_fast uses an installed
-    extension only when it was built from the sources beside it (else it rebuilds into a cache)."""
+def sources_digest(src: Path) -> str:
+    """md5 of an extension's C sources, compiled into the module: core.native uses an installed extension
+    only when it was built from the sources beside it (else it rebuilds into a cache)."""
     h = hashlib.md5()
-    for p in sorted((HERE / "preprocessing" / "_native").glob("*.[ch]")):
+    for p in sorted(src.glob("*.[ch]")):
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:12]
 
@@ -41,16 +42,16 @@ class OptionalBuildExt(build_ext):
             print(f"WARNING: could not build {ext.name} ({exc}); the Python path will be used.")
 
 
-ext_modules = []
-if SOURCES:
-    ext_modules.append(
-        Extension(
-            "preprocessing._cpd_native",
-            sources=SOURCES,
-            depends=HEADERS,  # rebuild when a header changes
-            define_macros=[("BERTPIPE_SOURCES_DIGEST", f'"{sources_digest()}"')],
-            extra_compile_args=["-O3", "-std=c11"],
-        )
+ext_modules = [
+    Extension(
+        name,
+        sources=[str((src / main).relative_to(HERE))],  # the main file includes the others
+        depends=sorted(str(p.relative_to(HERE)) for p in src.glob("*.[ch]")),  # rebuild when any changes
+        define_macros=[("BERTPIPE_SOURCES_DIGEST", f'"{sources_digest(src)}"')],
+        extra_compile_args=["-O3", "-std=c11"],
     )
+    for name, src, main in NATIVE
+    if (src / main).is_file()
+]
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

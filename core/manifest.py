@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ChecksumError, DiskFullError, InputError, ManifestError
+from core.native import NativeModule
 
 MANIFEST_NAME = "_manifest.json"
 #: Beside a manifest whose files were deleted on purpose (``--keep training``): what went, when. The manifest
@@ -72,6 +73,27 @@ def md5_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_MD5 = NativeModule("core._md5_native", Path(__file__).with_name("_native"), "md5.c", 1, "md5 C core")
+
+
+def md5_files(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """md5 hex digests of several files, in order: the same as :func:`md5_file` of each, in less CPU.
+
+    One md5 stream is a chain of dependent steps (~0.7 GB/s on a core, whatever the code), so the C extension
+    ``core._md5_native`` hashes the files side by side on one core: 2-3 streams interleaved, or 8/16 as the
+    lanes of AVX2/AVX-512 vectors (about 4x, 6x the speed of hashlib in all). Without it (no C compiler,
+    ``BERTPIPE_NATIVE=0``) each file goes through :func:`md5_file`.
+
+    Raises:
+        OSError: a file cannot be read (the exception names it).
+    """
+    paths = list(paths)
+    native = _MD5.load() if len(paths) > 1 else None
+    if native is None:
+        return [md5_file(p) for p in paths]
+    return native.md5_files([os.fspath(p) for p in paths])
 
 
 def canonical_json(obj: Any) -> str:
@@ -489,7 +511,7 @@ def verify_manifest(
     if m is None:
         raise ManifestError(f"{directory / name} not found: the stage has not completed (run it first)")
     records = read_stat_records(directory) if check_md5 and trust_stat else {}
-    rehashed = False
+    checks = []
     for f in m.files:
         path = directory / f.name
         rec = records.get(f.name)
@@ -499,8 +521,9 @@ def verify_manifest(
                 known = _stat_key(path) == rec[:-1]
             except OSError:
                 known = False
-        verify_file(path, f.md5, f.bytes, check_md5=check_md5 and not known, what=f"listed in {directory / name}")
-        rehashed = rehashed or (check_md5 and not known)
+        checks.append(FileCheck(path, f.md5, f.bytes, check_md5 and not known, f"listed in {directory / name}"))
+    verify_files(checks)
+    rehashed = any(c.check_md5 for c in checks)
     if rehashed and trust_stat:
         write_stat_records(directory, {f.name: f.md5 for f in m.files})
     return m
@@ -518,10 +541,36 @@ def verify_file(path: str | os.PathLike, md5: str, size: int | None = None, *, c
     if size is not None and st.st_size != size:
         raise ManifestError(f"{path} has {st.st_size} bytes, expected {size}{hint}; re-run the stage that produces it")
     if check_md5:
-        actual = md5_file(path)
-        if actual != md5:
-            raise ChecksumError(path, md5, actual, hint=f"The file changed since it was written{hint}; "
-                                "re-run the stage that produces it")
+        _compare(path, md5, md5_file(path), what)
+
+
+def _compare(path: Path, md5: str, actual: str, what: str) -> None:
+    if actual != md5:
+        hint = f" ({what})" if what else ""
+        raise ChecksumError(path, md5, actual, hint=f"The file changed since it was written{hint}; "
+                            "re-run the stage that produces it")
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file for :func:`verify_files`: expected md5 and size, whether to hash it, and how errors name it."""
+
+    path: Path
+    md5: str
+    size: int | None
+    check_md5: bool = True
+    what: str = ""
+
+
+def verify_files(checks: Iterable[FileCheck]) -> None:
+    """:func:`verify_file` over many files: every presence and size first, then the md5s that are due, hashed
+    side by side (:func:`md5_files`); the first file that fails raises, as verify_file would."""
+    checks = list(checks)
+    for c in checks:
+        verify_file(c.path, c.md5, c.size, check_md5=False, what=c.what)
+    due = [c for c in checks if c.check_md5]
+    for c, actual in zip(due, md5_files([c.path for c in due]), strict=True):
+        _compare(Path(c.path), c.md5, actual, c.what)
 
 
 def is_done(directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True,

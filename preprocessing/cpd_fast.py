@@ -28,19 +28,16 @@ from __future__ import annotations
 
 import contextvars
 import gc
-import importlib.machinery
-import importlib.util
 import logging
-import os
 import random
 import re
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO
 
+from core.native import NativeModule
 from preprocessing.create_pretraining_data import (
     CreatePretrainingDataConfig,
     Instance,
@@ -56,8 +53,7 @@ log = logging.getLogger(__name__)
 
 ABI = 2  # must equal the extension's ABI constant; bump both when the C interface changes
 NATIVE_DIR = Path(__file__).with_name("_native")
-_module: ModuleType | None = None
-_reason = ""
+_NATIVE = NativeModule("preprocessing._cpd_native", NATIVE_DIR, "cpd.c", ABI, "create_pretraining_data C core")
 # Characters that str.split() splits on but the reference's _clean_text deletes (they join words).
 _JOINERS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
 # Where create_pretraining_data_fast leaves its engine after writing (see keeping_engine).
@@ -80,99 +76,14 @@ def keeping_engine() -> Iterator[list[Any]]:
         _ENGINE_SINK.reset(token)
 
 
-def _sources_digest() -> str:
-    import hashlib
-
-    h = hashlib.md5()
-    for p in sorted(NATIVE_DIR.glob("*.[ch]")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("BERTPIPE_NATIVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bertpipe", "native")
-    return Path(base)
-
-
-def _compile(target: Path, digest: str) -> None:
-    """Build the extension with the C compiler Python was built with (or $CC / cc)."""
-    import subprocess
-    import sysconfig
-    import tempfile
-
-    cc = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
-    include = sysconfig.get_paths()["include"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cc, "-O3", "-std=c11", "-shared", "-fPIC", f"-I{include}", f'-DBERTPIPE_SOURCES_DIGEST="{digest}"',
-           str(NATIVE_DIR / "cpd.c"), "-o", tmp, "-lm"]
-    if sys.platform == "darwin":
-        cmd[4:4] = ["-undefined", "dynamic_lookup"]  # symbols resolve against the running interpreter
-    try:
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired as exc:
-            raise OSError(f"{cc} timed out") from exc
-        if res.returncode != 0:
-            raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _load_file(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader("preprocessing._cpd_native", str(path))
-    spec = importlib.util.spec_from_file_location("preprocessing._cpd_native", path, loader=loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
 def _is_current(mod: ModuleType) -> bool:
     """An installed extension is used when its ABI matches and it was built from the sources beside it."""
-    if getattr(mod, "ABI", None) != ABI:
-        return False
-    return not any(NATIVE_DIR.glob("*.c")) or getattr(mod, "SOURCES_DIGEST", None) == _sources_digest()
+    return _NATIVE.is_current(mod)
 
 
 def load() -> ModuleType | None:
     """The extension module, building it into the cache on first use if needed; None if impossible."""
-    global _module, _reason
-    if _module is not None or _reason:
-        return _module
-    if os.environ.get("BERTPIPE_NATIVE", "1").lower() in ("0", "false", "no"):
-        _reason = "disabled by BERTPIPE_NATIVE=0"
-        return None
-    try:
-        from preprocessing import _cpd_native as installed  # built by pip install (setup.py)
-    except ImportError:
-        installed = None
-    if installed is not None and _is_current(installed):
-        _module = installed
-        return installed
-    if not NATIVE_DIR.is_dir():
-        _reason = "the extension is not installed and its C sources are absent"
-        return None
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    digest = _sources_digest()
-    target = _cache_dir() / f"_cpd_native-{digest}{suffix}"
-    try:
-        if not target.exists():
-            log.info("compiling the create_pretraining_data C core into %s", target.parent)
-            _compile(target, digest)
-        mod = _load_file(target)
-        if getattr(mod, "ABI", None) != ABI:
-            raise ImportError(f"{target} has ABI {getattr(mod, 'ABI', None)}, expected {ABI}")
-    except (OSError, ImportError, ValueError) as exc:  # subprocess errors are OSError/ValueError
-        _reason = f"could not build or load the C extension: {exc}"
-        log.debug(_reason)
-        return None
-    _module = mod
-    return mod
+    return _NATIVE.load(is_current=lambda mod: _is_current(mod))  # late-bound: a test may replace _is_current
 
 
 def available() -> bool:
@@ -182,7 +93,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     load()
-    return _reason or "available"
+    return _NATIVE.reason or "available"
 
 
 class _LineTokenizer:
@@ -244,7 +155,7 @@ def create_pretraining_data_fast(input_files: Sequence[Path], outputs: Sequence[
     """One reference invocation on the C engine; same bytes as create_pretraining_data_plain."""
     native = load()
     if native is None:
-        raise RuntimeError(f"the C extension is not available: {_reason}")
+        raise RuntimeError(f"the C extension is not available: {_NATIVE.reason}")
     vocab = load_vocab(cfg.vocab_file)
     check_vocab(vocab, cfg.vocab_file)
     tokenizer = FullTokenizer(vocab=vocab, do_lower_case=cfg.do_lower_case)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import BertpipeError, InputError, ManifestError, RecordError
-from core.manifest import Manifest, StageOutput, raise_if_disk_full, verify_file
+from core.manifest import FileCheck, Manifest, StageOutput, raise_if_disk_full, verify_files
 from core.schema import H5_ERRORS, HDF5_DATASETS, row_shape
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
     """
     if not upstream:
         return
+    checks = []
     for p in paths:
         p = Path(p)
         entry = next((f for m in upstream for f in m.files
@@ -87,8 +88,9 @@ def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
             stages = ", ".join(sorted({m.stage for m in upstream}))
             raise ManifestError(f"{p} is not listed in the upstream manifest(s) of {stages}; "
                                 "pass the files that stage produced")
-        verify_file(p, entry.md5, entry.bytes, what="per the upstream manifest",
-                    check_md5=not _stat_known(p, entry.name, entry.md5))
+        checks.append(FileCheck(p, entry.md5, entry.bytes, not _stat_known(p, entry.name, entry.md5),
+                                "per the upstream manifest"))
+    verify_files(checks)  # the md5s that are due: side by side (core.manifest.md5_files)
 
 
 def _stat_known(path: Path, name: str, md5: str) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from flowhelpers import split_docs
 
 # Before anything imports prefect: its home (database, result records) goes to a temp dir.
 _HOME = tempfile.mkdtemp(prefix="bertpipe-prefect-home-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)  # the session's database and results: not left in /tmp
 os.environ["PREFECT_HOME"] = _HOME
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "preprocessing,pretrain,tasks,flows")

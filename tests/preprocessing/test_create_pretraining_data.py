@@ -338,8 +338,8 @@ def test_every_kind_of_invalid_utf8_is_caught_by_both(tmp_path, vocab, bad):
 
 
 def test_impl_fast_without_extension_is_a_clear_error(monkeypatch, golden, vocab, tmp_path, caplog):
-    monkeypatch.setattr(cpd_fast, "_module", None)
-    monkeypatch.setattr(cpd_fast, "_reason", "disabled for this test")
+    monkeypatch.setattr(cpd_fast._NATIVE, "module", None)
+    monkeypatch.setattr(cpd_fast._NATIVE, "reason", "disabled for this test")
     args = ["create-pretraining-data", f"--input_file={golden / 'edge_input.txt'}", f"--vocab_file={vocab}",
             "--dupe_factor=1"]
     assert main([*args, f"--output_file={tmp_path / 'a'}", "--impl=fast"]) == 2

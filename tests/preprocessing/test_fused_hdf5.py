@@ -119,8 +119,8 @@ def test_without_the_c_engine_the_fused_call_runs_the_two_stages(golden: Path, s
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """BERTPIPE_NATIVE=0 (or no compiler): the plain implementation writes the TFRecord, the HDF5 stage parses it;
     still the golden bytes and the separate stages' manifests."""
-    monkeypatch.setattr(cpd_fast, "_module", None)
-    monkeypatch.setattr(cpd_fast, "_reason", "disabled by BERTPIPE_NATIVE=0")
+    monkeypatch.setattr(cpd_fast._NATIVE, "module", None)
+    monkeypatch.setattr(cpd_fast._NATIVE, "reason", "disabled by BERTPIPE_NATIVE=0")
     text, vocab = golden / "edge_input.txt", shared_data / "vocab.txt"
     fused = run_fused(*_units(text, vocab, tmp_path / "fused", MLPERF))
     assert fused[0].counters["impl"] == "plain"

@@ -1,0 +1,119 @@
+"""core.manifest.md5_files: the md5 of many files side by side (core/_native/md5.c) equals hashlib's, with
+every kernel the CPU can run, for every size around MD5's 64-byte blocks and the reader's 1 MiB pieces."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.errors import ChecksumError
+from core.manifest import _MD5, FileCheck, md5_file, md5_files, verify_files
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+#: sizes at MD5's edges (55/56: the length still fits the last block; 63/64/65) and the 1 MiB read pieces
+EDGES = [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 129, 1000, MIB - 1, MIB, MIB + 1, 2 * MIB + 55,
+         3 * MIB + 64]
+
+
+def native():
+    mod = _MD5.load()
+    if mod is None:
+        if shutil.which(os.environ.get("CC") or "cc") and os.environ.get("BERTPIPE_NATIVE", "1") != "0":
+            pytest.fail(f"a C compiler exists but the md5 extension is unavailable: {_MD5.reason}")
+        pytest.skip(_MD5.reason)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("md5")
+    rng = random.Random(7)
+    sizes = EDGES + [rng.randrange(0, 3 * MIB) for _ in range(21)]  # 40 files: more than 16 lanes, twice
+    out = []
+    for i, n in enumerate(sizes):
+        p = d / f"f{i:02d}"
+        p.write_bytes(rng.randbytes(n))
+        out.append(p)
+    return out
+
+
+def hashlib_md5(p: Path) -> str:
+    return hashlib.md5(p.read_bytes()).hexdigest()
+
+
+def test_every_kernel_equals_hashlib_for_any_number_of_files(files) -> None:
+    mod = native()
+    want = [hashlib_md5(p) for p in files]
+    kernels = mod.kernels()
+    assert kernels[:3] == ["scalar x1", "scalar x2", "scalar x3"]
+    for k in kernels:
+        for n in (1, 2, 3, 5, 17, len(files)):
+            assert mod.md5_files([str(p) for p in files[:n]], k) == want[:n], (k, n)
+        # lanes that start together and end together, and one file many times (each lane reads its own copy)
+        assert mod.md5_files([str(files[-1])] * 20, k) == [want[-1]] * 20, k
+
+
+def test_kernel_choice_follows_the_number_of_files() -> None:
+    mod = native()
+    assert mod.kernel_for(1) == "scalar x1"
+    assert mod.kernel_for(2) == "scalar x2"
+    wide = mod.kernel_for(64)
+    assert wide in mod.kernels()
+    if "avx512f x16" in mod.kernels():
+        assert wide == "avx512f x16"
+    with pytest.raises(ValueError, match="not available"):
+        mod.md5_files([], "no such kernel")
+
+
+def test_md5_files_is_md5_file_of_each_with_and_without_the_extension(files) -> None:
+    want = [md5_file(p) for p in files]
+    assert md5_files(files) == want
+    assert md5_files([]) == []
+    assert md5_files(files[:1]) == want[:1]
+    # BERTPIPE_NATIVE=0: the plain path, same digests
+    code = ("import sys, json; from core.manifest import md5_files, _MD5; "
+            "print(json.dumps([md5_files(sys.argv[1:]), _MD5.module is None]))")
+    env = dict(os.environ, BERTPIPE_NATIVE="0")
+    res = subprocess.run([sys.executable, "-c", code, *map(str, files[:6])], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True)
+    import json
+
+    digests, plain = json.loads(res.stdout)
+    assert digests == want[:6] and plain
+
+
+def test_an_unreadable_file_is_named(files, tmp_path) -> None:
+    native()
+    missing = tmp_path / "gone.bin"
+    with pytest.raises(FileNotFoundError) as e:
+        md5_files([files[3], missing, files[4]])
+    assert str(missing) in str(e.value)
+    with pytest.raises(IsADirectoryError):
+        md5_files([files[3], tmp_path])
+
+
+def test_verify_files_names_the_first_file_that_changed(files, tmp_path) -> None:
+    copies = []
+    for p in files[:6]:
+        q = tmp_path / p.name
+        shutil.copy(p, q)
+        copies.append(q)
+    checks = [FileCheck(q, md5_file(q), q.stat().st_size, True, "listed in a test") for q in copies]
+    verify_files(checks)  # intact: no error
+    victim = copies[4]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError) as e:
+        verify_files(checks)
+    assert str(victim) in str(e.value) and checks[4].md5 in str(e.value)
+    # a file not due for hashing is only checked for its size
+    verify_files([FileCheck(c.path, c.md5, c.size, c.path != victim, c.what) for c in checks])
