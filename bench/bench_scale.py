@@ -17,16 +17,19 @@
    (MB of text per second of wall), bytes on disk, Prefect task runs; then the run's wall, the orchestration
    overhead (wall minus work / W) per task run, and the peak RSS of every process.
 3. **One real-size part** (``--real-mb``, default 27 MB, built the same way) through
-   ``create-pretraining-data`` -> ``tfrecord-to-hdf5`` -> ``split-4bins --n_output_shards 2048`` (one process
-   each, one core; split again with 2 workers), and through the DAG's fused tfrecord+hdf5 call alone (one
-   process, the stage functions with their manifests and md5s): seconds, CPU seconds, peak RSS and output bytes.
+   ``create-pretraining-data`` -> ``tfrecord-to-hdf5`` (the CLI, one process each, one core), through the DAG's
+   fused tfrecord+hdf5 call alone (one process, the stage functions with their manifests and md5s), and through
+   the bins stage's own work (``run_split_4bins`` in one process, inputs checked by stat as the DAG does:
+   2,048 shards per bin with 1 and with 2 workers, and 8 shards per bin): seconds, CPU seconds, peak RSS and
+   output bytes, and the seconds the split spent on its shards' md5s.
    The same part also goes through ``bertpipe run --n-output-shards 8 --workers 1``: each stage's work as the DAG
    does it (manifests, md5s and input checks included). There part i's TFRecord and padded HDF5 are written by
    one fused call (the C engine fills the HDF5 rows from the instances it wrote: no second parse), whose time
    the run's table splits evenly between ``tfrecord`` and ``hdf5``; the separate CLI steps above still parse.
 4. **Projection** to the full MLPerf set (500 x 27 MB = 13.5 GB of text) from step 3: per-part work x 500, plus
    the 8,192 bin files once (the 2,048- minus the 8-shard split), in core-hours: from the CPU time (user + system)
-   of the one-process steps (the fused tfrecord+hdf5 call, the 8-shard split), and from the DAG's stage seconds
+   of the one-process steps (the fused tfrecord+hdf5 call, the 8-shard split with its md5s counted at the speed
+   of the 2,048-shard split's, many files a call side by side, as at full size), and from the DAG's stage seconds
    (wall: on a loaded machine or a slow disk these run higher); wall at 2, 16 and 64 cores from the CPU figures
    (every stage's calls run side by side; the eval chain runs beside the parts).
 
@@ -313,6 +316,35 @@ run_fused(tf, h5)
 """
 
 
+#: The bins stage's work on the real part's padded HDF5, as the DAG does it (preprocessing.split_4bins: counts,
+#: then shard groups; inputs checked against their manifest by stat, not re-hashed: no upstream here), in one
+#: process with ``workers`` pool workers: argv = HDF5 folder, output folder, shards per bin, workers. Wall and (for
+#: 1 worker: a forkserver's workers are not this process's children) CPU seconds go to <output>.seconds.txt.
+SPLIT_CALL = """
+import resource
+import sys
+import time
+from pathlib import Path
+from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+src, out, n, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+import preprocessing.split_4bins as split
+hashing = [0.0, 0]  # seconds and bytes of the shards' md5s (this process's: 1 worker)
+def timed_md5_files(paths, real=split.md5_files):
+    t = time.perf_counter()
+    out = real(paths)
+    hashing[0] += time.perf_counter() - t
+    hashing[1] += sum(Path(p).stat().st_size for p in paths)
+    return out
+split.md5_files = timed_md5_files
+c0, t0 = cpu(), time.perf_counter()
+run_split_4bins(sorted(src.glob("part*")), out, Split4BinsConfig(n_output_shards=n), workers=workers,
+                manifest_name=f"../{out.name}.manifest.json")
+Path(f"{out}.seconds.txt").write_text(f"{time.perf_counter() - t0:.3f} {cpu() - c0:.3f} {hashing[0]:.3f} {hashing[1]}\\n")
+"""
+
 # -- one real-size part ----------------------------------------------------------------------------------------
 def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     d = tmp / "real"
@@ -341,23 +373,33 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         # `bertpipe run` makes it when part i's TFRecord and HDF5 are both due
         ("tfrecord+hdf5 (fused call)", [sys.executable, "-c", FUSED_CALL, str(part), str(args.vocab), str(d / "fused")],
          d / "fused"),
-        ("split-4bins (1 worker)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins1"),
-                                    "--n_output_shards", str(args.shards), "--workers", "1", "-q"], d / "bins1"),
-        ("split-4bins (2 workers)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins2"),
-                                     "--n_output_shards", str(args.shards), "--workers", "2", "-q"], d / "bins2"),
-        # the same rows into 4 x 8 files: the data's own cost, without 8,192 files' fixed cost
-        ("split-4bins (8 shards)", [bp, "split-4bins", "--input_dir", str(d / "h5"), "--output_dir", str(d / "bins8"),
-                                    "--n_output_shards", "8", "--workers", "1", "-q"], d / "bins8"),
+        # the bins stage's own work (no CLI start-up, inputs checked by stat as in the DAG): 2,048 and 8 shards per
+        # bin (the same rows into 4 x 8 files: the data's cost without 8,192 files' fixed cost), 1 and 2 workers
+        ("split-4bins (1 worker)", [sys.executable, "-c", SPLIT_CALL, str(d / "h5"), str(d / "bins1"),
+                                    str(args.shards), "1"], d / "bins1"),
+        ("split-4bins (2 workers)", [sys.executable, "-c", SPLIT_CALL, str(d / "h5"), str(d / "bins2"),
+                                     str(args.shards), "2"], d / "bins2"),
+        ("split-4bins (8 shards)", [sys.executable, "-c", SPLIT_CALL, str(d / "h5"), str(d / "bins8"), "8", "1"],
+         d / "bins8"),
     ]
     for name, cmd, out in steps:
         dt, rss, cpu = timed_child(cmd, env)
         size = du(out) / 1e6
         if (out / "cpu_seconds.txt").is_file():  # the fused call's own CPU, without the interpreter's start-up
             cpu = float((out / "cpu_seconds.txt").read_text())
+        secs = out.with_name(out.name + ".seconds.txt")
+        if secs.is_file():  # a split call's own wall and CPU, without the interpreter's start-up; its md5s
+            dt, cpu, figures[f"md5 s {name}"], figures[f"md5 bytes {name}"] = map(float, secs.read_text().split())
         figures[name], figures[f"cpu {name}"] = dt, cpu
         # a pool's workers are not the CLI's waited-for children: its CPU figure would be the parent's alone
         cpu_txt = f"cpu {cpu:5.2f} s" if "2 workers" not in name else "cpu   n/a  "
         print(f"{name:<28}{dt:>7.2f} s ({cpu_txt}) {mb / dt:>6.2f} MB/s {rss:>6.0f} MB peak RSS  -> {size:,.0f} MB")
+    # the shards' md5s: 128 files a call at 2,048 shards per bin (16 AVX-512 lanes where the CPU has them), as
+    # every call at full size; at 8 shards per bin, a call's 4-8 files (one of them most of the bytes) hash
+    # about as one stream. The projection counts the 8-shard rows at the 2,048-shard md5 speed.
+    for name in ("split-4bins (1 worker)", "split-4bins (8 shards)"):
+        s, b = figures[f"md5 s {name}"], figures[f"md5 bytes {name}"]
+        print(f"  md5 of the shards in {name}: {b / 1e6:,.0f} MB in {s:.2f} s ({b / 1e6 / max(s, 1e-9):,.0f} MB/s)")
     same = _same_files(d / "bins1", d / "bins2")
     print(f"split-4bins 2 workers vs 1: {figures['split-4bins (1 worker)'] / figures['split-4bins (2 workers)']:.2f}x, "
           f"bytes {'identical' if same else 'DIFFER'}")
@@ -402,11 +444,15 @@ def projection(fig: dict[str, float]) -> None:
     calls, which also counts waits for the disk and, on a shared machine, for other jobs' cores)."""
     scale = FULL_PART_MB / fig["mb"]
     print(f"\n## projection to the full set ({FULL_PARTS} x {FULL_PART_MB} MB)")
+    # one part's rows into the bins: the 8-shard split's CPU, its md5s counted at the speed they run at full size
+    # (the 2,048-shard split's: many files a call, side by side)
+    md5_rate = fig["md5 s split-4bins (1 worker)"] / max(fig["md5 bytes split-4bins (1 worker)"], 1)  # s per byte
+    rows = (fig["cpu split-4bins (8 shards)"] - fig["md5 s split-4bins (8 shards)"]
+            + fig["md5 bytes split-4bins (8 shards)"] * md5_rate)
     cpu = _project(
         tf_h5=fig["cpu tfrecord+hdf5 (fused call)"] * scale,  # the DAG's fused call: manifests and md5s included
-        # every part's rows once (8 shards: the data's cost; the CLI's start-up taken off)
-        bins_rows=max(0.0, fig["cpu split-4bins (8 shards)"] - fig["cpu start-up"]) * scale,
-        bins_files=max(0.0, fig["cpu split-4bins (1 worker)"] - fig["cpu split-4bins (8 shards)"]),  # 8,192 files once
+        bins_rows=rows * scale,
+        bins_files=max(0.0, fig["cpu split-4bins (1 worker)"] - rows),  # 8,192 files once
         # eval.txt (~3.7 MB of text in MLPerf's set): cpd + hdf5 of ~36 k instances, one chain
         eval_chain=max(0.0, fig["cpu create-pretraining-data"] + fig["cpu tfrecord-to-hdf5"] - 2 * fig["cpu start-up"])
         * 3.7 / fig["mb"],
