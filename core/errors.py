@@ -16,8 +16,12 @@ class ChecksumError(BertpipeError):
 
     def __init__(self, path: object, expected: str, actual: str, hint: str = "") -> None:
         self.path, self.expected, self.actual = str(path), expected, actual
+        self.hint = hint
         msg = f"md5 mismatch for {path}: expected {expected}, got {actual}"
         super().__init__(msg + (f". {hint}" if hint else ""))
+
+    def __reduce__(self):  # raised in a pool or Dask worker, it crosses a pickle with its fields
+        return (type(self), (self.path, self.expected, self.actual, self.hint))
 
 
 class ManifestError(BertpipeError):
@@ -34,3 +38,6 @@ class DiskFullError(BertpipeError):
     def __init__(self, errno: int, message: str) -> None:
         super().__init__(message)
         self.errno = errno
+
+    def __reduce__(self):  # see ChecksumError.__reduce__
+        return (type(self), (self.errno, str(self)))

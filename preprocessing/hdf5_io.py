@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from core.errors import BertpipeError, InputError, ManifestError, RecordError
 from core.manifest import FileCheck, Manifest, StageOutput, raise_if_disk_full, verify_files
+from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_DATASETS, row_shape
 
 if TYPE_CHECKING:
@@ -65,13 +66,14 @@ def stage_file(out: StageOutput, name: str) -> Iterator[Path]:
     out.add_file(name)
 
 
-def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
+def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest], *, workers: int = 1) -> None:
     """Check each input against the upstream manifest entry of the same name (size and md5).
 
     The md5 is not recomputed for a file whose size, mtime, ctime and inode are those recorded beside the
     upstream manifest when that md5 was last known (``.verified.json``, written by the data DAG: the rule of
     every "done?" check, see core.manifest.verify_manifest); in the DAG that spares re-reading each 500 MB
-    TFRecord that was hashed while it was written a moment before.
+    TFRecord that was hashed while it was written a moment before. The md5s that are due are taken side by side
+    (core.manifest.md5_files), on ``workers`` processes when there are several files.
 
     Raises:
         ManifestError: an input is not listed upstream or its size differs.
@@ -90,7 +92,13 @@ def verify_inputs(paths: Sequence[Path], upstream: Sequence[Manifest]) -> None:
                                 "pass the files that stage produced")
         checks.append(FileCheck(p, entry.md5, entry.bytes, not _stat_known(p, entry.name, entry.md5),
                                 "per the upstream manifest"))
-    verify_files(checks)  # the md5s that are due: side by side (core.manifest.md5_files)
+    due = [c for c in checks if c.check_md5]
+    if workers <= 1 or len(due) < 2:
+        verify_files(checks)
+        return
+    verify_files([replace(c, check_md5=False) for c in checks])  # every presence and size, here, first
+    n = min(len(due), 2 * workers)
+    run_all(verify_files, [(due[i::n],) for i in range(n)], workers)  # round robin: calls of similar bytes
 
 
 def _stat_known(path: Path, name: str, md5: str) -> bool:

@@ -508,7 +508,7 @@ def run_split_4bins(input_files: Sequence[Path], out_dir: Path, cfg: Split4BinsC
     out_dir = Path(out_dir)
     prefix = f"{data_dir}/" if data_dir else ""
     _check_out_dir(out_dir, {prefix + shard_name(b, k, n) for b in BIN_BOUNDS for k in range(n)})
-    verify_inputs(files, upstream)
+    verify_inputs(files, upstream, workers=workers)
     counts = run_all(count_bins, [(str(p), cfg) for p in files], workers)
     lay = Layout(counts, n)
     log.info("rows per bin %s: %s", "/".join(map(str, BIN_BOUNDS)), lay.totals)

@@ -150,3 +150,25 @@ def test_stat_records_spare_rehashing_untouched_files_and_catch_edited_ones(tmp_
         mf.verify_manifest(tmp_path / "s", trust_stat=True)
     assert hashed == ["b.bin"]
     mf.verify_manifest(tmp_path / "s", check_md5=False)  # sizes only: the edit goes unseen, by request
+
+
+def test_every_bertpipe_error_crosses_a_pickle_intact() -> None:
+    """Errors raised in pool or Dask workers reach the parent through pickle: same type, message and fields."""
+    import errno
+    import inspect
+    import pickle
+
+    import core.errors as errors
+
+    samples = {
+        errors.ChecksumError: errors.ChecksumError("/w/part-1", "a" * 32, "b" * 32, hint="re-run it"),
+        errors.DiskFullError: errors.DiskFullError(errno.ENOSPC, "disk full writing /w/x: free some space"),
+    }
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(c, errors.BertpipeError) and c.__module__ == errors.__name__]
+    assert errors.ChecksumError in classes and len(classes) >= 6
+    for cls in classes:
+        exc = samples.get(cls) or cls(f"{cls.__name__}: /w/file is bad; re-run the stage")
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is cls and str(back) == str(exc)
+        assert vars(back) == vars(exc)
