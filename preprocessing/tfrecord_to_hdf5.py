@@ -181,34 +181,39 @@ def _engine_fits(engines: list[Any], tf_cfg: Any, h5_cfg: HDF5Config, n: int) ->
 def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
     """Part i's TFRecord and its padded HDF5 in one pass (the hdf5 stage's ``fused``; the DAG calls it when
     both are due). The TFRecord stage runs as always; its C engine is kept, and the HDF5 is filled from the
-    instances it holds rather than from the 500 MB it wrote. Both manifests are what the two stages write one
-    after the other (same files, md5s, keys, counters). Without the C engine (``BERTPIPE_NATIVE=0``), or for
-    any other pair of units, the HDF5 stage runs as usual on the TFRecord just written."""
+    instances it holds rather than from the 500 MB it wrote. The two files' md5s are then taken side by side
+    (core.manifest.deferred_md5) and the two manifests written, TFRecord's first: both are what the two stages
+    write one after the other (same files, md5s, keys, counters). Without the C engine (``BERTPIPE_NATIVE=0``),
+    or for any other pair of units, the HDF5 stage runs as usual on the TFRecord just written."""
+    from core.manifest import deferred_md5
     from preprocessing import cpd_fast
 
     with cpd_fast.keeping_engine() as engines:
-        tf_manifest = tf_unit.call()
-    try:
-        upstream = h5_unit.upstream_manifests()
-        cfg = h5_unit.kwargs.get("cfg")
-        n = int(tf_manifest.counters.get("instances", -1))
-        src = Path(h5_unit.args[0]) if h5_unit.args else None
-        if (h5_unit.run is not run_tfrecord_to_hdf5 or not isinstance(cfg, HDF5Config) or len(h5_unit.args) != 1
-                or src is None or src.parent != Path(tf_unit.out_dir) or "output_name" not in h5_unit.kwargs
-                or src.name != tf_unit.kwargs.get("output_name")
-                or not _engine_fits(engines, tf_unit.kwargs.get("cfg"), cfg, n)):
-            engines.clear()  # free the instances before the separate path reads the TFRecord
-            return [tf_manifest, h5_unit.call(upstream)]
-        return [tf_manifest, _fused_hdf5(engines.pop(), n, src, Path(h5_unit.out_dir), cfg,
-                                         h5_unit.kwargs["output_name"], upstream)]
-    finally:
-        engines.clear()
+        try:
+            with deferred_md5():
+                tf_manifest = tf_unit.call()
+                cfg = h5_unit.kwargs.get("cfg")
+                n = int(tf_manifest.counters.get("instances", -1))
+                src = Path(h5_unit.args[0]) if h5_unit.args else None
+                fused = (h5_unit.run is run_tfrecord_to_hdf5 and isinstance(cfg, HDF5Config)
+                         and len(h5_unit.args) == 1 and src is not None and src.parent == Path(tf_unit.out_dir)
+                         and [Path(d) for d in h5_unit.upstream_dirs] == [Path(tf_unit.out_dir)]
+                         and "output_name" in h5_unit.kwargs and src.name == tf_unit.kwargs.get("output_name")
+                         and _engine_fits(engines, tf_unit.kwargs.get("cfg"), cfg, n))
+                if fused:
+                    h5_manifest = _fused_hdf5(engines.pop(), n, src, Path(h5_unit.out_dir), cfg,
+                                              h5_unit.kwargs["output_name"], [tf_manifest])
+        finally:
+            engines.clear()  # free the instances (before the separate path reads the TFRecord)
+    if not fused:
+        return [tf_manifest, h5_unit.call()]
+    return [tf_manifest, h5_manifest]
 
 
 def _fused_hdf5(engine: Any, n: int, src: Path, out_dir: Path, cfg: HDF5Config, output_name: str,
                 upstream: list[Manifest]) -> Manifest:
     """run_tfrecord_to_hdf5's manifest and file, the rows taken from ``engine`` (which wrote ``src``). The
-    input is checked as listed upstream with its size; its md5 is the one computed while it was written."""
+    input is checked as listed upstream with its size; its md5 is taken with the HDF5's (deferred_md5)."""
     from core.manifest import verify_file
 
     entry = next((f for m in upstream for f in m.files if f.name == src.name), None)

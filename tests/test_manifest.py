@@ -172,3 +172,38 @@ def test_every_bertpipe_error_crosses_a_pickle_intact() -> None:
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is cls and str(back) == str(exc)
         assert vars(back) == vars(exc)
+
+
+def test_deferred_md5_writes_what_two_stages_one_after_the_other_write(tmp_path) -> None:
+    """deferred_md5: both stages' files hashed at the end, manifests written then (the upstream's first), equal to
+    the manifests of the same two stages run one after the other; an error in the block leaves no manifest."""
+    from core.manifest import deferred_md5, load_manifest
+
+    def two_stages(root: Path) -> list:
+        with StageOutput(root / "a", "tfrecord", params={"x": 1}) as a:
+            with a.open("part-0") as f:
+                f.write(b"tf" * 70001)
+        with StageOutput(root / "b", "hdf5", params={"y": 2}, upstream=[a.manifest]) as b:
+            (root / "b").mkdir(exist_ok=True)
+            (root / "b" / "part-0.hdf5").write_bytes(b"h5" * 90001)
+            b.add_file("part-0.hdf5")
+            with b.open("side.txt") as f:
+                f.write(b"s" * 10)
+        return [a.manifest, b.manifest]
+
+    plain = two_stages(tmp_path / "plain")
+    with deferred_md5():
+        deferred = two_stages(tmp_path / "deferred")
+        assert not (tmp_path / "deferred" / "a" / MANIFEST_NAME).exists()  # not before the block ends
+    for p, d, sub in zip(plain, deferred, "ab", strict=True):
+        on_disk = load_manifest(tmp_path / "deferred" / sub)
+        for m in (d, on_disk):
+            assert (m.key, m.digest, m.upstream, m.files) == (p.key, p.digest, p.upstream, p.files)
+    assert deferred[1].upstream == {f"tfrecord:{plain[0].key}": plain[0].digest}
+    assert all(f.md5 == hashlib.md5((tmp_path / "plain" / s / f.name).read_bytes()).hexdigest()
+               for m, s in zip(plain, "ab", strict=True) for f in m.files)
+
+    with pytest.raises(RuntimeError, match="boom"), deferred_md5():
+        two_stages(tmp_path / "failed")
+        raise RuntimeError("boom")
+    assert not list((tmp_path / "failed").rglob(MANIFEST_NAME))
