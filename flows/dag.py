@@ -134,8 +134,13 @@ class DataDag:
         extra = [{u.shard: u for u in self._plan(c)} for c in chained]
         fused = chained[0].fused if len(chained) == 1 else None
         force = frozenset(self.p.force)
+        # --keep training: a droppable stage read only by the stages chained into its calls goes shard by shard,
+        # as soon as its readers have written that shard (part i's TFRecord once part i's HDF5 is done)
+        readers = {t.name for t in self.stages if s.name in t.reads}
+        drop = (0,) if (self.p.keep == "training" and s.droppable and chained
+                        and readers <= {c.name for c in chained}) else ()
         calls = [Call(units=(u, *(e[u.shard] for e in extra)), force=force, check_md5=self.p.verify_md5,
-                      root=str(self.work), surface=current_surface(), fused=fused) for u in units]
+                      root=str(self.work), surface=current_surface(), fused=fused, drop=drop) for u in units]
         return [s.name, *(c.name for c in chained)], calls
 
     def _batches(self, calls: list[Call], progress_id: str) -> list[Batch]:
@@ -320,7 +325,7 @@ class DataDag:
         """--keep training: delete the files of droppable stages whose readers are all done (verified in this run)."""
         from core.manifest import drop_files
 
-        freed = 0
+        freed = sum(r.get("freed", 0) for rows in self.rows.values() for r in rows)  # dropped shard by shard
         for s in self.stages:
             readers = [t.name for t in self.stages if s.name in t.reads]
             if not s.droppable or s.name not in self.results or not all(t in self.results for t in readers):

@@ -26,6 +26,7 @@ from core.errors import ChecksumError, ManifestError
 from core.manifest import (
     Manifest,
     check_inside,
+    drop_files,
     dropped_info,
     load_manifest,
     recording_stats,
@@ -48,6 +49,9 @@ class Call:
     surface: str = "flow"  # how errors spell parameters (preprocessing.params.surface)
     fused: Callable[..., tuple[Manifest, ...]] | None = None  # writes the whole chain in one pass, when all due
     revive: bool = False  # dropped units (--keep training) are due: a later stage needs their files
+    #: units whose files are deleted (``--keep training``, manifest kept) once every later unit of the call is
+    #: done: part i's TFRecord, as soon as part i's HDF5 is written, so the TFRecords never all sit on disk
+    drop: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
@@ -137,8 +141,8 @@ def _execute(call: Call) -> list[dict[str, Any]]:
             _log_redo(u, why)
         manifests = call.fused(*call.units)
         secs = (time.perf_counter() - t0) / len(call.units)
-        return [result_dict(u, m, cached=False, seconds=secs, why=why)
-                for u, m, (_, why) in zip(call.units, manifests, state, strict=True)]
+        return _drop_done(call, [result_dict(u, m, cached=False, seconds=secs, why=why)
+                                 for u, m, (_, why) in zip(call.units, manifests, state, strict=True)])
     out, ran = [], False
     for u, (m, why) in zip(call.units, state, strict=True):
         t = time.perf_counter()
@@ -150,6 +154,15 @@ def _execute(call: Call) -> list[dict[str, Any]]:
         _log_redo(u, why)
         out.append(result_dict(u, invoke(u), cached=False, seconds=time.perf_counter() - t, why=why))
         ran = True
+    return _drop_done(call, out)
+
+
+def _drop_done(call: Call, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``call.drop``: delete those units' files (manifest kept, ``_dropped.json`` written), their readers done."""
+    for i in call.drop:
+        if not out[i]["dropped"]:
+            out[i]["freed"] = drop_files(call.units[i].out_dir, "--keep training")
+            out[i]["dropped"] = True
     return out
 
 

@@ -27,6 +27,13 @@ def test_keep_training_drops_intermediates_and_rebuilds_them_on_demand(serial_ru
     for stage in ("tfrecord", "hdf5", "eval_tfrecord", "eval_10k"):
         assert _files(w, stage) == [], stage  # the data went, the manifests stayed
         assert list((w / stage).rglob(MANIFEST_NAME))
+    # part i's TFRecord went as soon as part i's HDF5 was written, before the bins began (so the TFRecords never
+    # all sit on disk at once); the padded HDF5, which the bins read, went after them
+    bins = [p.stat().st_mtime_ns for p in (w / "bins").rglob("*.hdf5")]
+    tf_dropped = [p.stat().st_mtime_ns for p in (w / "tfrecord").rglob("_dropped.json")]
+    h5_dropped = [p.stat().st_mtime_ns for p in (w / "hdf5").rglob("_dropped.json")]
+    assert len(tf_dropped) == len(h5_dropped) == 3 and bins
+    assert max(tf_dropped) < min(bins) and min(h5_dropped) > max(bins)
     kept = {k: v for k, v in serial.items() if k.split("/")[0] in ("text", "vocab", "bins", "eval_hdf5")}
     assert output_md5s(w) == kept  # what training reads: the very bytes of a run that keeps everything
     summary = last_run(w)
