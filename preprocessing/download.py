@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import tarfile
 import time
@@ -50,12 +51,17 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.errors import ChecksumError, DiskFullError, InputError
 from core.manifest import (
+    DROPPED_NAME,
+    MANIFEST_NAME,
+    STAT_NAME,
     Manifest,
     StageOutput,
     _stat_key,
@@ -128,6 +134,67 @@ class Resolved:
     md5_origin: str  # "given", "published table", the checksum file's URL, or "none"
 
 
+#: One download at a time per folder: a second ``bertpipe download`` (or download stage) into the same folder
+#: waits for the first (``flock`` on this file; the kernel frees it when its holder dies), then finds its files
+#: there and verified. Two at once would share the ``.part`` files, and one would rename the other's away.
+DOWNLOAD_LOCK = ".bertpipe-download.lock"
+#: Names a download listing may not name: bertpipe's own bookkeeping in the folder (a listing naming the manifest
+#: would have it fetched, then overwritten, and the folder could never verify).
+RESERVED_NAMES = frozenset({MANIFEST_NAME, STAT_NAME, DROPPED_NAME, DOWNLOAD_LOCK, ".bertpipe.lock"})
+
+
+@contextmanager
+def download_lock(out_dir: Path, *, note_every_s: float = 30.0) -> Iterator[None]:
+    """Hold the download lock of ``out_dir`` (created if missing); waits, saying for whom every ``note_every_s``.
+
+    The lock file exists only while held: the holder removes it before releasing, and a waiter that wins the
+    ``flock`` on a file that was meanwhile removed (or replaced) opens the new one and tries again.
+    """
+    import fcntl
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / DOWNLOAD_LOCK
+    noted, t0 = 0.0, time.monotonic()
+    while True:
+        try:
+            f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the block
+        except OSError as exc:
+            raise InputError(f"cannot create the lock file {path}: {exc.strerror or exc}; remove what is in its "
+                             "place or choose another --out") from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = time.monotonic() - t0
+            if waited >= noted:
+                f.seek(0)
+                who = f.read(300).strip() or "another process"
+                log.warning("waiting for another download into %s to finish (%s; %.0f s so far)", out_dir, who,
+                            waited)
+                noted = waited + note_every_s
+            f.close()
+            time.sleep(0.25)
+            continue
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # the holder before us removed (or replaced) the file: lock the one now at that path
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield
+    finally:
+        try:
+            path.unlink(missing_ok=True)  # still holding the lock: nobody can hold this inode now
+        finally:
+            f.close()  # closing the file releases the flock
+
+
 def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename: str | None = None,
                  cfg: DownloadConfig = DownloadConfig()) -> Manifest:
     """Fetch ``source`` into ``out_dir`` (resumable, retried, md5-verified) and write the stage manifest.
@@ -148,6 +215,9 @@ def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename
         raise InputError(f"--md5 {md5!r} is not a 32-digit hex md5")
     opener = _Opener(_ca_bundle(cfg), cfg.timeout_s)
     res = resolve(source, md5=md5, filename=filename, cfg=cfg, opener=opener)
+    if reserved_name(res.name):
+        raise InputError(f"refusing to save {source} as {res.name}: that name is bertpipe's own bookkeeping in the "
+                         "download folder; pass another --filename")
     check_output_dir(out_dir)
     if res.md5 is None:
         msg = (f"no md5 given or published for {source} (looked for .md5/md5sums files next to it); "
@@ -156,7 +226,7 @@ def run_download(source: str, out_dir: Path, *, md5: str | None = None, filename
             raise InputError(msg)
         log.warning(msg)
     params = {"source": source, "url": res.url, "name": res.name, "md5": res.md5}
-    with StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
+    with download_lock(out_dir), StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
         final = out.path(res.name)
         part = final.with_name(final.name + ".part")
         if final.is_file() and res.md5 and _matches(md5_file(final), res.md5):
@@ -458,6 +528,12 @@ def _get_small(url: str, opener: _Opener, cfg: DownloadConfig, what: str) -> str
         time.sleep(min(cfg.max_backoff_s, cfg.backoff_s * 2 ** (attempt - 1)))
 
 
+def reserved_name(name: str) -> bool:
+    """bertpipe's own files in a download folder: manifests, stat records, locks, temporary and partial files."""
+    return (name in RESERVED_NAMES or name.endswith(".manifest.json") or name.endswith(".part")
+            or (name.startswith(".") and ".tmp-" in name))
+
+
 def parse_listing(text: str, where: str) -> tuple[tuple[str, str], ...]:
     """``(relative path, md5)`` of a dataset's md5 list (``<md5>  ./dir/name``); refuses unsafe paths."""
     out = []
@@ -474,6 +550,9 @@ def parse_listing(text: str, where: str) -> tuple[tuple[str, str], ...]:
         if not rel or rel.startswith("/") or any(q in ("", ".", "..") for q in pieces) or "\\" in rel:
             raise InputError(f"{where} line {i}: refusing the path {parts[1].strip()!r} (must stay inside the "
                              "download folder)")
+        if reserved_name(pieces[-1]):
+            raise InputError(f"{where} line {i}: refusing the path {parts[1].strip()!r}: {pieces[-1]} is a name "
+                             "bertpipe keeps for its own bookkeeping in the download folder (a listing may not name it)")
         out.append((rel, parts[0].lower()))
     if not out:
         raise InputError(f"{where} lists no files; is it a dataset's .md5 list?")
@@ -487,6 +566,10 @@ def read_listing(meta_url: str, opener: _Opener, cfg: DownloadConfig) -> Listing
     if not lines:
         raise InputError(f"{meta_url} is empty; expected the dataset's base URL in it")
     base = _check_scheme(lines[0], f"the base URL in {meta_url}")
+    if base.lower().startswith("file:") and not meta_url.lower().startswith("file:"):
+        # file:// only where the user typed it: a metadata file a server sent names https bases only
+        raise InputError(f"refusing the base URL {lines[0][:200]} in {meta_url}: a remote metadata file may only "
+                         "name https:// bases (a local mirror needs local metadata: $" + MLCOMMONS_METADATA_ENV + ")")
     folder, _, name = meta_url.rpartition("/")
     sums_url = f"{folder}/{name.removesuffix('.uri')}.md5"
     entries = parse_listing(_get_small(sums_url, opener, cfg, "md5 list"), sums_url)
@@ -590,7 +673,7 @@ def run_mlcommons_dataset(out_dir: Path, *, dataset: str = "wikipedia", include:
     chosen = _select(listing, include)
     check_output_dir(out_dir)
     params = {"source": "mlcommons", "dataset": listing.source, "include": list(include)}
-    with StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
+    with download_lock(out_dir), StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
         if sums_name and not any(rel == sums_name for rel, _ in listing.entries):
             with out.open_text(sums_name) as f:
                 f.write("".join(f"{md5}  ./{rel}\n" for rel, md5 in listing.entries))
@@ -659,7 +742,7 @@ def run_mlcommons(out_dir: Path, *, vocab: bool = True, include: tuple[str, ...]
             voc = (vlisting, vopener, hits[0], vlisting.sums_url)
     check_output_dir(out_dir)
     params = {"source": "mlcommons", **mlcommons_sources(vocab, cfg), "include": list(include)}
-    with StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
+    with download_lock(out_dir), StageOutput(out_dir, "download", params=params, code_version=STAGE_VERSION) as out:
         records = read_stat_records(out.dir)
         if by_name:
             _fetch_all(out, [(n, listing.url(rel), md5) for n, (rel, md5) in sorted(by_name.items())],
@@ -751,15 +834,34 @@ class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
         self.auth_message = auth_message
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
-        _check_scheme(newurl)
         new = urllib.parse.urlsplit(newurl)
+        if new.scheme.lower() != "https":  # never down to http, never to a local file:// (a server cannot
+            raise InputError(f"refusing {newurl} (a redirect from {req.full_url}): a server may only redirect to "
+                             "https:// addresses; check the URL or the mirror")  # make bertpipe read local files)
         if self.auth_message and ("cloudflareaccess.com" in (new.hostname or "") or "/cdn-cgi/access/" in new.path):
             raise InputError(f"{req.full_url}: redirected to Cloudflare Access's login; {self.auth_message}")
         out = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if out is not None and new.hostname != urllib.parse.urlsplit(req.full_url).hostname:
-            for k in [k for k in out.headers if k.lower() in _SECRET_HEADERS]:
+        if out is not None and origin(newurl) != origin(req.full_url):
+            for k in [k for k in out.headers if k.lower() in _SECRET_HEADERS]:  # the secret stays with its origin
                 del out.headers[k]
+            for k in [k for k in out.unredirected_hdrs if k.lower() in _SECRET_HEADERS]:
+                del out.unredirected_hdrs[k]
         return out
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the port made explicit (https -> 443): what a secret header is bound to.
+
+    A redirect to another scheme, host or port is another origin, and never gets the access token."""
+    u = urllib.parse.urlsplit(url)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port
+    except ValueError:  # a malformed port: no origin equals it
+        port = -1
+    if port is None:
+        port = {"https": 443, "http": 80}.get(scheme)
+    return scheme, (u.hostname or "").lower(), port
 
 
 class _Opener:

@@ -67,6 +67,7 @@ class State:
     service: tuple[str, str] | None = None  # a service token (client id, secret) also let in
     login_redirect: bool = False  # without a valid token: 302 to Cloudflare Access's login (as the real one)
     cut: set[str] = field(default_factory=set)  # paths whose next transfer stops half-way
+    redirects: dict[str, str] = field(default_factory=dict)  # path -> Location answered with a 302 (any token)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
     def paths(self, since: int = 0) -> list[str]:
@@ -100,6 +101,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's API
         st: State = self.server.state  # type: ignore[attr-defined]
         st.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+        if self.path in st.redirects:
+            self.send_response(302)
+            self.send_header("Location", st.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         service = st.service is not None and (self.headers.get("cf-access-client-id"),
                                               self.headers.get("cf-access-client-secret")) == st.service
         if st.token is not None and self.headers.get("cf-access-token") != st.token and not service:
