@@ -28,6 +28,11 @@ class ManifestError(BertpipeError):
     """A stage directory has no manifest, or its files do not match the manifest."""
 
 
+class ManifestCorrupt(ManifestError):
+    """A manifest or a marker beside it (``_dropped.json``) is not what bertpipe writes: unparseable, a missing
+    key, a wrong type, a file entry that leaves its stage folder. Never trusted: the stage is redone."""
+
+
 class RecordError(InputError):
     """A TFRecord/HDF5 record is corrupt or malformed (names the file and the record index)."""
 

@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import signal
+import stat
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -39,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import ChecksumError, DiskFullError, InputError, ManifestError
+from core.errors import ChecksumError, DiskFullError, InputError, ManifestCorrupt, ManifestError
 from core.native import NativeModule
 
 MANIFEST_NAME = "_manifest.json"
@@ -149,10 +150,102 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        """A manifest from its JSON form, checked against the schema first (:func:`schema_problem`).
+
+        Raises:
+            ValueError: it does not fit the schema, or its ``digest`` is not that of its stage, key and files.
+        """
+        why = schema_problem(d)
+        if why:
+            raise ValueError(why)
         d = dict(d)
-        d.pop("digest", None)
-        d["files"] = [FileEntry(**f) for f in d.get("files", [])]
-        return cls(**d)
+        digest = d.pop("digest", None)
+        d["files"] = [FileEntry(**f) for f in d["files"]]
+        m = cls(**d)
+        if digest is not None and digest != m.digest:
+            raise ValueError(f"its digest {digest} is not that of its stage, key and files ({m.digest}): edited "
+                             "after it was written")
+        return m
+
+
+#: Names bertpipe keeps beside a stage's files: never an output, never listed in a manifest.
+RESERVED_NAMES = frozenset({"_manifest.json", "_dropped.json", ".verified.json"})
+_MD5_HEX = re.compile(r"^[0-9a-f]{32}$")
+_TMP_NAME = re.compile(r"^\..+\.tmp-\d+$")
+#: key -> (type, required) of a manifest's JSON form (``digest`` is written by :meth:`Manifest.to_json`)
+_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "stage": (str, True), "key": (str, True), "files": (list, True), "code_version": (str, False),
+    "params": (dict, False), "upstream": (dict, False), "counters": (dict, False), "seconds": ((int, float), False),
+    "versions": (dict, False), "format": (int, False), "digest": (str, False)}
+
+
+def name_problem(name: Any) -> str:
+    """Why ``name`` cannot be a file entry of a manifest ("" when it can): it must be a relative,
+    '/'-separated path inside its stage folder - no absolute path, no '.', '..' or empty component, no
+    backslash, drive letter or control character, not a name bertpipe keeps for itself or a temporary name."""
+    if not isinstance(name, str):
+        return f"a file name is a {type(name).__name__}, not a string"
+    if not name:
+        return "a file name is empty"
+    shown = repr(name) if len(name) <= 120 else repr(name[:120] + "...")
+    if name.startswith("/"):
+        return f"file name {shown} is an absolute path"
+    if "\\" in name:
+        return f"file name {shown} holds a backslash"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"file name {shown} holds a control character"
+    if re.match(r"^[A-Za-z]:", name):
+        return f"file name {shown} starts with a drive letter"
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return f"file name {shown} has an empty, '.' or '..' component (it must stay inside its stage folder)"
+    if parts[-1] in RESERVED_NAMES or _TMP_NAME.match(parts[-1]):
+        return f"file name {shown} is one bertpipe keeps for itself (a manifest, a marker or a temporary file)"
+    return ""
+
+
+def schema_problem(d: Any) -> str:
+    """Why ``d`` is not the JSON form of a :class:`Manifest` ("" when it is): keys and their types, every file
+    entry ``{name, bytes, md5}`` (:func:`name_problem`; bytes an int >= 0; md5 32 lowercase hex digits), and at
+    least one file: every stage writes one, so a missing or empty ``files`` list is a damaged manifest."""
+    if not isinstance(d, dict):
+        return f"it is a JSON {type(d).__name__}, not an object"
+    for k in d:
+        if k not in _SCHEMA:
+            return f"unknown key {str(k)[:40]!r}"
+    for k, (typ, required) in _SCHEMA.items():
+        if k not in d:
+            if required:
+                return f"no {k!r} key"
+            continue
+        v = d[k]
+        if not isinstance(v, typ) or isinstance(v, bool):
+            return f"{k!r} is a {type(v).__name__}"
+    if not d["stage"]:
+        return "'stage' is empty"
+    if d.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:
+        return f"format {d['format']} (this bertpipe reads format {MANIFEST_FORMAT})"
+    for k in ("upstream", "versions"):
+        if any(not isinstance(a, str) or not isinstance(b, str) for a, b in d.get(k, {}).items()):
+            return f"{k!r} maps a name to something other than a string"
+    files = d["files"]
+    if not files:
+        return "its 'files' list is empty (every stage writes at least one file)"
+    seen: set[str] = set()
+    for i, f in enumerate(files):
+        if not isinstance(f, dict) or set(f) != {"name", "bytes", "md5"}:
+            return f"file entry {i} is not an object with exactly name, bytes and md5"
+        why = name_problem(f["name"])
+        if why:
+            return why
+        if not isinstance(f["bytes"], int) or isinstance(f["bytes"], bool) or f["bytes"] < 0:
+            return f"file {f['name']!r}: bytes {f['bytes']!r} is not an integer >= 0"
+        if not isinstance(f["md5"], str) or not _MD5_HEX.match(f["md5"]):
+            return f"file {f['name']!r}: md5 {str(f['md5'])[:40]!r} is not 32 lowercase hex digits"
+        if f["name"] in seen:
+            return f"file {f['name']!r} is listed twice"
+        seen.add(f["name"])
+    return ""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -308,10 +401,7 @@ class StageOutput:
     def __enter__(self) -> StageOutput:
         if self.root is not None:
             check_inside(self.dir, self.root)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / self.manifest_name).unlink(missing_ok=True)
-        (self.dir / DROPPED_NAME).unlink(missing_ok=True)
-        remove_debris(self.dir)
+        begin_redo(self.dir, self.manifest_name)
         self._t0 = time.perf_counter()
         self.fault("start")
         return self
@@ -366,7 +456,9 @@ class StageOutput:
             raise_if_disk_full(exc, final)
             raise
         self.fault("rename")
-        os.replace(tmp, final)
+        if os.path.isdir(final) and not os.path.islink(final):
+            remove_entry(self.dir, name)  # a folder where the output belongs (inside the stage folder)
+        os.replace(tmp, final)  # a symbolic link there is replaced itself, never followed
         self._entries[name] = FileEntry(name, raw.nbytes, raw.md5.hexdigest() if raw.md5 is not None else "")
         self.fault("file")
 
@@ -390,9 +482,13 @@ class StageOutput:
         return entry
 
     def path(self, name: str) -> Path:
-        p = (self.dir / name).resolve()
-        if not p.is_relative_to(self.dir.resolve()):
-            raise ValueError(f"refusing to write {name!r}: it escapes the stage directory {self.dir}")
+        """``name`` in the stage directory; InputError when it is no name of an output (``..``, absolute, a
+        reserved name: :func:`name_problem`) or its folder resolves outside the stage directory."""
+        why = name_problem(name)
+        p = (self.dir / name).parent.resolve() if not why else None
+        if why or not p.is_relative_to(self.dir.resolve()):
+            raise InputError(f"refusing to write {name!r} in {self.dir}: "
+                             f"{why or f'its folder resolves to {p}, outside the stage folder (a symlink?)'}")
         return self.dir / name
 
     def count(self, name: str, n: int | float = 1) -> None:
@@ -495,10 +591,106 @@ def raise_if_disk_full(exc: BaseException, path: str | os.PathLike) -> None:
 
 
 def remove_debris(directory: Path) -> None:
-    """Delete temporary files left by killed writers (``.<name>.tmp-<pid>``) under ``directory``."""
-    for p in directory.rglob(".*.tmp-*"):
-        if p.is_file():
-            p.unlink(missing_ok=True)
+    """Delete temporary files left by killed writers (``.<name>.tmp-<pid>``) under ``directory``.
+
+    Symbolic links to folders are not followed (a link of that name is unlinked itself, never its target)."""
+    for dirpath, _dirs, files in os.walk(directory):  # os.walk does not descend into linked folders
+        for n in files:
+            if _TMP_NAME.match(n):
+                p = os.path.join(dirpath, n)
+                try:
+                    if stat.S_ISREG(os.lstat(p).st_mode) or os.path.islink(p):
+                        os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+
+def outside(path: str | os.PathLike, root: str | os.PathLike) -> str:
+    """Where ``path`` resolves, when that is outside ``root`` ("" when inside): a stage folder that is (or lies
+    under) a symbolic link leading out of the work dir."""
+    real = Path(path).resolve()
+    return "" if real.is_relative_to(Path(root).resolve()) else str(real)
+
+
+def output_problem(directory: str | os.PathLike, name: str) -> tuple[Path, str]:
+    """(the path, why it is not an output) for ``directory/name`` ("" when it is a plain file): every component
+    below ``directory`` is looked at without following links, so an output is never read (nor deleted)
+    through a symbolic link or outside its stage folder. ``name`` must pass :func:`name_problem`."""
+    p = Path(directory)
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        p = p / part
+        try:
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            return p, "missing"
+        except OSError as exc:
+            return p, f"cannot be looked at ({exc.strerror})"
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(p)
+            except OSError:
+                target = "?"
+            return p, f"a symbolic link (to {target}); outputs are plain files, never read through a link"
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            return p, "missing"  # a file where a folder of the path belongs
+    if stat.S_ISDIR(st.st_mode):
+        return p, "a folder where an output file belongs"
+    if not stat.S_ISREG(st.st_mode):
+        return p, "not a plain file"
+    return p, ""
+
+
+def remove_entry(directory: str | os.PathLike, name: str) -> bool:
+    """Remove what sits at ``directory/name`` - a file, a symbolic link (unlinked itself, never followed) or a
+    folder (with what it holds; links inside are unlinked, not followed) - only when every folder on the way
+    is a real folder inside ``directory``; True when something was removed."""
+    import shutil
+
+    if name_problem(name) and name not in RESERVED_NAMES:
+        return False
+    p = Path(directory)
+    parts = name.split("/")
+    for part in parts[:-1]:
+        p = p / part
+        try:
+            if not stat.S_ISDIR(os.lstat(p).st_mode):
+                return False
+        except OSError:
+            return False
+    p = p / parts[-1]
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(p)  # fd-based on Linux: never follows a link inside
+    else:
+        p.unlink()
+    return True
+
+
+def begin_redo(directory: str | os.PathLike, manifest_name: str = MANIFEST_NAME) -> None:
+    """Before a stage (or shard) directory is written again: the old manifest and drop record go, with the
+    debris of killed writers, and whatever its old manifest listed that is no plain file - a symbolic link or a
+    folder put where an output belongs, or a link where one of its folders belongs - is removed (links
+    unlinked, never followed), so the new outputs are written inside the stage folder."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        old = load_manifest(d, manifest_name)
+    except ManifestError:
+        old = None
+    for f in old.files if old is not None else ():
+        p, why = output_problem(d, f.name)
+        if why and why != "missing":
+            remove_entry(d, p.relative_to(d).as_posix())
+    if "/" in manifest_name:  # kept beside the stage folder (a standalone split-4bins): the caller's own name
+        (d / manifest_name).unlink(missing_ok=True)
+    else:
+        remove_entry(d, manifest_name)
+    remove_entry(d, DROPPED_NAME)
+    remove_debris(d)
 
 
 def _versions() -> dict[str, str]:
@@ -508,17 +700,47 @@ def _versions() -> dict[str, str]:
 
 
 # -- reading and verifying ---------------------------------------------------------------------
-def load_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Manifest | None:
-    """The manifest of a stage directory, or None when there is none (not done)."""
-    p = Path(directory) / name
+def read_plain(path: str | os.PathLike, what: str = "file") -> str | None:
+    """The UTF-8 text of a small bookkeeping file bertpipe wrote (a manifest, a marker), None when absent.
+
+    Only a plain file is read: a symbolic link there is not followed (it could lead out of the work dir), and
+    a FIFO or a folder is refused without blocking. Raises ManifestCorrupt naming the file otherwise."""
+    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        why = "a symbolic link, which is never followed" if exc.errno == errno.ELOOP else exc.strerror
+        raise ManifestCorrupt(f"{p} is corrupt ({why}); not trusted: the next run redoes that {what}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ManifestCorrupt(f"{p} is corrupt (not a plain file); not trusted: the next run redoes that {what}")
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ManifestCorrupt(f"{p} is corrupt (not UTF-8 text); not trusted: the next run redoes that "
+                              f"{what}") from None
+
+
+def load_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Manifest | None:
+    """The manifest of a stage directory, or None when there is none (not done).
+
+    Raises:
+        ManifestCorrupt: it is not a manifest bertpipe wrote (:func:`schema_problem`: unparseable, a key missing
+            or of the wrong type, no files, a file entry that leaves the stage folder, a digest that does not
+            match); one line naming it. Nothing it lists is read.
+    """
+    p = Path(directory) / name
+    text = read_plain(p, "stage")
+    if text is None:
         return None
     try:
         return Manifest.from_dict(json.loads(text))
-    except (ValueError, TypeError) as exc:
-        raise ManifestError(f"{p} is not a valid bertpipe manifest ({exc}); delete it to redo the stage") from exc
+    except (ValueError, TypeError, RecursionError) as exc:
+        why = f"not JSON: {exc}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise ManifestCorrupt(f"{p} is corrupt ({why}); not trusted: the next run redoes that stage") from None
 
 
 def _stat_key(path: Path) -> list[int]:
@@ -527,11 +749,17 @@ def _stat_key(path: Path) -> list[int]:
 
 
 def read_stat_records(directory: Path) -> dict[str, list]:
+    """:data:`STAT_NAME` of a stage directory: file name -> [size, mtime_ns, ctime_ns, inode, md5]; records of
+    any other shape (a planted or damaged file) are left out, so those files are hashed."""
     try:
-        data = json.loads((directory / STAT_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_plain(Path(directory) / STAT_NAME) or "{}")
+    except (ManifestError, ValueError, RecursionError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {n: r for n, r in data.items() if not name_problem(n) and isinstance(r, list) and len(r) == 5
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in r[:4])
+            and isinstance(r[4], str) and _MD5_HEX.match(r[4])}
 
 
 def write_stat_records(directory: Path, md5s: dict[str, str]) -> None:
@@ -546,7 +774,8 @@ def write_stat_records(directory: Path, md5s: dict[str, str]) -> None:
 def verify_manifest(
     directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True, trust_stat: bool = False
 ) -> Manifest:
-    """Load and check a stage directory: every file present, of the recorded size and md5.
+    """Load and check a stage directory: every file present, a plain file inside it (no symbolic link on the way:
+    :func:`output_problem`), of the recorded size and md5.
 
     ``trust_stat``: a file whose size, mtime, ctime and inode are those recorded when its md5 was last
     known (:data:`STAT_NAME`) is not re-hashed; the others are, and the records are renewed when they hold.
@@ -560,6 +789,9 @@ def verify_manifest(
     records = read_stat_records(directory) if check_md5 and trust_stat else {}
     checks = []
     for f in m.files:
+        path, why = output_problem(directory, f.name)
+        if why and why != "missing":
+            raise ManifestError(f"{path} is {why} (listed in {directory / name}); the next run redoes the stage")
         path = directory / f.name
         rec = records.get(f.name)
         known = False
@@ -583,7 +815,7 @@ def verify_file(path: str | os.PathLike, md5: str, size: int | None = None, *, c
     hint = f" ({what})" if what else ""
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise ManifestError(f"{path} is missing{hint}; re-run the stage that produces it") from None
     if size is not None and st.st_size != size:
         raise ManifestError(f"{path} has {st.st_size} bytes, expected {size}{hint}; re-run the stage that produces it")
@@ -630,25 +862,64 @@ def is_done(directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md
 
 
 # -- dropping a stage's files (the disk budget) ----------------------------------------------------------
-def dropped_info(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """What :func:`drop_files` recorded for a stage directory, or None when its files are (meant to be) there."""
-    try:
-        info = json.loads((Path(directory) / DROPPED_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+#: format of :data:`DROPPED_NAME`; a record of another format (an older bertpipe's) is not trusted
+DROPPED_FORMAT = 2
 
 
-def drop_files(directory: str | os.PathLike, why: str) -> int:
-    """Delete the files a stage directory's manifest lists, keep the manifest, record it; returns bytes freed."""
+def _drop_files_list(m: Manifest) -> list[list[Any]]:
+    return [[f.name, f.bytes, f.md5] for f in sorted(m.files, key=lambda e: e.name)]
+
+
+def dropped_info(directory: str | os.PathLike, manifest: Manifest | None = None) -> dict[str, Any] | None:
+    """What :func:`drop_files` recorded for a stage directory, or None when its files are (meant to be) there.
+
+    A record counts only when it names the very files its manifest lists (names, sizes, md5s) and that
+    manifest's digest: a planted, damaged or older-format ``_dropped.json`` is ignored, and the files are
+    checked as usual. ``manifest``: the directory's manifest, when the caller has it loaded already.
+    """
     directory = Path(directory)
+    try:
+        m = manifest if manifest is not None else load_manifest(directory)
+        text = read_plain(directory / DROPPED_NAME)
+        info = json.loads(text) if text is not None else None
+    except (ManifestError, ValueError, RecursionError):
+        return None
+    if m is None or not isinstance(info, dict) or info.get("format") != DROPPED_FORMAT:
+        return None
+    if info.get("manifest") != m.digest or info.get("files") != _drop_files_list(m):
+        return None
+    return info
+
+
+def drop_files(directory: str | os.PathLike, why: str, root: str | os.PathLike | None = None) -> int:
+    """Delete the files a stage directory's manifest lists, keep the manifest, record it; returns bytes freed.
+
+    The record (:data:`DROPPED_NAME`, written first) names each file with its size and md5 and the manifest's
+    digest. Only plain files and links (unlinked, never followed) are removed, and only inside the stage
+    folder: a stage folder resolving outside ``root`` (the work dir), or an entry reached through a link or a
+    non-folder, makes it refuse (ManifestError) before anything is deleted.
+    """
+    directory = Path(directory)
+    if root is not None and (real := outside(directory, root)):
+        raise ManifestError(f"refusing to delete the files of {directory}: it resolves to {real}, outside the work "
+                            f"dir {root} (a symbolic link?); nothing was deleted. Remove the link")
     m = load_manifest(directory)
-    if m is None or dropped_info(directory) is not None:
+    if m is None or dropped_info(directory, m) is not None:
         return 0
-    info = {"files": len(m.files), "bytes": sum(f.bytes for f in m.files), "why": why,
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for f in m.files:
+        p, problem = output_problem(directory, f.name)
+        if problem and problem != "missing" and p != directory / f.name:  # a link or a file on the way there
+            raise ManifestError(f"refusing to delete {directory / f.name}: {p} is {problem}; nothing was deleted")
+    info = {"format": DROPPED_FORMAT, "manifest": m.digest, "files": _drop_files_list(m),
+            "bytes": sum(f.bytes for f in m.files), "why": why, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    remove_entry(directory, DROPPED_NAME)  # an old record of another form (or a folder of that name)
     atomic_write_text(directory / DROPPED_NAME, json.dumps(info, sort_keys=True) + "\n")  # first: a kill leaves
     for f in m.files:  # a marked dir with some files still there, which reads as dropped (rebuilt when needed)
-        (directory / f.name).unlink(missing_ok=True)
-    (directory / STAT_NAME).unlink(missing_ok=True)
+        p = directory / f.name
+        try:
+            if not stat.S_ISDIR(os.lstat(p).st_mode):  # a plain file, or a link (the link itself goes)
+                p.unlink()
+        except FileNotFoundError:
+            pass
+    remove_entry(directory, STAT_NAME)
     return info["bytes"]

@@ -173,6 +173,7 @@ class DataDag:
                 raise
             shutdown_pool()
         self._find_done_rest()
+        self._sweep_trainer_folders()
         self._say_what_ran_too()
         if self.p.keep == "training":
             self._drop_intermediates()
@@ -244,7 +245,7 @@ class DataDag:
         """Done already (its manifest verifies), or run its first pieces; ``finish`` decides what follows."""
         units = self._plan(s)
         whole = self._whole(s, units)
-        m = None if s.name in self.p.force else check_done(whole, self.p.verify_md5)
+        m = None if s.name in self.p.force else check_done(whole, self.p.verify_md5, root=str(self.work))
         if m is not None:
             self._record(s.name, [result_dict(whole, m, cached=True, seconds=0.0)])
             return
@@ -282,7 +283,7 @@ class DataDag:
     def _done_without_running(self, s: Stage) -> bool:
         """``s`` reads a stage whose files were dropped: done already (recorded), or revive what it needs."""
         units = self._done_units(s)
-        found = [check_done(u, self.p.verify_md5) for u in units]
+        found = [check_done(u, self.p.verify_md5, root=str(self.work)) for u in units]
         if units and all(found) and s.name not in self.p.force:
             self._record(s.name, [result_dict(u, m, cached=True, seconds=0.0) for u, m in zip(units, found,
                                                                                                 strict=True)])
@@ -331,7 +332,7 @@ class DataDag:
             if not s.droppable or s.name not in self.results or not all(t in self.results for t in readers):
                 continue
             for shard in self.results[s.name].manifests:
-                freed += drop_files(self.results[s.name].unit_dir(shard), "--keep training")
+                freed += drop_files(self.results[s.name].unit_dir(shard), "--keep training", self.work)
             self.results[s.name].dropped = set(self.results[s.name].manifests)
             for r in self.rows[s.name]:
                 r["dropped"] = True
@@ -397,10 +398,22 @@ class DataDag:
                 units = self._done_units(s)
             except (InputError, KeyError, OSError):
                 continue
-            found = [check_done(u, check_md5=False) for u in units]
+            found = [check_done(u, check_md5=False, root=str(self.work)) for u in units]
             if units and all(found):
                 self._record(s.name, [result_dict(u, m, cached=True, seconds=0.0) for u, m in zip(units, found,
                                                                                                     strict=True)])
+
+    def _sweep_trainer_folders(self) -> None:
+        """The folders trainers read (``train_dir``, the eval HDF5's) hold only what their manifests list: an
+        unlisted plain file there is removed (a trainer globbing the folder would read it); a link or anything
+        else is refused in one line (InputError)."""
+        from tasks.workdir import sweep_unlisted
+
+        for name, result in self.results.items():
+            if list(result.manifests) == [""] and not result.dropped:
+                for rel in sweep_unlisted(name, result.dir, result.manifest, self.work):
+                    self.log.warning("removed %s/%s: a file bertpipe did not write, in a folder trainers read "
+                                     "whole", result.dir, rel)
 
     def _say_what_ran_too(self) -> None:
         extra = sorted(n for n in self.targets - self.selected if n in self.results

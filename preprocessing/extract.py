@@ -273,6 +273,9 @@ def _keep(texts: list[str | None], out: StageOutput) -> Iterator[str]:
 def _remove_old_outputs(out_dir: Path) -> None:
     """Delete ``XX/wiki_NN`` left from an earlier run, so a shorter output leaves no stale files."""
     for p in out_dir.glob("[A-Z][A-Z]/wiki_[0-9][0-9]"):
+        if p.parent.is_symlink():  # never delete through a link (it may lead out of the output folder)
+            raise InputError(f"{p.parent} is a symbolic link; an output folder of extract holds real folders "
+                             "only: remove the link and run again")
         if p.is_file() and _OUTPUT_FILE.match(p.relative_to(out_dir).as_posix()):
             p.unlink()
 

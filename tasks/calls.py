@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from core.manifest import (
     drop_files,
     dropped_info,
     load_manifest,
+    outside,
     recording_stats,
     verify_manifest,
 )
@@ -74,16 +76,25 @@ class Batch:
         return first if len(self.calls) == 1 else f"{first}..{last.rsplit('[', 1)[-1].rstrip(']')} ({len(self.calls)})"
 
 
-def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> tuple[Manifest | None, str]:
+def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False,
+                 root: str = "") -> tuple[Manifest | None, str]:
     """(the verified manifest, "") when ``unit`` is done, else (None, why it is not).
 
-    A unit whose files were dropped (``--keep training``) counts as done, its manifest standing for it,
-    unless ``revive``: then a later stage needs its files back.
+    A unit whose files were dropped (``--keep training``; its drop record matching its manifest) counts as
+    done, its manifest standing for it, unless ``revive``: then a later stage needs its files back. A damaged
+    manifest is "manifest corrupt: ..." (the unit is redone); with ``root`` (the work dir), a unit directory
+    resolving outside it is never done, and nothing in it is read.
     """
-    m = load_manifest(unit.out_dir)
+    if root and (real := outside(unit.out_dir, root)):
+        return None, f"its folder resolves to {real}, outside the work dir"
+    try:
+        m = load_manifest(unit.out_dir)
+    except ManifestError as exc:
+        found = re.search(r" is corrupt \((.*)\); not trusted", str(exc), re.S)
+        return None, f"manifest corrupt: {found.group(1) if found else exc}"
     if m is None:
         return None, "never done (or interrupted before its manifest)"
-    if dropped_info(unit.out_dir) is not None:
+    if dropped_info(unit.out_dir, m) is not None:
         return (None, "dropped by --keep training, and a later stage needs its files") if revive else (m, "")
     try:
         m = verify_manifest(unit.out_dir, check_md5=check_md5, trust_stat=True)
@@ -102,8 +113,8 @@ def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> tu
     return m, ""
 
 
-def check_done(unit: Unit, check_md5: bool = True, revive: bool = False) -> Manifest | None:
-    return why_not_done(unit, check_md5, revive)[0]
+def check_done(unit: Unit, check_md5: bool = True, revive: bool = False, root: str = "") -> Manifest | None:
+    return why_not_done(unit, check_md5, revive, root)[0]
 
 
 def invoke(unit: Unit) -> Manifest:
@@ -115,7 +126,7 @@ def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: s
     """What a task returns per unit (JSON types only: Prefect stores it with the json serializer)."""
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir,
             "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3), "why": why,
-            "dropped": cached and dropped_info(unit.out_dir) is not None}
+            "dropped": cached and dropped_info(unit.out_dir, m) is not None}
 
 
 def execute(call: Call) -> list[dict[str, Any]]:
@@ -133,7 +144,7 @@ def _execute(call: Call) -> list[dict[str, Any]]:
             check_inside(u.out_dir, call.root)
     if any(u.piece for u in call.units):
         return [_run_piece(u) for u in call.units]
-    state = [(None, "forced") if u.stage in call.force else why_not_done(u, call.check_md5, call.revive)
+    state = [(None, "forced") if u.stage in call.force else why_not_done(u, call.check_md5, call.revive, call.root)
              for u in call.units]
     due = [i for i, (m, _) in enumerate(state) if m is None]
     if call.fused is not None and len(due) == len(call.units) > 1:
@@ -147,7 +158,7 @@ def _execute(call: Call) -> list[dict[str, Any]]:
     for u, (m, why) in zip(call.units, state, strict=True):
         t = time.perf_counter()
         if ran and u.stage not in call.force:  # its upstream was just made: look again
-            m, why = why_not_done(u, call.check_md5, call.revive)
+            m, why = why_not_done(u, call.check_md5, call.revive, call.root)
         if m is not None:
             out.append(result_dict(u, m, cached=True, seconds=time.perf_counter() - t))
             continue
@@ -161,7 +172,7 @@ def _drop_done(call: Call, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``call.drop``: delete those units' files (manifest kept, ``_dropped.json`` written), their readers done."""
     for i in call.drop:
         if not out[i]["dropped"]:
-            out[i]["freed"] = drop_files(call.units[i].out_dir, "--keep training")
+            out[i]["freed"] = drop_files(call.units[i].out_dir, "--keep training", call.root or None)
             out[i]["dropped"] = True
     return out
 

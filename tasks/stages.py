@@ -50,7 +50,7 @@ class ManifestCachePolicy(CachePolicy):
         if any(u.piece for c in batch.calls for u in c.units):
             return None  # pieces of a stage (counts, shard groups) are never taken from Prefect's records
         key = cache_key(batch)
-        if all(check_done(u, c.check_md5, c.revive) is not None for c in batch.calls for u in c.units):
+        if all(check_done(u, c.check_md5, c.revive, c.root) is not None for c in batch.calls for u in c.units):
             return key
         try:
             known = task_ctx.result_store.exists(key)

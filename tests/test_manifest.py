@@ -104,7 +104,8 @@ def test_digest_is_stable_across_reruns(tmp_path):
 
 
 def test_refuses_path_escaping_stage_dir(tmp_path):
-    with pytest.raises(ValueError, match="escapes"), StageOutput(tmp_path / "s", "demo") as st:
+    with pytest.raises(ValueError, match="refusing to write '../evil'.*'..' component"), \
+            StageOutput(tmp_path / "s", "demo") as st:
         with st.open("../evil") as f:
             f.write(b"x")
 

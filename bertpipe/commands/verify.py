@@ -2,8 +2,9 @@
 
   bertpipe verify --work-dir work
 
-Exit status 0 when every manifest verifies, 1 otherwise (each bad file is named with the expected and
-actual md5; the next `bertpipe run` redoes exactly those stages or shards).
+Exit status 0 when every manifest verifies, 1 otherwise: a file that differs (named with the expected and
+actual md5), a damaged manifest, a folder trainers read holding a file bertpipe did not write, or an output the
+last run made (work/last_run.json) that is gone; the next `bertpipe run` redoes exactly those stages or shards.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     PathCheck().input_dir("--work-dir", args.work_dir, "work dir (of a `bertpipe run`)")
     t0 = time.perf_counter()
-    entries = [e for e in scan(args.work_dir, check_md5=True) if e.state != "missing"]
+    entries = scan(args.work_dir, check_md5=True)
     if not entries:
         raise InputError(f"--work-dir {args.work_dir} holds no stage outputs (no <stage>/<key>/_manifest.json); "
                          "is it the work dir of a `bertpipe run`?")
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"ok   {e.path}: {e.files} files, {e.bytes:,} bytes")
         elif e.state == "dropped":
             print(f"drop {e.path}: {e.detail}")
+        elif e.state == "missing":
+            print(f"BAD  {e.path}: missing: {e.detail}; the next `bertpipe run` makes it again")
         else:
             print(f"BAD  {e.path}: {e.state}: {e.detail}")
     dt = time.perf_counter() - t0
