@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,6 +229,10 @@ class BinnedSampler:
     vocab_size: int | None = None
     epoch: int = 0
     index: int = 0
+    read: Callable[..., dict[str, np.ndarray]] = field(default=read_rows, repr=False)
+    """Reads (file, row) samples as a batch's arrays: :func:`read_rows`, or a packed layout's reader."""
+    layout: str = ""
+    """"" for padded rows; "packed-habana" / "packed-nvidia" (pretrain/packing.py), part of the digest."""
     _rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _handles: dict[int, dict[int, object]] = field(default_factory=dict, repr=False)
     _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
@@ -250,7 +255,8 @@ class BinnedSampler:
     def digest(self) -> str:
         """Fingerprint of everything the order depends on (checked on resume)."""
         key = repr((sorted((b, [(s.path.name, s.rows) for s in ss]) for b, ss in self.bins.items()),
-                    self.micro_batch, self.world, self.seed, "balanced-slices"))  # the sharding scheme too
+                    self.micro_batch, self.world, self.seed, "balanced-slices")  # the sharding scheme too
+                   + ((self.layout,) if self.layout else ()))
         return hashlib.md5(key.encode()).hexdigest()
 
     def _epoch_plan(self) -> tuple[np.ndarray, np.ndarray]:
@@ -283,7 +289,7 @@ class BinnedSampler:
         pick = perm[j * self.micro_batch:(j + 1) * self.micro_batch]
         shards = self.bins[b]
         handles = self._handles.setdefault(b, {})
-        arrays = read_rows(shards, files[pick], rows[pick], b, handles)
+        arrays = self.read(shards, files[pick], rows[pick], b, handles)
         batch = Batch(arrays, b, sorted({str(shards[f].path) for f in files[pick]}), self.epoch, self.index)
         if self.vocab_size is not None:
             check_vocab(arrays, self.vocab_size, batch.describe())

@@ -158,7 +158,7 @@ def preflight(cfg: TrainConfig) -> None:
     """
     from core.errors import InputError
     from pretrain import checkpoint as ckpt
-    from pretrain.data import _open_h5, check_vocab, discover_shards, inspect_shard
+    from pretrain.data import _open_h5, check_vocab, inspect_shard
     from pretrain.train import model_config_for
 
     if not cfg.train_dir:
@@ -167,7 +167,9 @@ def preflight(cfg: TrainConfig) -> None:
         mcfg = model_config_for(cfg)
     except (OSError, ValueError, TypeError) as exc:
         raise InputError(f"bad model config ({cfg.model!r}, {cfg.model_config!r}): {exc}") from exc
-    bins = discover_shards(cfg.train_dir)
+    from pretrain.packing import preflight_bins
+
+    bins = preflight_bins(cfg.train_dir, cfg.packed, mcfg.vocab_size)  # packed data: checked there, {} back
     files = [next(s for s in shards if s.rows) for shards in bins.values() if any(s.rows for s in shards)]
     if cfg.eval_file:
         if not Path(cfg.eval_file).is_file():

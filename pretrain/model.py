@@ -8,6 +8,14 @@
 * Batches may be padded only to their length bin's bound (S = 128/256/384/512): positions are 0..S-1 and the
   key-padding mask makes the result independent of S.
 * Everything is dtype-agnostic (bf16 weights work); the losses are computed in fp32.
+* Packed rows (several sequences in one row, ``pretrain/packing.py``): ``forward(..., positions=...,
+  next_sentence_positions=..., next_sentence_weights=...)`` with ``input_mask`` holding each token's sequence
+  number (1, 2, 3 ...; 0 = padding). A token attends only to the tokens of its own sequence, position ids
+  restart at each sequence, the pooler and NSP head run on each sequence's [CLS], and the losses are those
+  of the same sequences unpadded, one per row (mean over all masked tokens of the batch, mean NSP loss over
+  its sequences). Attention: ``flash_attn_varlen_func`` on the unpadded tokens where the ``flash_attn``
+  package imports and the model runs on CUDA in fp16/bf16; else PyTorch SDPA with a block-diagonal boolean
+  mask built from the sequence numbers (``BertForPreTraining.packed_attention`` says which ran).
 
 Parameter names (see `hf_export.py` / `tf_import.py` for the mappings):
   embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
@@ -38,7 +46,7 @@ class PretrainingOutput:
     nsp_loss: Tensor | None
     mlm_logits: Tensor  # [N_valid, vocab_size], the valid masked positions of all rows, row-major
     #                     ([B*P, vocab_size], all slots, when the model was built with static_mlm=True)
-    nsp_logits: Tensor  # [B, 2]
+    nsp_logits: Tensor  # [B, 2]; packed rows: [N_sequences, 2] ([B*S, 2], all slots, with static_mlm=True)
     mlm_correct: Tensor  # scalar int64: valid masked tokens whose argmax equals the label (0 without labels)
     mlm_count: Tensor  # scalar int64: valid masked tokens
 
@@ -62,12 +70,23 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, segment_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: Tensor, segment_ids: Tensor, positions: Tensor | None = None) -> Tensor:
+        """``positions`` [B, S]: each token's position id (packed rows restart at 0 per sequence); None: 0..S-1."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(
             segment_ids
         )
         return self.dropout(self.LayerNorm(x))
+
+
+@dataclass
+class Varlen:
+    """Attention over unpadded tokens [T, H]: sequence i is tokens cu_seqlens[i]:cu_seqlens[i+1]."""
+
+    cu_seqlens: Tensor  # [N + 1] int32
+    max_seqlen: int
+    kernel: object  # (q, k, v [T, heads, head_dim], cu_seqlens, max_seqlen, dropout_p) -> [T, heads, head_dim]
 
 
 class BertLayer(nn.Module):
@@ -94,16 +113,22 @@ class BertLayer(nn.Module):
         self.ffn_LayerNorm = nn.LayerNorm(h, eps=eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def attention(self, x: Tensor, key_mask: Tensor) -> Tensor:
+    def attention(self, x: Tensor, key_mask: Tensor | Varlen) -> Tensor:
+        dropout_p = self.attn_dropout_p if self.training else 0.0
+        if isinstance(key_mask, Varlen):  # x: [T, H], the unpadded tokens of packed rows
+            t, h = x.shape
+            q, k, v = self.attn_qkv(x).view(t, 3, self.num_heads, h // self.num_heads).unbind(1)
+            ctx = key_mask.kernel(q, k, v, key_mask.cu_seqlens, key_mask.max_seqlen, dropout_p)
+            return self.attn_out(ctx.reshape(t, h))
         b, s, h = x.shape
         q, k, v = self.attn_qkv(x).view(b, s, 3, self.num_heads, h // self.num_heads).unbind(2)
         ctx = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=key_mask,
-            dropout_p=self.attn_dropout_p if self.training else 0.0,
+            dropout_p=dropout_p,
         )
         return self.attn_out(ctx.transpose(1, 2).reshape(b, s, h))
 
-    def forward(self, x: Tensor, residual: Tensor | None, key_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, residual: Tensor | None, key_mask: Tensor | Varlen) -> tuple[Tensor, Tensor | None]:
         a = self.dropout(self.attention(x, key_mask))
         if self.large:
             residual = a if residual is None else residual + a
@@ -122,7 +147,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | Varlen) -> Tensor:
         residual = None
         for layer in self.layer:
             x, residual = layer(x, residual, key_mask)
@@ -146,6 +171,35 @@ class BertMLMHead(nn.Module):
         return F.linear(x, decoder_weight, self.bias)[..., : self.vocab_size]
 
 
+_UNSET = object()
+_FLASH_VARLEN = _UNSET
+
+
+def _flash_attn_varlen():
+    """``flash_attn.flash_attn_varlen_func``, or None where the package is absent or fails to import."""
+    global _FLASH_VARLEN
+    if _FLASH_VARLEN is _UNSET:
+        try:
+            from flash_attn import flash_attn_varlen_func
+        except Exception:  # not installed, or built for another torch / CUDA: fall back to SDPA
+            flash_attn_varlen_func = None
+        _FLASH_VARLEN = flash_attn_varlen_func
+    return _FLASH_VARLEN
+
+
+def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """flash-attn's varlen kernel (CUDA, fp16/bf16): q, k, v [T, heads, head_dim] -> [T, heads, head_dim]."""
+    return _flash_attn_varlen()(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
+
+
+def reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """The varlen kernel's function with plain SDPA, one sequence at a time (any device; for tests)."""
+    bounds = cu_seqlens.tolist()
+    out = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), dropout_p=dropout_p
+                                          ).transpose(0, 1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return torch.cat(out) if out else q.new_zeros(q.shape)
+
+
 def valid_mask(masked_lm_positions: Tensor) -> Tensor:
     """[B, P] bool: slots before the first 0 of each row (position 0 is [CLS], never masked)."""
     return (masked_lm_positions != 0).to(torch.int32).cumprod(dim=1).bool()
@@ -167,6 +221,10 @@ class BertForPreTraining(nn.Module):
         super().__init__()
         self.config = config
         self.static_mlm = static_mlm
+        #: packed rows' attention kernel: "auto" (flash_varlen on CUDA fp16/bf16 when flash_attn imports, else
+        #: SDPA with a block-diagonal mask), None (always the SDPA mask) or a varlen kernel (reference_varlen)
+        self.varlen_kernel: object = "auto"
+        self.packed_attention = ""  # what the last packed batch used: "sdpa-block-diagonal-mask" or "varlen:<kernel>"
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
@@ -185,14 +243,50 @@ class BertForPreTraining(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def encode(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Sequence output [B, S, H] and pooled output [B, H] (tanh(dense(h[:, 0])))."""
+    def encode(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor,
+               positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Sequence output [B, S, H] and pooled output [B, H] (tanh(dense(h[:, 0])), the first sequence's)."""
+        x = self.sequence_output(input_ids, segment_ids, input_mask, positions)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+    def sequence_output(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor,
+                        positions: Tensor | None = None) -> Tensor:
+        """The encoder's output [B, S, H]. With ``positions`` the rows are packed: ``input_mask`` holds each
+        token's sequence number (0 = padding) and a token attends only within its sequence."""
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"batch is padded to {input_ids.shape[1]} tokens, longer than the model's "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
-        key_mask = (input_mask != 0)[:, None, None, :]  # [B, 1, 1, S]: True = attend to this key
-        x = self.encoder(self.embeddings(input_ids.long(), segment_ids.long()), key_mask)
-        return x, torch.tanh(self.pooler(x[:, 0]))
+        x = self.embeddings(input_ids.long(), segment_ids.long(), None if positions is None else positions.long())
+        if positions is None:
+            key_mask = (input_mask != 0)[:, None, None, :]  # [B, 1, 1, S]: True = attend to this key
+            return self.encoder(x, key_mask)
+        kernel = self.varlen_kernel
+        if kernel == "auto":
+            cuda_half = x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
+            kernel = flash_varlen if cuda_half and _flash_attn_varlen() is not None else None
+        if kernel is None:
+            self.packed_attention = "sdpa-block-diagonal-mask"
+            # [B, 1, S, S]: query i attends key j iff they carry the same sequence number (padding attends
+            # padding only, so no row is all-masked; real tokens never see padding or another sequence)
+            return self.encoder(x, (input_mask[:, :, None] == input_mask[:, None, :])[:, None])
+        self.packed_attention = f"varlen:{getattr(kernel, '__name__', type(kernel).__name__)}"
+        return self._encode_unpadded(x, input_mask, kernel)
+
+    def _encode_unpadded(self, x: Tensor, seq_ids: Tensor, kernel) -> Tensor:  # noqa: ANN001 - a varlen kernel
+        """The encoder on the real tokens only ([T, H]), sequences delimited by cu_seqlens; padding rows of the
+        result are 0. Sequences must be contiguous runs of one number within a row (as every packer writes)."""
+        b, s, h = x.shape
+        ids = seq_ids.reshape(-1)
+        keep = torch.nonzero(ids != 0).squeeze(1)  # row-major token indices (one host sync)
+        if keep.numel() == 0:
+            return torch.zeros_like(x)
+        key = (keep // s) * (1 << 16) + ids.index_select(0, keep).long()  # (row, sequence) of each kept token
+        start = torch.ones_like(key, dtype=torch.bool)
+        start[1:] = key[1:] != key[:-1]
+        cu = torch.cat([torch.nonzero(start).squeeze(1), keep.new_tensor([keep.numel()])]).to(torch.int32)
+        max_len = int((cu[1:] - cu[:-1]).max())
+        flat = self.encoder(x.reshape(b * s, h).index_select(0, keep), Varlen(cu, max_len, kernel))
+        return x.new_zeros(b * s, h).index_copy(0, keep, flat).view(b, s, h)
 
     def mlm_scores(self, hidden: Tensor) -> Tensor:
         """MLM logits [..., vocab_size] for any hidden states (e.g. all positions, for tests/eval)."""
@@ -206,16 +300,24 @@ class BertForPreTraining(nn.Module):
         masked_lm_positions: Tensor,
         masked_lm_ids: Tensor | None = None,
         next_sentence_labels: Tensor | None = None,
+        positions: Tensor | None = None,
+        next_sentence_positions: Tensor | None = None,
+        next_sentence_weights: Tensor | None = None,
     ) -> PretrainingOutput:
         """Run the model on one batch padded to any S <= max_position_embeddings.
 
         Args:
-            input_ids, segment_ids, input_mask: [B, S] integer tensors (the HDF5 fields).
-            masked_lm_positions: [B, P]; the valid slots are those before the first 0.
+            input_ids, segment_ids, input_mask: [B, S] integer tensors (the HDF5 fields); packed rows:
+                input_mask holds each token's sequence number 1, 2, ... (0 = padding).
+            masked_lm_positions: [B, P]; the valid slots are those before the first 0 (packed rows:
+                positions within the row).
             masked_lm_ids: [B, P] labels of those slots, or None.
-            next_sentence_labels: [B] (0 = is next, 1 = random), or None.
+            next_sentence_labels: [B] (0 = is next, 1 = random), or None; packed rows: [B, N], one per sequence.
+            positions: packed rows only, [B, S]: each token's position within its sequence.
+            next_sentence_positions: packed rows only, [B, N]: where each sequence's [CLS] is in the row.
+            next_sentence_weights: packed rows only, [B, N]: 1 for a sequence, 0 for an empty slot.
         """
-        seq, pooled = self.encode(input_ids, segment_ids, input_mask)
+        seq = self.sequence_output(input_ids, segment_ids, input_mask, positions)
         b, s, h = seq.shape
         valid = valid_mask(masked_lm_positions)
         flat_index = torch.arange(b, device=seq.device)[:, None] * s + masked_lm_positions.long()
@@ -224,7 +326,19 @@ class BertForPreTraining(nn.Module):
         else:  # boolean indexing: N_valid is data-dependent (one host sync)
             flat_index = flat_index[valid]
         mlm_logits = self.mlm_scores(seq.reshape(b * s, h).index_select(0, flat_index))
-        nsp_logits = self.nsp_head(pooled)
+        nsp_valid = None
+        if next_sentence_positions is None:  # one sequence per row: its [CLS] is at 0
+            cls = seq[:, 0]
+        else:  # each sequence's [CLS]
+            nsp_valid = (next_sentence_weights != 0 if next_sentence_weights is not None
+                         else torch.ones_like(next_sentence_positions, dtype=torch.bool))
+            nsp_index = torch.arange(b, device=seq.device)[:, None] * s + next_sentence_positions.long()
+            if self.static_mlm:  # all slots (static shapes); empty ones read row's position 0 and are ignored
+                nsp_valid, nsp_index = nsp_valid.flatten(), nsp_index.flatten()
+            else:
+                nsp_index = nsp_index[nsp_valid]
+            cls = seq.reshape(b * s, h).index_select(0, nsp_index)
+        nsp_logits = self.nsp_head(torch.tanh(self.pooler(cls)))
         mlm_count = valid.sum()
 
         mlm_loss = nsp_loss = loss = None
@@ -240,8 +354,15 @@ class BertForPreTraining(nn.Module):
             with torch.no_grad():
                 mlm_correct = (mlm_logits.argmax(dim=-1) == labels).sum()
             loss = mlm_loss
-        if next_sentence_labels is not None:
+        if next_sentence_labels is not None and nsp_valid is None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.long().view(-1))
+        elif next_sentence_labels is not None:  # the mean over the batch's sequences
+            nsp_labels = next_sentence_labels.long()
+            nsp_labels = (torch.where(nsp_valid, nsp_labels.flatten(), -100) if self.static_mlm
+                          else nsp_labels[nsp_valid])
+            nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="sum", ignore_index=-100
+                                       ) / nsp_valid.sum().clamp(min=1)
+        if next_sentence_labels is not None:
             loss = nsp_loss if loss is None else loss + nsp_loss
         return PretrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits, mlm_correct, mlm_count)
 

@@ -111,10 +111,14 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
     """One optimizer step = ``gas`` micro-batches; returns this rank's mean losses and samples."""
     import torch
 
+    from pretrain.packing import real_counts
+
     totals = [0.0, 0.0, 0.0]
-    samples = 0
+    samples = sequences = tokens = 0
     for micro in range(gas):
         batch = sampler.next_batch()
+        n_seq, n_tok = real_counts(batch.arrays)  # (packed rows hold several sequences)
+        sequences, tokens = sequences + n_seq, tokens + n_tok
         out = engine(**to_tensors(batch.arrays, device))
         # one host sync per micro-batch: the three losses together
         values = torch.stack([out.loss.detach(), out.mlm_loss.detach(), out.nsp_loss.detach()]).float().tolist()
@@ -125,7 +129,8 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
         mark_step()
         totals = [t + v / gas for t, v in zip(totals, values, strict=True)]
         samples += len(batch.arrays["input_ids"])
-    return {"loss": totals[0], "mlm_loss": totals[1], "nsp_loss": totals[2], "samples": samples}
+    return {"loss": totals[0], "mlm_loss": totals[1], "nsp_loss": totals[2], "samples": samples,
+            "sequences": sequences, "tokens": tokens}
 
 
 def run_eval(model, eval_set, device) -> dict[str, float]:
@@ -201,7 +206,7 @@ def setup(cfg: TrainConfig):
     import deepspeed
     import torch
 
-    from pretrain.data import BinnedSampler, PrefetchingSampler, discover_shards
+    from pretrain.data import PrefetchingSampler
     from pretrain.determinism import set_determinism
     from pretrain.evaluate import EvalSet
     from pretrain.model import BertForPreTraining
@@ -221,8 +226,10 @@ def setup(cfg: TrainConfig):
     mcfg = model_config_for(cfg)
     ds_cfg = load_ds_config(cfg, world)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
-    sampler = PrefetchingSampler(BinnedSampler(discover_shards(cfg.train_dir), micro, rank, world, cfg.seed,
-                                               mcfg.vocab_size))
+    from pretrain.packing import training_sampler
+
+    binned, _ = training_sampler(cfg.train_dir, cfg.packed, micro, rank, world, cfg.seed, mcfg.vocab_size)
+    sampler = PrefetchingSampler(binned)  # packed rows when the data is packed (pretrain/packing.py)
     eval_set = None
     if cfg.eval_file:
         eval_set = EvalSet(cfg.eval_file, cfg.eval_batch_size, rank, world, mcfg.vocab_size,
@@ -347,6 +354,7 @@ class Run:
         target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, self.step + cfg.steps_this_run)
         train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
         window_time, window_steps = 0.0, 0  # since the last metrics record
+        self.real = {"sequences": 0, "tokens": 0}  # this rank's real sequences and tokens (summary.json)
         self.engine.train()
         while self.step < target:
             if self.stop.agreed(self.device):  # all ranks stop at the same step
@@ -359,6 +367,9 @@ class Run:
             r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
             dt = time.perf_counter() - t0
             self.step, steps_done, train_time = self.step + 1, steps_done + 1, train_time + dt
+            self.real = {k: v + r[k] for k, v in self.real.items()}
+            if steps_done == 1 and self.rank == 0 and getattr(self.engine.module, "packed_attention", ""):
+                log.info("packed rows: attention %s", self.engine.module.packed_attention)
             self.mllog.epoch(self.sampler.epoch, self.step * self.global_batch)
             window_time, window_steps = window_time + dt, window_steps + 1
             if self.step % cfg.log_interval == 0 or self.step == target:
@@ -387,10 +398,16 @@ class Run:
         from pretrain.metrics import write_summary
 
         acc = last_eval.get("eval_mlm_accuracy")
+        real = {k: v * self.world for k, v in _mean_over_ranks(getattr(self, "real", {"sequences": 0, "tokens": 0}),
+                                                               self.device).items()}  # all ranks
         summary = {"model": self.cfg.model, "device": self.choice.kind, "world_size": self.world,
                    "global_batch": self.global_batch, "steps": self.step, "steps_this_run": steps_done,
                    "stopped_by": stopped_by, "final_loss": last.get("loss"), "raw_train_time": train_time,
                    "training_sequences_per_second": self.global_batch * steps_done / train_time if train_time else 0.0,
+                   # real (unpadded) sequences and tokens: packed rows count each of their sequences
+                   "training_real_sequences_per_second": real["sequences"] / train_time if train_time else 0.0,
+                   "training_real_tokens_per_second": real["tokens"] / train_time if train_time else 0.0,
+                   "data_layout": getattr(getattr(self.sampler, "sampler", self.sampler), "layout", "") or "padded",
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
                    "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
                    "weights_from": self.init_origin, "vocab": self.vocab,

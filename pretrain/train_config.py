@@ -22,7 +22,13 @@ class TrainConfig:
     """One pre-training run (defaults: a short CPU run of the tiny model)."""
 
     train_dir: str = ""
-    """4-bin folder (``{128,256,384,512}/part_<k>_of_<N>.hdf5``), a folder of padded HDF5 files or one file."""
+    """4-bin folder (``{128,256,384,512}/part_<k>_of_<N>.hdf5``), a folder of padded HDF5 files or one file, or
+    packed data (Habana's or NVIDIA's packed HDF5 files, detected from their datasets: see --packed)."""
+    packed: bool = False
+    """Train on packed rows (several sequences a row; Habana's pack_pretraining_data_pytorch.py or NVIDIA's
+    packed_data layout): refuse --train-dir unless it holds them. Packed data is detected without the flag too.
+    Each token attends only within its sequence, positions restart per sequence, NSP per sequence;
+    --micro-batch then counts packs."""
     eval_file: str = ""
     """Eval HDF5 (eval_10k.hdf5); empty: no evaluation."""
     output_dir: str = "results/pretrain"

@@ -17,6 +17,10 @@ before any rank starts). With --resume and a checkpoint of this run in OUTPUT_DI
 the run's own state wins, so one command line serves the first start and every restart. config.json and
 summary.json record it ("init_checkpoint").
 
+--packed (or a --train-dir of packed files, detected): train on packed rows, Habana's
+pack_pretraining_data_pytorch.py layout or NVIDIA's packed_data one (pretrain/packing.py); a token attends only
+within its sequence, positions restart per sequence, NSP per sequence; --micro-batch counts packs.
+
 --train-dir may be a data work dir (`bertpipe run --work-dir W`, or W/datasets/latest): its 4 bins, and its
 eval file and vocab unless --eval-file/--vocab are given. --vocab (the data's vocab.txt) sets the model's
 vocab_size unless --vocab-size is given, and is recorded (path, md5) so `bertpipe export-hf` writes the
