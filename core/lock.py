@@ -40,9 +40,12 @@ def _holder(f: IO[str]) -> str:
 class WorkDirLock:
     """Exclusive lock on a work dir; ``wait_s`` > 0 waits that long for it, 0 refuses at once."""
 
-    def __init__(self, work_dir: str | os.PathLike, wait_s: float = 0.0) -> None:
+    def __init__(self, work_dir: str | os.PathLike, wait_s: float = 0.0, *, what: str = "work dir",
+                 advice: str = "wait for that run to finish (or pass --wait-lock SECONDS), or use another --work-dir"
+                 ) -> None:
         self.work_dir = Path(work_dir)
         self.wait_s = wait_s
+        self.what, self.advice = what, advice  # the refusal: "<what> X is in use by <holder>; <advice>"
         self._key = ""
 
     def __enter__(self) -> WorkDirLock:
@@ -71,8 +74,7 @@ class WorkDirLock:
                 if time.monotonic() >= deadline:
                     who = _holder(f)
                     f.close()
-                    raise InputError(f"work dir {self.work_dir} is in use by {who}; wait for that run to finish "
-                                     "(or pass --wait-lock SECONDS), or use another --work-dir") from None
+                    raise InputError(f"{self.what} {self.work_dir} is in use by {who}; {self.advice}") from None
                 time.sleep(0.5)
         f.seek(0)
         f.truncate()
