@@ -8,16 +8,28 @@ uncompressed datasets, created in this order (the order decides the file's bytes
 
 ``masked_lm_weights`` is not stored: the number of predictions is the index of the first 0 in
 ``masked_lm_positions`` (position 0 is always [CLS], never masked).
+
+**Every HDF5 file bertpipe writes goes through** :func:`h5_create` (or its two halves :func:`h5_open_new` /
+:func:`h5_close_for_good`, for a writer that keeps many files open at once, as split_4bins does). A new writer
+(the NVIDIA/Habana layouts included) must do the same, never ``h5py.File(path, "w")``: with h5py's default
+("weak") file-close degree, closing a file is postponed while any id of it is still referenced, and anything
+that holds a Python frame (a sampling profiler, a debugger, Dask's call-stack view, ``sys._current_frames()``)
+keeps the locals of the writer's functions alive. The file is then renamed and hashed before HDF5 has written
+its last bytes (it was 65,536 bytes in issue 21), and the manifest records the md5 of an unfinished file. The
+helper opens with a strong close degree, closes every object of the file however many references are held,
+checks that none is left open, and fsyncs the file, all before the caller renames or hashes it. Same bytes as
+``h5py.File(path, "w", **kw)``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +67,112 @@ def atomic_path(final: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise_if_disk_full(exc, final)  # h5py's OSError / RuntimeError of a full disk -> DiskFullError
         raise
+
+
+def h5_open_new(path: Path | str, *, in_memory: bool = False, **kw: Any) -> h5py.File:
+    """Create (truncate) ``path`` for writing, as ``h5py.File(path, "w", **kw)`` does (h5py's own property
+    lists, so the same bytes) but with HDF5's strong file-close degree. Close it with :func:`h5_close_for_good`.
+
+    ``in_memory``: build the file in memory and write it at close (HDF5's core driver with a backing store:
+    the same bytes, fewer system calls; for small files). ``kw``: any other ``h5py.File`` keyword (``libver``,
+    ``track_order``, ``userblock_size``, ``fs_strategy``, cache and driver settings...).
+    """
+    import h5py
+    from h5py import h5f
+    from h5py._hl import files as hl  # h5py.File's own property-list builders (the lists "w" would use)
+
+    fcpl_kw = {k: kw.pop(k) for k in ("fs_strategy", "fs_persist", "fs_threshold", "fs_page_size") if k in kw}
+    track_order = kw.pop("track_order", None)
+    userblock_size = kw.pop("userblock_size", None)
+    driver = kw.pop("driver", None)
+    if in_memory:
+        if driver not in (None, "core"):
+            raise ValueError(f"h5_open_new: in_memory=True uses the core driver, not {driver!r}")
+        driver = "core"
+        kw.setdefault("backing_store", True)
+    fapl = hl.make_fapl(driver, **kw)
+    fapl.set_fclose_degree(h5f.CLOSE_STRONG)  # H5Fclose closes every object of the file, then the file
+    fcpl = hl.make_fcpl(track_order=h5py.get_config().track_order if track_order is None else track_order,
+                        **fcpl_kw)
+    return h5py.File(hl.make_fid(os.fsencode(os.fspath(path)), "w", userblock_size, fapl, fcpl))
+
+
+def h5_close_for_good(f: h5py.File, *, fsync: bool = True) -> None:
+    """Close ``f`` (from :func:`h5_open_new`) so that its bytes on disk are final, then fsync it.
+
+    Every object of the file that is open in this process (datasets, groups, attributes, other ids of the file)
+    is closed, however many references to it are still held (by a profiler's or debugger's frames, for
+    instance: h5py's ``File.close()`` does the same, plus a sweep over every object the process has open,
+    which costs milliseconds per file with hundreds of files open). The ids still held become invalid.
+
+    Raises:
+        BertpipeError: an object of the file is still open afterwards (the same file opened a second time in
+            this process): its bytes are not final, so it must not be renamed or hashed.
+    """
+    from h5py import h5f, h5i
+
+    fid = f.id
+    if not fid.valid:
+        raise BertpipeError(f"h5_close_for_good: {f!r} was closed already; let h5_create / h5_close_for_good "
+                            "close it (a file closed otherwise may not be closed for good)")
+    path = f.filename
+    every = h5f.get_obj_ids(fid, h5f.OBJ_ALL)  # what is open of this file in this process (one ref more each)
+    mine = h5f.get_obj_ids(fid, h5f.OBJ_ALL | h5f.OBJ_LOCAL)  # ... opened through this handle of it
+    for obj in sorted(mine, key=lambda o: isinstance(o, h5f.FileID)):  # the file's objects first, then the file
+        while obj.valid:
+            h5i.dec_ref(obj)
+    left = [type(o).__name__ for o in every if o.valid]
+    del every, mine  # the refs taken above on what is left open: given back
+    if left:
+        raise BertpipeError(f"{path}: the HDF5 file cannot be closed for good: {len(left)} object(s) of it "
+                            f"({', '.join(sorted(set(left)))}) are still open in this process (the file was "
+                            "opened a second time?); its bytes are not final, so it is not renamed or hashed")
+    if fsync:
+        fsync_file(path)
+
+
+@contextmanager
+def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, **kw: Any) -> Iterator[h5py.File]:
+    """``with h5_create(tmp) as f:`` write ``f``; when the block ends the file is closed for good and fsynced
+    (:func:`h5_close_for_good`), so it may be renamed and hashed. On an error it is closed and the error
+    raised (the caller removes the file: :func:`atomic_path` / :func:`stage_file`). Arguments: see
+    :func:`h5_open_new`. Every HDF5 writer of bertpipe goes through here (see the module docstring)."""
+    f = h5_open_new(path, in_memory=in_memory, **kw)
+    try:
+        yield f
+    except BaseException:
+        try:
+            h5_close_for_good(f, fsync=False)
+        except Exception:  # noqa: BLE001,S110 - closing after a failure: the file is removed anyway
+            pass
+        raise
+    h5_close_for_good(f, fsync=fsync)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Flush a directory's entries (renames into it) to the disk; a no-op where the file system cannot."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path | str) -> None:
+    """Flush a closed file's data to the disk (as StageOutput does for the files it writes)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot fsync: nothing to do
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextmanager

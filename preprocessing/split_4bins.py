@@ -362,9 +362,8 @@ def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults:
                 faults("rename")
                 os.replace(shards.tmp[b][j], finals[b][j])
                 faults("file")
-    # on disk before the flow writes the manifest that lists them: the files, then the renames (one fsync after
-    # another once all are written: the first commits the file system's journal for all, 4-6x faster than
-    # fsyncing each as it closes)
+    # on disk before the flow writes the manifest that lists them: the files, then the renames (once all are
+    # written, so the kernel has been writing them back meanwhile)
     for row in finals:
         for p in row:
             fsync_file(p)
