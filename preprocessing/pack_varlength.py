@@ -34,6 +34,7 @@ from core.schema import HDF5_FIELDS
 from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
+    h5_create,
     open_padded,
     reading,
     sequence_lengths,
@@ -105,7 +106,7 @@ def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackCo
     input_hdf5 = Path(input_hdf5)
     with open_padded(input_hdf5, max_seq_length=cfg.max_seq_length,
                      max_predictions_per_seq=cfg.max_predictions_per_seq) as src, \
-            h5py.File(output_hdf5, "w") as dst:
+            h5_create(output_hdf5) as dst:
         n = src["input_ids"].shape[0]
         out = {name: dst.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)))
                for name, dt, _ in VARLEN_DATASETS}

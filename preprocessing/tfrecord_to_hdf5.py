@@ -38,6 +38,7 @@ from core.stage import Stage, Unit
 from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
+    h5_create,
     stage_file,
     stage_params,
     verify_inputs,
@@ -80,13 +81,11 @@ def convert_tfrecord_to_hdf5(input_tfrecord: Path, output_hdf5: Path, cfg: HDF5C
         RecordError: a record is corrupt (CRC), truncated, misses a feature or has a wrong length;
             the message names the file and the record index.
     """
-    import h5py
-
     input_tfrecord = Path(input_tfrecord)
     n = count_records_fast(input_tfrecord)  # pass 1, as the reference: the datasets get their final shape
     shape = RecordShape(max_seq_length=cfg.max_seq_length, max_predictions_per_seq=cfg.max_predictions_per_seq)
     done = 0
-    with h5py.File(output_hdf5, "w") as f, progress(total=n, desc=input_tfrecord.name, unit="rec") as bar:
+    with h5_create(output_hdf5) as f, progress(total=n, desc=input_tfrecord.name, unit="rec") as bar:
         datasets = [f.create_dataset(name, (n, *row_shape(kind, cfg.max_seq_length, cfg.max_predictions_per_seq)),
                                      dtype=dtype) for name, dtype, kind in HDF5_DATASETS]
         for first, arrays in iter_batches(input_tfrecord, shape, cfg.batch_size):
@@ -152,10 +151,8 @@ def write_padded_from_engine(engine: Any, n: int, output_hdf5: Path, cfg: HDF5Co
     """The padded HDF5 of the ``n`` instances the engine wrote, in the order written: the bytes
     :func:`convert_tfrecord_to_hdf5` makes from that TFRecord (same datasets, created the same way, filled
     in the same row chunks). Returns ``n``."""
-    import h5py
-
     dtypes = dict(_ENGINE_ROWS)
-    with h5py.File(output_hdf5, "w") as f, progress(total=n, desc=desc, unit="rec") as bar:
+    with h5_create(output_hdf5) as f, progress(total=n, desc=desc, unit="rec") as bar:
         datasets = {name: f.create_dataset(name, (n, *row_shape(kind, cfg.max_seq_length,
                                                                   cfg.max_predictions_per_seq)), dtype=dtype)
                     for name, dtype, kind in HDF5_DATASETS}
