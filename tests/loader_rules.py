@@ -74,3 +74,66 @@ def rows_of(path: Path | str) -> int:
     shapes = {len(x) for x in ds.inputs}
     assert shapes == {len(ds)}, (path, shapes)
     return len(ds)
+
+
+# -- NVIDIA's MLPerf trainer, packed mode (training_results v2.1-v3.1 run_pretraining.py --packed_samples) ---------
+PACKED_KEYS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "packed_input_len",
+               "packed_masked_lm_len", "next_sentence_labels")
+
+
+def nvidia_mlperf_training_files(input_dir: str | os.PathLike) -> list[str]:
+    """NVIDIA's MLPerf trainer (v2.0-v3.1): the files of the input dir whose name contains ``part_``, sorted
+    (then shuffled per epoch with a seed)."""
+    return sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir)
+                  if os.path.isfile(os.path.join(input_dir, f)) and "part_" in f)
+
+
+class NvidiaPackedDataset:
+    """A packed shard read as NVIDIA's ``pretraining_dataset(packed_samples=True)`` does: seven datasets by name;
+    a sample is its pack padded to ``max_seq_length`` (input_mask 1 over all its tokens), masked-LM labels at the
+    pack's positions (0 elsewhere), and next-sentence labels and sequence lengths zero-padded to 3."""
+
+    def __init__(self, path: str | os.PathLike, max_seq_length: int = 512) -> None:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            self.inputs = [np.asarray(f[key][:]) for key in PACKED_KEYS]  # KeyError on another layout
+        self.max_seq_length = max_seq_length
+
+    def __len__(self) -> int:
+        return len(self.inputs[0])
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        s = self.max_seq_length
+        ids, seg, pos, lm_ids, plen, _plm, nsp = (x[i].astype(np.int64) for x in self.inputs)
+        input_ids, input_mask, segment_ids = (np.zeros(s, np.int64) for _ in range(3))
+        n = ids.shape[-1]
+        input_ids[:n], input_mask[:n], segment_ids[:n] = ids, 1, seg
+        labels = np.zeros(s, np.int64)
+        labels[pos] = lm_ids
+        nsp3, plen3 = np.zeros(3, np.int64), np.zeros(3, np.int64)
+        nsp3[:plen.shape[-1]], plen3[:plen.shape[-1]] = nsp, plen
+        return [input_ids, segment_ids, input_mask, labels, nsp3, plen3]
+
+
+def nvidia_packed_batch(samples: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """What NVIDIA's ``preprocess_batch`` (pad_fmha, packed) makes of a batch: the tokens of all samples back to
+    back (zero padding at the end), position ids restarting at every sequence, ``cu_seqlens`` of the sequences
+    (block-diagonal attention), one NSP label per sequence."""
+    ids, seg, mask, labels, nsp, plen = (np.stack([x[k] for x in samples]) for k in range(6))
+    b, s = ids.shape
+    lens = mask.sum(-1)
+    keep = np.arange(s) < lens[:, None]
+
+    def compact(t: np.ndarray) -> np.ndarray:
+        out = np.zeros(b * s, np.int64)
+        out[:int(lens.sum())] = t[keep]
+        return out.reshape(b, s)
+
+    flat_plen = plen.reshape(-1)
+    nz = np.flatnonzero(flat_plen)
+    seqlens = flat_plen[nz]
+    pids = np.concatenate([np.arange(n) for n in seqlens] + [np.zeros(s * b - int(seqlens.sum()), np.int64)])
+    return {"input_ids": compact(ids), "segment_ids": compact(seg), "labels_mlm": compact(labels),
+            "position_ids": pids.reshape(b, s), "cu_seqlens": np.concatenate([[0], np.cumsum(seqlens)]),
+            "labels_nsp": nsp.reshape(-1)[nz]}
