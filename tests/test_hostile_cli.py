@@ -119,6 +119,13 @@ SPECS: dict[str, dict] = {
                            inputs={"--input": "file"}, outputs={"--output": "any"}),
     "split-4bins": dict(argv=["--input_dir", "hd", "--output_dir", "out/4bins", "--n_output_shards", "2"],
                         inputs={"--input_dir": "dir"}, outputs={"--output_dir": "dir"}, dataset=True),
+    "chop-hdf5": dict(argv=["--input_hdf5_dir", "hd", "--output_hdf5_dir", "out/chop", "--num_shards", "2"],
+                      inputs={"--input_hdf5_dir": "dir"}, outputs={"--output_hdf5_dir": "dir"}),
+    "shuffle-samples": dict(argv=["--input_hdf5", "hd", "--output_hdf5", "out/shuf"],
+                            inputs={"--input_hdf5": "dir"}, outputs={"--output_hdf5": "dir"}, dataset=True),
+    "pick-eval-samples-varlength": dict(
+        argv=["--input_hdf5_file", "in/x.hdf5", "--output_hdf5_file", "out/e.hdf5", "--num_examples_to_pick", "1"],
+        inputs={"--input_hdf5_file": "file"}, outputs={"--output_hdf5_file": "file"}),
     "vocab": dict(argv=["--input", "in/x.txt", "--out", "out/vocab", "--vocab-size", "200"],
                   inputs={"--input": "file"}, outputs={"--out": "dir"}, dataset=True),
     "extract": dict(argv=["--dump", "dump.xml.bz2", "--out", "out/text", "--processes", "1"],

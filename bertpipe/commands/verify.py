@@ -5,6 +5,11 @@
 Exit status 0 when every manifest verifies, 1 otherwise: a file that differs (named with the expected and
 actual md5), a damaged manifest, a folder trainers read holding a file bertpipe did not write, or an output the
 last run made (work/last_run.json) that is gone; the next `bertpipe run` redoes exactly those stages or shards.
+
+  bertpipe verify --against nvidia-4320 --dir hdf5/training-4320/hdf5_4320_shards_varlength
+
+checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's published checksums (hdf5_md5.py digests:
+nvidia-4320, nvidia-4320-shuffled, nvidia-eval, or the path of any .chk list); exit 1 if one differs or is missing.
 """
 
 from __future__ import annotations
@@ -19,10 +24,18 @@ from core.paths import path_arg
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
+    p.add_argument("--against", metavar="LIST",
+                   help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320, "
+                        "nvidia-4320-shuffled, nvidia-eval (shipped with bertpipe) or a .chk file")
+    p.add_argument("--dir", dest="shard_dir", type=path_arg, metavar="DIR",
+                   help="with --against: the folder of shards to check (e.g. hdf5_4320_shards_varlength)")
 
 
 def run(args: argparse.Namespace) -> int:
     from core.errors import InputError
+
+    if args.against is not None or args.shard_dir is not None:
+        return _against(args)
     from core.paths import PathCheck
     from tasks.workdir import scan
 
@@ -46,4 +59,37 @@ def run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     print(f"{len(entries)} outputs, {nbytes:,} bytes re-hashed in {dt:.1f} s ({nbytes / 1e6 / max(dt, 1e-9):.0f} "
           f"MB/s): {'all verify' if not bad else f'{len(bad)} do not verify'}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _against(args: argparse.Namespace) -> int:
+    """``--against LIST --dir DIR``: NVIDIA's hdf5_md5 digest of every listed shard, compared (issue 20)."""
+    from core.errors import InputError
+    from core.paths import PathCheck
+    from core.pools import default_workers
+    from preprocessing.nvidia_md5 import read_chk, resolve_chk, verify_against
+
+    if args.against is None or args.shard_dir is None:
+        raise InputError("--against and --dir go together: --against nvidia-4320 --dir <folder of shards>")
+    folder = PathCheck().input_dir("--dir", args.shard_dir, "folder of shards")
+    chk_path = resolve_chk(args.against)
+    expected = read_chk(chk_path)
+    t0 = time.perf_counter()
+    results = verify_against(folder, expected, workers=default_workers())
+    bad = [r for r in results if not r.ok]
+    for r in results:
+        if r.ok:
+            if args.verbose:
+                print(f"ok   {r.name}")
+        elif not r.actual:
+            print(f"BAD  {r.name}: missing (listed in {chk_path.name})")
+        else:
+            print(f"BAD  {r.name}: hdf5_md5 {r.actual}, {chk_path.name} lists {r.expected}")
+    extra = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name.endswith(".hdf5")
+                   and p.name not in expected)
+    if extra:
+        print(f"note {len(extra)} .hdf5 file(s) in {folder} are not in {chk_path.name} (e.g. {extra[0]})")
+    dt = time.perf_counter() - t0
+    print(f"{len(results)} shards of {chk_path.name} checked in {dt:.1f} s: "
+          f"{'all match' if not bad else f'{len(bad)} do not match'}", file=sys.stderr)
     return 1 if bad else 0
