@@ -1,0 +1,721 @@
+"""Habana's packed BERT training set: ``pack_pretraining_data_pytorch.py`` (HabanaAI Model-References).
+
+Reference: HabanaAI/Model-References ``PyTorch/nlp/pretraining/bert/pack_pretraining_data_pytorch.py`` @ cf11d241
+(later ``PyTorch/nlp/bert/``; the trainer ``PyTorch/nlp/bert/run_pretraining.py`` reads its files with
+``--enable_packed_data_mode True``, its default). Graphcore's packing recipe (Krell et al. 2021, "Efficient
+sequence packing without cross-contamination"), at most ``max_sequences_per_pack`` sequences per pack.
+
+What the script does, and bertpipe with it:
+
+1. **Inputs**: the regular files of ``--input_dir`` whose *name* contains ``training``, in ``os.listdir`` order
+   (file-system dependent). bertpipe takes them **sorted by name** (:func:`training_files`); the script with a
+   sorted listing packs exactly as bertpipe does. Each file's six padded MLPerf datasets are read; a row's
+   length is ``sum(input_mask)``, its number of predictions the count of non-zero ``masked_lm_ids``.
+2. **Seeds**: ``random.seed(seed + local_rank)`` and ``np.random.seed(seed + local_rank)`` (defaults 42 and -1, so
+   41; ``--local_rank`` defaults to ``$LOCAL_RANK``). (The script also seeds torch, which it never draws from.)
+3. **Recipe** (:func:`packing_recipe`): every non-decreasing list of at most ``max_sequences_per_pack`` lengths
+   summing to ``max_sequence_length`` is a *strategy* (:func:`packing_strategies`, the script's order); up to 20
+   rounds of ``scipy.optimize.nnls`` on the weighted strategy matrix, solutions rounded (``rint`` below 2, else
+   ``floor``), a gradient step when a round rounds to nothing, deficits become padding "sequences"; lengths
+   left over take the two-length strategy ``[l, L - l]``. Same NumPy/SciPy calls on the same arrays, so the same
+   result (it depends on SciPy's NNLS and NumPy's sort: run both on one machine to compare).
+4. **Assignment** (:func:`assign_packs`): per length, the list of its rows (input order) plus its padding
+   slots is shuffled with Python's ``random.shuffle``, the lengths taken in the order of the dict the script
+   fills (first appearance in the input, then the lengths without rows, ascending); the packs are the
+   strategies' instances in ``np.random.permutation`` order; each pack pops, per length of its strategy, the
+   last unused slot of that strategy's range of the shuffled list.
+5. **Files**: packs are written 4,480 to a file, ``mixed_strategies_part_<i>.hdf5`` (i = 0, 1, ...), nine
+   gzip-compressed datasets each (:data:`PACKED_DATASETS`; ``P`` = max_predictions_per_sequence, ``S`` =
+   max_sequences_per_pack, ``L`` = max_sequence_length)::
+
+       input_ids                (n, L)     i4  the pack's sequences' tokens, one after the other, then 0
+       input_mask               (n, L)     i4  1 on the first sequence's tokens, 2 on the second's, ..., 0 after
+       segment_ids              (n, L)     i1  each sequence's segment ids
+       positions                (n, L)     i4  0, 1, ... restarting at each sequence (0 after the last)
+       masked_lm_positions      (n, P + S) i4  masked positions within the pack (a sequence's + its start), then 0
+       masked_lm_ids            (n, P + S) i4  the original token ids there, then 0
+       next_sentence_positions  (n, S)     i4  where each sequence starts (its [CLS]), then 0
+       next_sentence_labels     (n, S)     i1  each sequence's NSP label, then 0
+       next_sentence_weights    (n, S)     i4  1 per sequence, then 0
+
+Habana's trainer reads every regular file of its ``--input_dir`` (so the folder holds nothing else), and
+``<input_dir>_metadata.json`` beside it for ``avg_seq_per_sample`` (written here as Habana's later packers do).
+
+Where bertpipe differs (each said in README, "stages one by one"):
+
+* **The last, partial file.** The script keeps only whole files of 4,480 packs: the ``M mod 4480`` packs after
+  the last whole file are silently dropped (with them their sequences; a set of fewer than 4,480 packs writes
+  nothing). bertpipe writes them as one more, shorter file (every sequence once); ``keep_partial_last=False``
+  (``--keep_partial_last=False``) gives the script's files exactly.
+* A length-``L`` sequence left after the NNLS rounds: the script looks up the strategy ``[0, L]`` and crashes;
+  bertpipe gives it a pack of its own. ``max_sequences_per_pack`` 1 is refused (the script then crashes on
+  any shorter sequence).
+* NumPy 2: the script sums int8 ``input_mask`` rows with Python's ``sum()``, which wraps at 128 under NEP 50
+  (and then crashes); bertpipe sums in int64 (the script's NumPy 1 behaviour).
+* Rows of length 0 or above ``L``, masked positions outside their sequence, and packs with ``P + S`` or more
+  predictions (the script's assertion) are refused with one line naming the file (and row).
+
+Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots) plus the rows of ``chunk_rows``
+packs at a time; the script holds every row of the input in Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import InputError, RecordError
+from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_text
+from core.schema import H5_ERRORS
+from core.stage import Stage
+from preprocessing.hdf5_io import reading, stage_file, stage_params, verify_inputs
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+#: Packs per output file (the script's ``num_sample_per_slice``).
+PACKS_PER_FILE = 4480
+#: The script's output names.
+PART_NAME = "mixed_strategies_part_{}.hdf5"
+PART_RE = re.compile(r"^mixed_strategies_part_(\d+)\.hdf5$")
+_DEBRIS = re.compile(r"^\..+\.tmp-\d+$")  # a killed writer's temporary file (core.manifest's pattern)
+#: The trainer's folder inside the DAG's stage directory (``<stage>/packed/``, ``<stage>/packed_metadata.json``).
+DAG_DATA_DIR = "packed"
+#: The padded datasets read, by name.
+INPUT_DATASETS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                  "next_sentence_labels")
+#: (name, dtype, width) of the packed datasets, in the script's creation order; width "L", "P+S" or "S".
+PACKED_DATASETS = (
+    ("input_ids", "i4", "L"),
+    ("input_mask", "i4", "L"),
+    ("segment_ids", "i1", "L"),
+    ("positions", "i4", "L"),
+    ("masked_lm_positions", "i4", "P+S"),
+    ("masked_lm_ids", "i4", "P+S"),
+    ("next_sentence_positions", "i4", "S"),
+    ("next_sentence_labels", "i1", "S"),
+    ("next_sentence_weights", "i4", "S"),
+)
+#: The recipe's constants (the script's): NNLS rounds at most, stop below this many sequences left, the
+#: lengths up to ``_CUTOFF`` weigh less.
+_ROUNDS, _ENOUGH, _CUTOFF = 20, 100, 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class HabanaPackConfig:
+    """The script's flags (its defaults), plus bertpipe's own."""
+
+    max_sequence_length: int = 512
+    max_predictions_per_sequence: int = 80
+    max_sequences_per_pack: int = 3
+    seed: int = 42
+    local_rank: int = -1  # the script's default is $LOCAL_RANK, else -1 (the CLI reads it; the DAG does not)
+    keep_partial_last: bool = True  # False: drop the packs after the last whole file, as the script does
+    chunk_rows: int = 8 * PACKS_PER_FILE  # packs built in memory at once (whole files); speed only
+
+    @property
+    def rng_seed(self) -> int:
+        return self.seed + self.local_rank
+
+
+def check_config(cfg: HabanaPackConfig) -> None:
+    """Refuse settings the script cannot run with, naming the flag."""
+    if cfg.max_sequence_length < 2:
+        raise InputError(f"--max_sequence_length must be at least 2, got {cfg.max_sequence_length}")
+    if cfg.max_sequences_per_pack < 2:
+        raise InputError(f"--max_sequences_per_pack must be at least 2, got {cfg.max_sequences_per_pack} (1 means "
+                         "no packing; Habana's script then fails on any sequence shorter than max_sequence_length)")
+    if cfg.max_sequences_per_pack > 4:
+        raise InputError(f"--max_sequences_per_pack {cfg.max_sequences_per_pack}: at most 4 (the strategy matrix "
+                         "grows as max_sequence_length^(k-1); Habana uses 3)")
+    if cfg.max_predictions_per_sequence < 1:
+        raise InputError(f"--max_predictions_per_sequence must be at least 1, got {cfg.max_predictions_per_sequence}")
+    if not 0 <= cfg.rng_seed < 2 ** 32:
+        raise InputError(f"--seed + --local_rank = {cfg.rng_seed}: NumPy's seed must be 0..2**32-1 (the script "
+                         "calls np.random.seed with it)")
+
+
+def training_files(input_dir: Path | str) -> list[Path]:
+    """The script's inputs, sorted: regular files (links followed) of ``input_dir`` whose name holds "training"."""
+    d = Path(input_dir)
+    return sorted(d / n for n in os.listdir(d) if "training" in n and (d / n).is_file())
+
+
+# -- 1. reading the inputs ---------------------------------------------------------------------------------------
+@dataclass
+class Inputs:
+    """Every input row's length and number of predictions, in input order (files in order, rows in order)."""
+
+    files: list[str]
+    starts: np.ndarray  # int64 (n_files + 1,): global index of each file's first row
+    seq: np.ndarray  # int32: sum(input_mask)
+    pred: np.ndarray  # int32: count of non-zero masked_lm_ids
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file index, row) of global row ids."""
+        f = np.searchsorted(self.starts, ids, side="right") - 1
+        return f, ids - self.starts[f]
+
+
+def _check_file(f: Any, path: Path) -> int:
+    import h5py
+
+    n = None
+    for name in INPUT_DATASETS:
+        ds = f.get(name)
+        if not isinstance(ds, h5py.Dataset):
+            raise InputError(f"{path} has no dataset {name!r}; Habana's packer reads padded MLPerf HDF5 with "
+                             f"{', '.join(INPUT_DATASETS)}")
+        two_d = name != "next_sentence_labels"
+        ok = (len(ds.shape) == 2 if two_d else len(ds.shape) == 1 or (len(ds.shape) == 2 and ds.shape[1] == 1))
+        if not ok or ds.dtype.kind not in "iu" or (n is not None and ds.shape[0] != n):
+            raise InputError(f"{path}: dataset {name!r} has shape {ds.shape} and dtype {ds.dtype}; expected "
+                             f"{'(N, width)' if two_d else '(N,)'} integers with the same N as input_ids")
+        n = ds.shape[0]
+    for a, b in (("input_mask", "input_ids"), ("segment_ids", "input_ids"),
+                 ("masked_lm_ids", "masked_lm_positions")):
+        if f[a].shape != f[b].shape:
+            raise InputError(f"{path}: {a} has shape {f[a].shape} but {b} {f[b].shape}; the file is not padded MLPerf "
+                             "HDF5")
+    return int(n or 0)
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[Any]:
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise InputError(f"HDF5 file {path} does not exist") from None
+    except H5_ERRORS as exc:
+        raise InputError(f"{path} is not a readable HDF5 file ({exc}); Habana's packer reads the padded HDF5 of "
+                         "tfrecord-to-hdf5") from None
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, predictions) of every row of one input, checked (lengths 1..L, masked positions inside)."""
+    path = Path(path)
+    L = cfg.max_sequence_length
+    with _open(path) as f:
+        with reading(path, "its datasets"):
+            n = _check_file(f, path)
+        seq = np.empty(n, dtype=np.int32)
+        pred = np.empty(n, dtype=np.int32)
+        step = max(1, cfg.chunk_rows)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            with reading(path, f"rows {a}..{b - 1}"):
+                mask = f["input_mask"][a:b]
+                pos = f["masked_lm_positions"][a:b]
+                ids = f["masked_lm_ids"][a:b]
+            s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
+            bad = np.flatnonzero((s < 1) | (s > min(L, mask.shape[1])))
+            if bad.size:
+                r = int(bad[0])
+                more = (f"; raise --max_sequence_length (it is {L})" if s[r] > L and s[r] <= mask.shape[1]
+                        else ": the file is corrupt, re-create it")
+                raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
+                                  f"Habana's packer needs 1..{L}{more}")
+            p = np.count_nonzero(ids, axis=1)
+            inside = np.arange(pos.shape[1]) < p[:, None]
+            wrong = inside & ((pos < 0) | (pos >= s[:, None]))
+            if wrong.any():
+                r = int(np.flatnonzero(wrong.any(axis=1))[0])
+                raise RecordError(f"{path}: row {a + r} has a masked position outside its {int(s[r])} tokens "
+                                  f"({pos[r].tolist()[:int(p[r])]}); the file is corrupt, re-create it")
+            seq[a:b] = s
+            pred[a:b] = p
+    return seq, pred
+
+
+def read_inputs(input_files: Sequence[Path | str], cfg: HabanaPackConfig) -> Inputs:
+    files = [str(p) for p in input_files]
+    seqs, preds = [], []
+    for p in files:
+        s, q = read_lengths(p, cfg)
+        seqs.append(s)
+        preds.append(q)
+    counts = np.array([len(s) for s in seqs], dtype=np.int64)
+    if not counts.sum():
+        raise InputError(f"pack-habana: the {len(files)} input file(s) hold no rows")
+    return Inputs(files, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                  np.concatenate(seqs), np.concatenate(preds))
+
+
+# -- 2. the recipe -------------------------------------------------------------------------------------------------
+def packing_strategies(target: int, depth: int) -> list[tuple[int, ...]]:
+    """Every non-decreasing tuple of 1..``depth`` positive lengths summing to ``target``, in the script's order:
+    by first length; for one first length, the longer tuples (by their next length) before the one that ends
+    there; ``(target,)`` last."""
+    out: list[tuple[int, ...]] = []
+
+    def walk(prefix: tuple[int, ...], rest: int, low: int, left: int) -> None:
+        if left == 1:
+            if rest >= low:
+                out.append(prefix + (rest,))
+            return
+        for new in range(low, rest + 1):
+            if new == rest:
+                out.append(prefix + (new,))
+            else:
+                walk(prefix + (new,), rest - new, new, left - 1)
+
+    walk((), target, 1, depth)
+    return out
+
+
+@dataclass
+class Recipe:
+    """How many packs of each strategy (``mixture``) and how many padding slots of each length (``padding``)."""
+
+    strategies: list[tuple[int, ...]]
+    mixture: np.ndarray  # int64 (n_strategies,)
+    padding: np.ndarray  # int64 (L,): padding slots of length l at index l - 1
+    stats: dict[str, Any] = field(default_factory=dict)
+    rounds: list[str] = field(default_factory=list)  # per round: "nnls", or "gradient" (all rounded to 0)
+    leftover: list[int] = field(default_factory=list)  # lengths given [l, L - l] (or [L]) after the rounds
+
+
+def strategy_matrix(strategies: Sequence[tuple[int, ...]], length: int) -> np.ndarray:
+    """``A[l - 1, s]`` = how often length l occurs in strategy s (int32, as the script builds it)."""
+    a = np.zeros((length, len(strategies)), dtype=np.int32)
+    for s, strat in enumerate(strategies):
+        for seq_len in strat:
+            a[seq_len - 1, s] += 1
+    return a
+
+
+def packing_recipe(lengths: np.ndarray, length: int, depth: int) -> Recipe:
+    """The script's ``get_packing_recipe``: the same arithmetic, in the same dtypes, with the same SciPy/NumPy
+    calls (``optimize.nnls``, ``np.argsort``), so the same mixture and padding."""
+    try:
+        from scipy import optimize
+    except ImportError:
+        raise InputError("pack-habana needs SciPy (scipy.optimize.nnls, the packing recipe's solver): "
+                         "pip install scipy") from None
+    lengths = np.asarray(lengths, dtype=np.int64)
+    histogram, _ = np.histogram(lengths, bins=np.arange(1, length + 2))
+    strategies = packing_strategies(length, depth)
+    a = strategy_matrix(strategies, length)
+    w0 = np.ones([length])
+    w0[:_CUTOFF] = _CUTOFF / (2 * length)
+    w0 = np.sqrt(w0)
+    weighted = np.expand_dims(w0, -1) * a
+    padding: np.ndarray = np.zeros([length], dtype=np.int32)
+    mixture: np.ndarray = np.zeros([len(strategies)], dtype=np.int32)
+    b = histogram + padding
+    rounds: list[str] = []
+    for rnd in range(_ROUNDS):
+        part, _ = optimize.nnls(weighted, w0 * b)
+        part = np.where(part < 2, np.rint(part), np.floor(part))
+        rounds.append("nnls")
+        if part.max() == 0:  # everything rounded away (small sets): one pack of each of the best strategies
+            grad = a.T @ (b * np.arange(1, length + 1))
+            part[np.argsort(-grad)[:int(b.sum() // 2) + 1]] += 1
+            rounds[-1] = "gradient"
+        mixture = mixture + part
+        residual = b - a @ part
+        padding = padding + np.where(residual < 0, -residual, 0)
+        b = histogram + padding - a @ mixture
+        log.debug("recipe round %d: %d sequences left", rnd, int(b.sum()))
+        if b.sum() < _ENOUGH:
+            break
+    index = {s: i for i, s in enumerate(strategies)}
+    leftover = np.arange(1, length + 1)[b > 0].tolist()
+    for seq_len in leftover:
+        # the script looks up sorted([l, L - l]); for l == L that is [0, L], which it does not have (ValueError)
+        pair = (length,) if seq_len == length else tuple(sorted((seq_len, length - seq_len)))
+        mixture[index[pair]] += b[seq_len - 1]
+    b = histogram - a @ mixture
+    padding = np.where(b < 0, -b, 0)
+    if (histogram + padding - a @ mixture).sum() != 0:  # pragma: no cover - the script's assertion
+        raise InputError("pack-habana: the packing recipe does not cover every sequence (internal error)")
+    stats = _recipe_stats(a, mixture, padding, lengths, length)
+    mix = mixture.astype(np.int64)
+    pad = padding.astype(np.int64)
+    if not (np.array_equal(mix, mixture) and np.array_equal(pad, padding)):  # pragma: no cover
+        raise InputError("pack-habana: the packing recipe is not integral (internal error)")
+    return Recipe(strategies, mix, pad, stats, rounds, leftover)
+
+
+def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengths: np.ndarray,
+                  length: int) -> dict[str, Any]:
+    """The figures the script prints (and Habana's later packers write to ``<output_dir>_metadata.json``)."""
+    new = int(mixture.sum())
+    original = len(lengths)
+    compression = 1 - new / original
+    pad_tokens = (np.arange(1, length + 1) * padding).sum()
+    return {
+        "number_of_sequences_dropped": 0,
+        "number_of_strategies_utilized": int(np.count_nonzero(mixture)),
+        "new_number_of_samples": new,
+        "original_number_of_samples": original,
+        "compression_ratio": compression,
+        "expected_speed_up": 1 / (1 - compression),
+        "theoretical_speed_up": float(1.0 / (1 - ((1 - lengths / length).mean()))),
+        "avg_seq_per_sample": float(((a.sum(0) * mixture).sum() - padding.sum()) / new),
+        "padding_tokens_packed_dataset": float(pad_tokens),
+        "padding_tokens_original_dataset": int((length - lengths).sum()),
+        "packing_efficiency": float((new * length - pad_tokens) / (new * length)),
+        "top_8_strategies": np.argsort(-mixture)[:8].tolist(),
+    }
+
+
+# -- 3. the assignment ---------------------------------------------------------------------------------------------
+def _python_shuffle_order(rng: random.Random, n: int) -> np.ndarray:
+    """``x = list(range(n)); rng.shuffle(x)`` as an array (the draws of ``random.shuffle`` on any list of ``n``)."""
+    x = list(range(n))
+    rng.shuffle(x)
+    return np.array(x, dtype=np.int64)
+
+
+def shuffled_lists(seq: np.ndarray, padding: np.ndarray, cfg: HabanaPackConfig,
+                   rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
+    """(flat, base): per length l, its rows (input order) then its padding slots (-1), shuffled as the script
+    shuffles ``examples_by_length[l]``, at ``flat[base[l]:base[l + 1]]``. ``rng`` draws in the script's order."""
+    length = cfg.max_sequence_length
+    hist = np.bincount(seq, minlength=length + 1).astype(np.int64)
+    total = hist.copy()
+    total[1:] += padding
+    base = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
+    by_len = np.argsort(seq, kind="stable")  # row ids grouped by length, input order within a length
+    first_row = np.concatenate([[0], np.cumsum(hist)])
+    present, first = np.unique(seq, return_index=True)
+    keys = present[np.argsort(first)].tolist() + [v for v in range(1, length + 1) if hist[v] == 0]
+    dtype = np.int32 if len(seq) < 2 ** 31 else np.int64
+    flat = np.empty(int(base[-1]), dtype=dtype)
+    for v in keys:  # the dict's insertion order: first appearance, then the lengths without rows
+        rows = by_len[first_row[v]:first_row[v] + hist[v]]
+        items = np.concatenate([rows, np.full(int(padding[v - 1]), -1, dtype=rows.dtype)])
+        if len(items) > 1:
+            items = items[_python_shuffle_order(rng, len(items))]
+        flat[base[v]:base[v + 1]] = items
+    return flat, base
+
+
+def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig) -> np.ndarray:
+    """``(n_packs, max_sequences_per_pack)``: each pack's slots in strategy order, a global row id or -1 for a
+    padding slot; packs in the order the script writes them."""
+    depth = cfg.max_sequences_per_pack
+    rng = random.Random(cfg.rng_seed)  # = random.seed(seed + local_rank): the same draws
+    flat, base = shuffled_lists(seq, recipe.padding, cfg, rng)
+    mixture = recipe.mixture
+    n_strat = len(recipe.strategies)
+    packs = int(mixture.sum())
+    order = np.random.RandomState(cfg.rng_seed).permutation(packs)  # = np.random.seed(...); np.random.permutation
+    strat = np.repeat(np.arange(n_strat), mixture)[order]  # each pack's strategy, in output order
+    by_strat = np.argsort(strat, kind="stable")
+    rank = np.empty(packs, dtype=np.int64)  # t: the pack is the t-th of its strategy in output order
+    sorted_strat = strat[by_strat]
+    rank[by_strat] = np.arange(packs) - np.searchsorted(sorted_strat, sorted_strat, side="left")
+    # per strategy and slot: the length, how often it occurs in the strategy (c) and which occurrence (u)
+    lens = np.zeros((n_strat, depth), dtype=np.int64)
+    for s, st in enumerate(recipe.strategies):
+        lens[s, :len(st)] = st
+    occ = np.zeros_like(lens)
+    cnt = np.zeros_like(lens)
+    for k in range(depth):
+        same = lens[:, :k] == lens[:, k:k + 1]
+        occ[:, k] = same.sum(axis=1)
+        cnt[:, k] = (lens == lens[:, k:k + 1]).sum(axis=1)
+    # the first slot of each strategy's range in length l's list: packs of the strategies before it, times c
+    first_k = (occ == 0) & (lens > 0)
+    s_idx, k_idx = np.nonzero(first_k)
+    ls = lens[s_idx, k_idx]
+    use = cnt[s_idx, k_idx] * mixture[s_idx]
+    o = np.lexsort((s_idx, ls))  # by length, then strategy
+    csum = np.cumsum(use[o])
+    grp = np.searchsorted(ls[o], ls[o], side="left")
+    excl = csum - use[o]
+    start = np.empty_like(excl)
+    start[o] = excl - excl[grp]
+    offset = np.zeros_like(lens)
+    offset[s_idx, k_idx] = start
+    for k in range(depth):  # the later occurrences of a length share the first one's range
+        same_first = np.argmax(lens == lens[:, k:k + 1], axis=1)
+        offset[:, k] = offset[np.arange(n_strat), same_first]
+    slots = np.full((packs, depth), -1, dtype=flat.dtype)
+    r = mixture[strat]
+    for k in range(depth):
+        v = lens[strat, k]
+        has = v > 0
+        # the script pops the slot ranges back to front: the t-th pack takes c * (r - t) - 1 - u
+        elem = offset[strat, k] + cnt[strat, k] * (r - rank) - 1 - occ[strat, k]
+        slots[has, k] = flat[base[v[has]] + elem[has]]
+    return slots
+
+
+# -- 4. the files ------------------------------------------------------------------------------------------------
+def pack_files(packs: int, cfg: HabanaPackConfig) -> list[tuple[int, int]]:
+    """(first pack, end) of each output file; the partial last one only with ``keep_partial_last``."""
+    whole = packs // PACKS_PER_FILE
+    bounds = [(i * PACKS_PER_FILE, (i + 1) * PACKS_PER_FILE) for i in range(whole)]
+    if cfg.keep_partial_last and packs % PACKS_PER_FILE:
+        bounds.append((whole * PACKS_PER_FILE, packs))
+    return bounds
+
+
+_ROW_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+
+
+def _read_rows(path: str, rows: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+    """The five datasets' values at ``rows`` (sorted, unique) of one input."""
+    p = Path(path)
+    out: dict[str, list[np.ndarray]] = {n: [] for n in _ROW_DATASETS}
+    with _open(p) as f:
+        dsets = {n: f[n] for n in _ROW_DATASETS}
+        a = 0
+        while a < len(rows):
+            lo = int(rows[a])
+            hi = lo + chunk
+            b = int(np.searchsorted(rows, hi, side="left"))
+            sel = rows[a:b]
+            with reading(p, f"rows {lo}..{int(sel[-1])}"):
+                for n, ds in dsets.items():
+                    if len(sel) * 8 >= int(sel[-1]) - lo + 1:  # dense: one contiguous read
+                        block = ds[lo:int(sel[-1]) + 1]
+                        out[n].append(block[sel - lo])
+                    else:
+                        out[n].append(ds[sel])
+            a = b
+    res = {n: np.concatenate(v) for n, v in out.items()}
+    res["next_sentence_labels"] = res["next_sentence_labels"].reshape(len(rows))
+    return res
+
+
+def _gather(inputs: Inputs, ids: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+    """The rows ``ids`` (global ids, any order) from their files, in the order of ``ids``."""
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    fidx, rows = inputs.locate(sorted_ids)
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in _ROW_DATASETS}
+    for k in np.unique(fidx).tolist():
+        sel = fidx == k
+        got = _read_rows(inputs.files[k], rows[sel], chunk)
+        for n in _ROW_DATASETS:
+            parts[n].append(got[n])
+    res = {}
+    for n in _ROW_DATASETS:
+        vals = np.concatenate(parts[n])
+        out = np.empty_like(vals)
+        out[order] = vals
+        res[n] = out
+    return res
+
+
+def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(item, column) of every element of items with ``counts`` elements each."""
+    item = np.repeat(np.arange(len(counts)), counts)
+    col = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return item, col
+
+
+def build_packs(slots: np.ndarray, inputs: Inputs, rows: dict[str, np.ndarray], item_ids: np.ndarray,
+                cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
+    """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``rows``: the padded rows
+    of ``item_ids`` (the packs' real slots in row-major order)."""
+    n, depth = slots.shape
+    length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
+    real = slots >= 0
+    pack = np.nonzero(real)[0]
+    j = (np.cumsum(real, axis=1) - 1)[real]  # the sequence's index in its pack (padding slots skipped)
+    seq = inputs.seq[item_ids].astype(np.int64)
+    pred = inputs.pred[item_ids].astype(np.int64)
+    first = np.searchsorted(pack, pack, side="left")
+    cs = np.cumsum(seq) - seq
+    off = cs - cs[first]  # where the sequence starts in its pack
+    cp = np.cumsum(pred) - pred
+    moff = cp - cp[first]
+    total = np.bincount(pack, weights=pred, minlength=n).astype(np.int64)
+    over = np.flatnonzero(total >= width)
+    if over.size:
+        q = int(over[0])
+        raise InputError(f"pack-habana: {where}, pack {q} holds {int(total[q])} masked positions; Habana's script "
+                         f"asserts fewer than max_predictions_per_sequence + max_sequences_per_pack = {width}: raise "
+                         f"--max_predictions_per_sequence (it is {cfg.max_predictions_per_sequence})")
+    tok = np.bincount(pack, weights=seq, minlength=n)
+    if (tok > length).any():  # pragma: no cover - a strategy sums to L
+        raise InputError("pack-habana: a pack exceeds max_sequence_length (internal error)")
+    out = {"input_ids": np.zeros((n, length), np.int32), "input_mask": np.zeros((n, length), np.int32),
+           "segment_ids": np.zeros((n, length), np.int32), "positions": np.zeros((n, length), np.int32),
+           "masked_lm_positions": np.zeros((n, width), np.int32), "masked_lm_ids": np.zeros((n, width), np.int32),
+           "next_sentence_positions": np.zeros((n, depth), np.int32),
+           "next_sentence_labels": np.zeros((n, depth), np.int32),
+           "next_sentence_weights": np.zeros((n, depth), np.int32)}
+    item, col = _ragged(seq)
+    r, c = pack[item], off[item] + col
+    out["input_ids"][r, c] = rows["input_ids"][item, col]
+    out["segment_ids"][r, c] = rows["segment_ids"][item, col]
+    out["input_mask"][r, c] = j[item] + 1
+    out["positions"][r, c] = col
+    item, col = _ragged(pred)
+    r, c = pack[item], moff[item] + col
+    out["masked_lm_positions"][r, c] = off[item] + rows["masked_lm_positions"][item, col]
+    out["masked_lm_ids"][r, c] = rows["masked_lm_ids"][item, col]
+    out["next_sentence_positions"][pack, j] = off
+    out["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
+    out["next_sentence_weights"][pack, j] = 1
+    return out
+
+
+def _h5_new(path: Path) -> Any:
+    """A new HDF5 file closed for good when the block ends (hdf5_io's strong close where there is one)."""
+    try:
+        from preprocessing.hdf5_io import h5_create  # type: ignore[attr-defined]
+    except ImportError:
+        h5_create = None
+    if h5_create is not None:
+        return h5_create(path)
+
+    @contextmanager
+    def plain() -> Iterator[Any]:
+        import h5py
+
+        f = h5py.File(path, "w")
+        try:
+            yield f
+        finally:
+            f.close()
+
+    return plain()
+
+
+def write_packed_file(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """One packed file: the nine datasets, created in the script's order as it creates them
+    (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``)."""
+    with _h5_new(path) as f:
+        for name, dt, _ in PACKED_DATASETS:
+            f.create_dataset(name, data=arrays[name], dtype=dt, compression="gzip")
+
+
+def metadata_json(stats: dict[str, Any]) -> str:
+    """``<output_dir>_metadata.json``: the keys of Habana's packers (MLPerf 2.1's ``create_json_metadata``)."""
+    return json.dumps(stats, sort_keys=True, indent=2)
+
+
+def _prepare_out(data: Path) -> None:
+    """Refuse a trainer folder holding anything but this stage's files; drop its old part files."""
+    if not data.exists():
+        return
+    if not data.is_dir():
+        raise InputError(f"{data} is a file; pack-habana writes a folder of packed files there")
+    for e in os.scandir(data):
+        if PART_RE.match(e.name) and e.is_file(follow_symlinks=False):
+            os.unlink(e.path)  # a stale part (the previous run may have written more) would be read
+        elif not (_DEBRIS.match(e.name) and e.is_file(follow_symlinks=False)):  # debris: StageOutput sweeps it
+            raise InputError(f"{data} holds {e.name}; Habana's trainer reads every file of its --input_dir as "
+                             "packed data: choose an empty folder, or remove it")
+
+
+def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
+                    cfg: HabanaPackConfig = HabanaPackConfig(), upstream: Sequence[Manifest] = (), *,
+                    data_dir: str = "", manifest_name: str = MANIFEST_NAME) -> Manifest:
+    """Stage function: Habana's packed set of ``input_files`` (in this order).
+
+    Writes ``out_dir/[data_dir/]mixed_strategies_part_<i>.hdf5`` (the trainer's folder: nothing else in it),
+    ``<that folder>_metadata.json`` beside it, and the manifest ``out_dir/manifest_name`` last (relative to
+    ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
+    lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
+    dropped_packs, padding_slots, strategies_used, avg_seq_per_sample, speedup.
+    """
+    check_config(cfg)
+    files = [Path(p) for p in input_files]
+    if not files:
+        raise InputError("pack-habana got no input files (the script reads the files of --input_dir whose name "
+                         "contains 'training')")
+    verify_inputs(files, upstream)
+    out_dir = Path(out_dir)
+    data = out_dir / data_dir if data_dir else out_dir
+    real = data.resolve()
+    meta_path = real.parent / f"{real.name}_metadata.json"
+    inside = data_dir != ""
+    inputs = read_inputs(files, cfg)
+    log.info("pack-habana: %d sequences in %d file(s), mean length %.2f", len(inputs.seq), len(files),
+             inputs.seq.mean())
+    recipe = packing_recipe(inputs.seq, cfg.max_sequence_length, cfg.max_sequences_per_pack)
+    st = recipe.stats
+    log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used)",
+             st["new_number_of_samples"], st["expected_speed_up"], st["avg_seq_per_sample"],
+             st["number_of_strategies_utilized"])
+    slots = assign_packs(inputs.seq, recipe, cfg)
+    bounds = pack_files(len(slots), cfg)
+    (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir too)
+    _prepare_out(data)
+    prefix = f"{data_dir}/" if data_dir else ""
+    per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
+    with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
+                     code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
+        for g in range(0, len(bounds), per_group):
+            group = bounds[g:g + per_group]
+            a, b = group[0][0], group[-1][1]
+            sl = slots[a:b]
+            ids = sl[sl >= 0].astype(np.int64)
+            rows = _gather(inputs, ids, max(1, cfg.chunk_rows))
+            done = 0
+            for i, (p0, p1) in enumerate(group, start=g):
+                part = sl[p0 - a:p1 - a]
+                k = int((part >= 0).sum())
+                sub = {n: v[done:done + k] for n, v in rows.items()}
+                arrays = build_packs(part, inputs, sub, ids[done:done + k], cfg, PART_NAME.format(i))
+                done += k
+                name = prefix + PART_NAME.format(i)
+                with stage_file(out, name) as tmp:
+                    write_packed_file(tmp, arrays)
+            log.info("pack-habana: %d/%d files written", min(g + per_group, len(bounds)), len(bounds))
+        text = metadata_json(st)
+        if inside:
+            with out.open_text(f"{data_dir}_metadata.json") as fh:
+                fh.write(text)
+        else:
+            atomic_write_text(meta_path, text)
+        written = bounds[-1][1] if bounds else 0
+        out.count("sequences", int(len(inputs.seq)))
+        out.count("packs", written)
+        out.count("files", len(bounds))
+        out.count("dropped_packs", len(slots) - written)
+        out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
+        out.count("padding_slots", int(recipe.padding.sum()))
+        out.count("strategies_used", st["number_of_strategies_utilized"])
+        out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
+        out.count("speedup", round(st["expected_speed_up"], 6))
+    return out.manifest
+
+
+# -- the DAG's declaration (core/stage.py); the lead adds it to preprocessing/registry.py ---------------------------
+def configure(p: Any) -> HabanaPackConfig:
+    """The run's parameters -> the stage's config (MLPerf data: 76 predictions a sequence, so 79 a pack)."""
+    return HabanaPackConfig(max_sequence_length=getattr(p, "max_seq_length", 512),
+                            max_predictions_per_sequence=getattr(p, "max_predictions_per_seq", 76),
+                            max_sequences_per_pack=getattr(p, "max_sequences_per_pack", 3),
+                            seed=getattr(p, "habana_pack_seed", 42))
+
+
+def _plan_dag(plan: Any) -> list[Any]:
+    """One call over every part's padded HDF5, in part order."""
+    h5 = plan.result("hdf5")
+    files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
+    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, upstream=[h5.unit_dir(s) for s in h5.shards])]
+
+
+DAG_STAGES = (Stage(name="habana_packed", title="pack_habana: Habana's packed set (<= 3 sequences a pack), what its "
+                    "trainer reads with --enable_packed_data_mode True",
+                    reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
+                    configure=configure, key_params=stage_params, plan=_plan_dag,
+                    when=lambda p: "habana-packed" in getattr(p, "targets", ()),
+                    outputs={"habana_packed_dir": DAG_DATA_DIR}, aliases=("pack_habana",)),)
