@@ -366,6 +366,8 @@ def _copy_local(src: Path, part: Path, cfg: DownloadConfig) -> str:
             fo.write(block)
             h.update(block)
             bar.update(len(block))
+        fo.flush()
+        os.fsync(fo.fileno())  # on disk before the rename and the manifest that records its md5
     return h.hexdigest()
 
 
@@ -803,6 +805,8 @@ def _extract_verified(archive: Path, wanted: dict[str, str], out_dir: Path, *, r
                             f.write(block)
                             h.update(block)
                             bar.update(len(block))
+                        f.flush()
+                        os.fsync(f.fileno())  # on disk before the rename and the manifest
                     if h.hexdigest() != wanted[name]:
                         raise ChecksumError(f"{archive.name}:{m.name}", wanted[name], h.hexdigest(),
                                             hint=f"the archive's file is not the one {ref_name} lists; nothing "
@@ -984,6 +988,8 @@ def _append_body(r: http.client.HTTPResponse, url: str, part: Path, meta: Path, 
             f.write(block)  # local errors (disk full) propagate as they are
             done += len(block)
             bar.update(len(block))
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename and the manifest that records its md5
     if total is not None and done < total:
         raise _Retry(f"connection closed after {done} of {total} bytes")
 
