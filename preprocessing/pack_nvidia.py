@@ -88,6 +88,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import time
 from array import array
@@ -852,6 +853,30 @@ def finish_pack(out_dir: Path | str, plan: dict[str, Any], written: Sequence[dic
     return out.manifest
 
 
+_OURS = re.compile(r"^(shard_list_\d{5,}\.lst|part_\d{5,}\.hdf5|output_\d{5,})$")
+
+
+def check_out_dir(out_dir: Path | str, cfg: PackNvidiaConfig) -> list[Path]:
+    """Refuse an output folder holding files this stage would not write (NVIDIA's trainer reads every file of
+    the folder whose name holds ``part_``); returns the stale outputs of an earlier run (other shard counts or
+    names), which go when the stage starts."""
+    d = Path(out_dir)
+    if not d.is_dir():
+        return []
+    expected = set(output_names(cfg)) | {MANIFEST_NAME}
+    stale, foreign = [], []
+    for p in sorted(d.iterdir()):
+        if p.name.startswith(".") or p.name in expected or p.is_dir():
+            continue
+        (stale if _OURS.match(p.name) else foreign).append(p)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        names = ", ".join(p.name for p in foreign[:3])
+        raise InputError(f"output folder {d} holds files pack-nvidia would not write ({names}{more}); NVIDIA's "
+                         "trainer would read those named part_*: choose an empty or new folder")
+    return stale
+
+
 def run_pack_nvidia(input_files: Sequence[Path | str], out_dir: Path | str,
                     cfg: PackNvidiaConfig = PackNvidiaConfig(), upstream: Sequence[Manifest] = (), *,
                     workers: int = 1) -> Manifest:
@@ -865,7 +890,10 @@ def run_pack_nvidia(input_files: Sequence[Path | str], out_dir: Path | str,
         raise InputError("pack-nvidia got no input files")
     verify_inputs([Path(p) for p in files], upstream, workers=workers)
     out = Path(out_dir)
+    stale = check_out_dir(out, cfg)
     sd = begin(out)
+    for p in stale:  # an earlier run's shards that this one does not write: a trainer would read them
+        p.unlink(missing_ok=True)
     try:
         counts = run_all(count_lengths, [(k, p, str(sd), cfg) for k, p in enumerate(files)], workers)
         plan = plan_packing(counts, str(sd), cfg)

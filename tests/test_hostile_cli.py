@@ -117,6 +117,8 @@ SPECS: dict[str, dict] = {
                              inputs={"--input": "file"}, outputs={"--output": "any"}),
     "pack-varlength": dict(argv=["--input", "in/x.hdf5", "--output", "out/p.hdf5"],
                            inputs={"--input": "file"}, outputs={"--output": "any"}),
+    "pack-nvidia": dict(argv=["--input_hdf5", "hd", "--output_hdf5", "out/packed", "--shards_num", "2"],
+                        inputs={"--input_hdf5": "path"}, outputs={"--output_hdf5": "dir"}, dataset=True),
     "split-4bins": dict(argv=["--input_dir", "hd", "--output_dir", "out/4bins", "--n_output_shards", "2"],
                         inputs={"--input_dir": "dir"}, outputs={"--output_dir": "dir"}, dataset=True),
     "chop-hdf5": dict(argv=["--input_hdf5_dir", "hd", "--output_hdf5_dir", "out/chop", "--num_shards", "2"],

@@ -330,3 +330,24 @@ def test_every_length_1_to_512_equals_the_reference(tmp_path):
     cfg = PackNvidiaConfig(shards_num=10)
     out, _ = run_both(parts, tmp_path, cfg, workers=2)
     check_invariants(out, parts, cfg)
+
+
+# -- the command -------------------------------------------------------------------------------------------------------------
+def test_command_writes_what_the_library_writes(golden_parts, tmp_path):
+    from bertpipe.cli import main
+
+    out = tmp_path / "packed"
+    argv = ["pack-nvidia", "--input_hdf5", str(golden_parts[0].parent), "--output-hdf5", str(out),
+            "--max_seq_length", "128", "--shards-num", "3", "--seed", "5", "--workers", "1"]
+    assert main(argv) == 0
+    lib = tmp_path / "lib"
+    run_pack_nvidia(golden_parts, lib, PackNvidiaConfig(max_seq_length=128, shards_num=3, seed=5))
+    files = {p.name: json.loads((p / "_manifest.json").read_text())["files"] for p in (out, lib)}
+    assert files["packed"] == files["lib"] and len(files["lib"]) == 6
+    # again, into its own folder, with fewer shards: the earlier run's extra shards go (a trainer would read them)
+    assert main([*argv[:-5], "2", "--seed", "5", "--workers", "1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "part_00000.hdf5", "part_00001.hdf5",
+                                                     "shard_list_00000.lst", "shard_list_00001.lst"]
+    (out / "notes.txt").write_text("mine")
+    assert main(argv) == 2  # a folder holding another file is refused, nothing written
+    assert sorted(p.name for p in out.iterdir())[-1] == "shard_list_00001.lst"
