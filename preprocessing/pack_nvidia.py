@@ -87,16 +87,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import time
-from array import array
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -114,10 +111,7 @@ from core.manifest import (
 from core.pools import default_workers, run_all
 from core.schema import H5_ERRORS
 from core.stage import Stage
-from preprocessing.hdf5_io import chunks, reading, stage_params, tmp_path, verify_inputs
-
-if TYPE_CHECKING:
-    import h5py
+from preprocessing.hdf5_io import chunks, h5_create, reading, stage_params, tmp_path, verify_inputs
 
 log = logging.getLogger(__name__)
 
@@ -520,16 +514,6 @@ def packing_recipe(histogram: Sequence[int] | np.ndarray, max_seq_length: int, m
 
 
 # -- step b: the assignment (the reference's shuffles and index walk) -------------------------------------------------
-def shuffled_order(rng: random.Random, n: int) -> np.ndarray:
-    """The permutation ``rng.shuffle`` applies to any list of ``n`` items (``x`` becomes ``x[perm]``), drawing
-    from ``rng`` exactly what that shuffle draws (nothing for n < 2)."""
-    if n < 2:
-        return np.arange(n, dtype=np.int64)
-    x = array("q", range(n))
-    rng.shuffle(x)  # the permutation depends on n and the draws only, not on the items
-    return np.frombuffer(x, dtype=np.int64).copy()
-
-
 @dataclass
 class Assignment:
     """The packs in order: pack p holds ``seq_len[pack_off[p]:pack_off[p+1]]`` (lengths) with indices ``seq_idx``
@@ -548,11 +532,14 @@ class Assignment:
 
 
 def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: int,
-                 rng: random.Random | None = None, chunk_packs: int = 1 << 22) -> Assignment:
+                 chunk_packs: int = 1 << 22) -> Assignment:
     """The reference's assignment: per length 1..T its indices plus ``int(padding)`` None slots, shuffled; the
     strategy instances (strategy order, each ``mixture`` times) shuffled; each instance takes the next slot of
-    each of its lengths; None slots are dropped. ``rng`` (default ``random.Random(seed)``) draws in that order."""
-    rng = rng if rng is not None else random.Random(seed)
+    each of its lengths; None slots are dropped. The shuffles are those of one ``random.Random(seed)``, in that
+    order (:class:`preprocessing.pyrandom.Shuffles`: the permutations ``rng.shuffle`` applies, as arrays)."""
+    from preprocessing.pyrandom import Shuffles
+
+    shuffle = Shuffles(seed).permutation
     hist = np.asarray(histogram, dtype=np.int64)
     t = len(hist)
     pads = [int(p) for p in recipe.padding]
@@ -560,11 +547,11 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
     slots = np.empty(int(slot_off[-1]), dtype=np.int64)  # each length's shuffled slots: index, or -1 (None)
     for i in range(t):
         n = int(hist[i])
-        perm = shuffled_order(rng, n + pads[i])
+        perm = shuffle(n + pads[i]).astype(np.int64)
         perm[perm >= n] = -1
         slots[slot_off[i]:slot_off[i + 1]] = perm
     instances = np.repeat(np.arange(len(recipe.strategies)), recipe.mixture)
-    instances = instances[shuffled_order(rng, len(instances))]
+    instances = instances[shuffle(len(instances))]
 
     depth = max(len(s) for s in recipe.strategies)
     table = np.zeros((len(recipe.strategies), depth), dtype=np.int64)  # strategy -> its lengths, 0-padded
@@ -724,26 +711,6 @@ def _vlen_rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-@contextmanager
-def _h5_new(path: Path) -> Iterator[h5py.File]:
-    """A new HDF5 file, closed for good when the block ends (the strong close of hdf5_io when there is one)."""
-    try:
-        from preprocessing.hdf5_io import h5_create  # type: ignore[attr-defined]
-    except ImportError:
-        h5_create = None
-    if h5_create is not None:
-        with h5_create(path) as f:
-            yield f
-        return
-    import h5py
-
-    f = h5py.File(path, "w")
-    try:
-        yield f
-    finally:
-        f.close()
-
-
 def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
     """One packed shard: the seven datasets of ``create_packed_trainset.py`` for packs of ``pack_counts``
     consecutive ``rows``."""
@@ -762,7 +729,7 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
               "masked_lm_positions": (pos, pred_counts), "masked_lm_ids": (rows.mlm, pred_counts),
               "packed_masked_lm_len": (rows.pred.astype(np.int16), pack_counts),
               "next_sentence_labels": (rows.nsl.astype(np.int8), pack_counts)}
-    with _h5_new(path) as f:
+    with h5_create(path) as f:
         for name, dt in PACKED_DATASETS:
             ds = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)), compression=None)
             flat, counts = values[name]

@@ -125,9 +125,24 @@ def shuffle_permutation(n: int, seed: int) -> np.ndarray:
 
     So a list ``L`` of length ``n`` shuffled by ``random.Random(seed).shuffle`` becomes ``[L[i] for i in p]``.
     """
+    return Shuffles(seed).permutation(n)
+
+
+class Shuffles:
+    """Successive shuffles by one ``random.Random(seed)``: ``permutation(n)`` is the next ``rng.shuffle`` of a
+    list of ``n`` items, drawing what it draws (NVIDIA's generate_packing_strategy.py shuffles 512 index lists,
+    then the list of packs, with one generator)."""
+
+    def __init__(self, seed: int) -> None:
+        self.stream = _Stream(seed)
+
+    def permutation(self, n: int) -> np.ndarray:
+        return _permutation(n, self.stream)
+
+
+def _permutation(n: int, stream: _Stream) -> np.ndarray:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    stream = _Stream(seed)
     js = _draws(n, stream)
     dtype = js.dtype if n > 1 else np.int64
     x = np.arange(n, dtype=dtype)

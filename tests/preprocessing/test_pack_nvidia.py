@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -24,7 +25,6 @@ from preprocessing.pack_nvidia import (
     packing_recipe,
     packing_strategies,
     run_pack_nvidia,
-    shuffled_order,
 )
 from tests.loader_rules import NvidiaPackedDataset, nvidia_mlperf_training_files, nvidia_packed_batch
 from tests.preprocessing import nvidia_packed_reference as ref
@@ -106,9 +106,13 @@ def assert_equals_reference(out: Path, ref_dir: Path, texts: list[str], cfg: Pac
 
 
 def run_both(parts: list[Path], tmp_path: Path, cfg: PackNvidiaConfig, inputs: list[Path] | None = None,
-             workers: int = 1) -> tuple[Path, list[str]]:
-    ref_dir = tmp_path / "ref"
-    texts = ref.reference_pack(parts, ref_dir, cfg.max_seq_length, cfg.max_seq_per_sample, cfg.shards_num, cfg.seed)
+             workers: int = 1, reference: tuple[Path, list[str]] | None = None) -> tuple[Path, list[str]]:
+    """bertpipe on ``inputs`` (default: ``parts``) and the re-enacted scripts on ``parts`` (or their output
+    ``reference``, made with the same config): the same files."""
+    if reference is None:
+        reference = tmp_path / "ref", ref.reference_pack(parts, tmp_path / "ref", cfg.max_seq_length,
+                                                         cfg.max_seq_per_sample, cfg.shards_num, cfg.seed)
+    ref_dir, texts = reference
     out = tmp_path / "ours"
     run_pack_nvidia(inputs or parts, out, cfg, workers=workers)
     assert_equals_reference(out, ref_dir, texts, cfg)
@@ -168,13 +172,17 @@ def test_strategy_count_at_512():
     assert len(packing_strategies(512, 3)) == 1 + 256 + sum((512 - a) // 2 - a + 1 for a in range(1, 171))
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 17, 1000])
-def test_shuffled_order_is_random_shuffle(n):
-    mine, theirs = random.Random(7), random.Random(7)
-    perm = shuffled_order(mine, n)
-    items = [f"x{i}" for i in range(n)]
-    theirs.shuffle(items)
-    assert items == [f"x{i}" for i in perm] and mine.getstate() == theirs.getstate()
+def test_successive_shuffles_are_one_random_generators():
+    """The 512 index lists and the pack list are shuffled by one generator: each permutation continues the
+    stream where the last one left it (sizes past PY_TAIL take the vectorised path)."""
+    from preprocessing.pyrandom import Shuffles
+
+    sizes = [0, 3, 1, 70000, 2, 17, 0, 100000, 5]
+    ours, theirs = Shuffles(7), random.Random(7)
+    for n in sizes:
+        items = list(range(n))
+        theirs.shuffle(items)
+        assert ours.permutation(n).tolist() == items, n
 
 
 def _hist(t: int, pairs: dict[int, int]) -> np.ndarray:
@@ -226,9 +234,20 @@ def test_assignment_takes_each_index_once():
 
 
 # -- whole runs against the reference ---------------------------------------------------------------------------------------
-def test_golden_rows_equal_the_reference(golden_parts, tmp_path):
-    cfg = PackNvidiaConfig(max_seq_length=128, shards_num=7)
-    out, texts = run_both(golden_parts, tmp_path, cfg)
+GOLDEN_CFG = PackNvidiaConfig(max_seq_length=128, shards_num=7, seed=99)
+
+
+@pytest.fixture(scope="module")
+def golden_reference(golden_parts, tmp_path_factory) -> tuple[Path, list[str]]:
+    """The re-enacted scripts on the golden parts (GOLDEN_CFG): their folder and the shard lists' texts."""
+    d = tmp_path_factory.mktemp("golden_reference")
+    c = GOLDEN_CFG
+    return d, ref.reference_pack(golden_parts, d, c.max_seq_length, c.max_seq_per_sample, c.shards_num, c.seed)
+
+
+def test_golden_rows_equal_the_reference(golden_parts, golden_reference, tmp_path):
+    cfg = GOLDEN_CFG
+    out, texts = run_both(golden_parts, tmp_path, cfg, reference=golden_reference)
     check_invariants(out, golden_parts, cfg)
     m = json.loads((out / "_manifest.json").read_text())
     assert m["stage"] == "pack_nvidia" and m["counters"]["sequences"] == 1535
@@ -236,11 +255,11 @@ def test_golden_rows_equal_the_reference(golden_parts, tmp_path):
     assert sorted(f["name"] for f in m["files"]) == sorted(p.name for p in out.iterdir() if p.name != "_manifest.json")
 
 
-def test_golden_varlength_shards_in_two_workers_equal_the_reference(golden_parts, tmp_path):
+def test_golden_varlength_shards_in_two_workers_equal_the_reference(golden_parts, golden_reference, tmp_path):
     """NVIDIA's variable-length rows (pack-varlength of the same parts) pack the same; two workers, same bytes."""
     var = [to_varlength(p, tmp_path / p.name.replace("part-", "part_")) for p in golden_parts]
-    cfg = PackNvidiaConfig(max_seq_length=128, shards_num=5, reference_names=True, seed=99)
-    out, _ = run_both(golden_parts, tmp_path, cfg, inputs=var, workers=2)
+    cfg = replace(GOLDEN_CFG, reference_names=True)
+    out, _ = run_both(golden_parts, tmp_path, cfg, inputs=var, workers=2, reference=golden_reference)
     one = tmp_path / "one_worker"
     run_pack_nvidia(golden_parts, one, cfg, workers=1)
     md5 = {p.name: json.loads(p.joinpath("_manifest.json").read_text())["files"] for p in (out, one)}
