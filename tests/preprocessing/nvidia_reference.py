@@ -82,6 +82,35 @@ def chop_hdf5_files(input_dir: str, output_dir: str, num_shards: int, max_seq_le
     return out_dir
 
 
+def chop_shard_sizes(file_rows: list[int], num_shards: int) -> tuple[list[int], int]:
+    """chop_hdf5_files.py's loop with counters only: (rows of every shard written, rows left in the last buffer).
+
+    Raises what the script raises: ValueError (a negative buffer size: no rows), IndexError (a row for a buffer
+    of size 0, or a shard past the last file handle)."""
+    n_samples = sum(file_rows)
+    nominal = (n_samples + num_shards - 1) // num_shards
+    n_excess = num_shards * nominal - n_samples
+    handles = list(range(num_shards))
+    written: list[int] = []
+    ofile_idx, entry = 0, 0
+    in_shard = nominal - 1
+    if in_shard < 0:
+        raise ValueError("negative dimensions are not allowed")
+    for rows in file_rows:
+        for _ in range(rows):
+            if entry == in_shard:
+                written.append(handles[ofile_idx] * 0 + entry)  # IndexError past the last handle, as the script
+                entry = 0
+                ofile_idx += 1
+                in_shard = nominal
+                if entry < n_excess:
+                    in_shard -= 1
+            if entry >= in_shard:  # o_input_ids[entry] = ... on a buffer of in_shard rows
+                raise IndexError(f"index {entry} is out of bounds for axis 0 with size {in_shard}")
+            entry += 1
+    return written, entry
+
+
 # -- convert_fixed2variable.py ---------------------------------------------------------------------------------
 def _varlen_datasets(w: h5py.File, n: int) -> dict[str, h5py.Dataset]:
     return {
