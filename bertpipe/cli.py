@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "split-4bins": ("split_4bins", "split padded HDF5 into 4 sequence-length bins and shards"),
     "pack-varlength": ("pack_varlength", "padded HDF5 -> NVIDIA's packed (variable-length) HDF5"),
     "pack-nvidia": ("pack_nvidia", "NVIDIA's packed_data chain: <= 3 sequences a sample, shard lists + packed shards"),
+    "pack-habana": ("pack_habana", "Habana's pack_pretraining_data_pytorch.py: <= 3 sequences a pack (packed mode)"),
     "chop-hdf5": ("nvidia", "NVIDIA's chop_hdf5_files.py: padded part files -> N shards (--varlength: packed)"),
     "shuffle-samples": ("nvidia", "NVIDIA's shuffle_samples.py: rows shuffled across shards (random.Random(24))"),
     "pick-eval-samples-varlength": ("nvidia", "NVIDIA's pick_eval_samples_varlength.py: eval subset, packed form"),

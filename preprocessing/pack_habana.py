@@ -632,7 +632,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     ``<that folder>_metadata.json`` beside it, and the manifest ``out_dir/manifest_name`` last (relative to
     ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
     lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
-    dropped_packs, padding_slots, strategies_used, avg_seq_per_sample, speedup.
+    dropped_packs, dropped_sequences, padding_slots, empty_packs, strategies_used, avg_seq_per_sample, speedup.
     """
     check_config(cfg)
     files = [Path(p) for p in input_files]
@@ -691,6 +691,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
         out.count("dropped_packs", len(slots) - written)
         out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
         out.count("padding_slots", int(recipe.padding.sum()))
+        out.count("empty_packs", int((slots[:written] < 0).all(axis=1).sum()))  # padding slots only (the script too)
         out.count("strategies_used", st["number_of_strategies_utilized"])
         out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
         out.count("speedup", round(st["expected_speed_up"], 6))

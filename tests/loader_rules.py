@@ -137,3 +137,58 @@ def nvidia_packed_batch(samples: list[list[np.ndarray]]) -> dict[str, np.ndarray
     return {"input_ids": compact(ids), "segment_ids": compact(seg), "labels_mlm": compact(labels),
             "position_ids": pids.reshape(b, s), "cu_seqlens": np.concatenate([[0], np.cumsum(seqlens)]),
             "labels_nsp": nsp.reshape(-1)[nz]}
+
+
+# -- Habana Model-References BERT, packed mode (--enable_packed_data_mode True, its default) ------------------------
+#: The nine datasets Habana's packed-mode ``pretraining_dataset`` reads, in its order (PyTorch/nlp/bert/run_pretraining.py).
+HABANA_PACKED = ("input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
+                 "next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
+
+
+def habana_packed_files(input_dir: str | os.PathLike) -> list[str]:
+    """Packed mode: every regular file of the input dir ("Packed files have no 'training' pre/postfix"), sorted
+    (then shuffled with ``random.Random(seed + epoch)``); each is opened as HDF5."""
+    return sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir)
+                  if os.path.isfile(os.path.join(input_dir, f)))
+
+
+def habana_avg_seq_per_sample(input_dir: str | os.PathLike, max_seq_length: int) -> float | None:
+    """``read_avg_seq_per_sample``: ``<normpath(input_dir)>_metadata.json`` beside the folder, key
+    ``avg_seq_per_sample`` (KeyError-like assertion if the file lacks it); without the file 1.2 (128) or 2.0 (512),
+    and None for any other length (the trainer's ``assert f"..."`` is a no-op; it then fails dividing by None)."""
+    import json
+
+    head, tail = os.path.split(os.path.normpath(input_dir))
+    path = os.path.join(head, tail + "_metadata.json")
+    if not os.path.exists(path):
+        return {128: 1.2, 512: 2.0}.get(max_seq_length)
+    with open(path) as fh:
+        meta = json.loads(fh.read())
+    assert "avg_seq_per_sample" in meta, f"Key avg_seq_per_sample not present in {path}"
+    return meta["avg_seq_per_sample"]
+
+
+class HabanaPackedDataset:
+    """A packed file read the way Habana's ``pretraining_dataset`` does in packed mode: the nine datasets by name;
+    an item is (input_ids, segment_ids, input_mask, positions, masked_lm_labels, next_sentence_positions,
+    next_sentence_labels) as int64, masked_lm_labels -1 but at masked_lm_positions[:index] (index: the first 0 in
+    masked_lm_positions, else ``max_pred_length``), next_sentence_labels -1 where next_sentence_weights is 0."""
+
+    def __init__(self, path: str | os.PathLike, max_pred_length: int) -> None:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            self.inputs = [np.asarray(f[key][:]) for key in HABANA_PACKED]  # KeyError on an unpacked file
+        self.max_pred_length = max_pred_length
+
+    def __len__(self) -> int:
+        return len(self.inputs[0])
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        ids, mask, seg, pos, mpos, mids, nsp_pos, nsp_lab, nsp_w = (x[i].astype(np.int64) for x in self.inputs)
+        labels = np.full(ids.shape, -1, dtype=np.int64)
+        zeros = np.flatnonzero(mpos == 0)
+        index = int(zeros[0]) if zeros.size else self.max_pred_length
+        labels[mpos[:index]] = mids[:index]
+        nsp = (nsp_w == 1) * nsp_lab + (nsp_w == 0) * -1
+        return [ids, seg, mask, pos, labels, nsp_pos, nsp]

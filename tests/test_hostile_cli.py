@@ -119,6 +119,8 @@ SPECS: dict[str, dict] = {
                            inputs={"--input": "file"}, outputs={"--output": "any"}),
     "pack-nvidia": dict(argv=["--input_hdf5", "hd", "--output_hdf5", "out/packed", "--shards_num", "2"],
                         inputs={"--input_hdf5": "path"}, outputs={"--output_hdf5": "dir"}, dataset=True),
+    "pack-habana": dict(argv=["--input_dir", "hd", "--output_dir", "out/packed"],
+                        inputs={"--input_dir": "dir"}, outputs={"--output_dir": "dir"}, dataset=True),
     "split-4bins": dict(argv=["--input_dir", "hd", "--output_dir", "out/4bins", "--n_output_shards", "2"],
                         inputs={"--input_dir": "dir"}, outputs={"--output_dir": "dir"}, dataset=True),
     "chop-hdf5": dict(argv=["--input_hdf5_dir", "hd", "--output_hdf5_dir", "out/chop", "--num_shards", "2"],

@@ -74,9 +74,9 @@ def recipe(sequence_lengths: np.ndarray, L: int, S: int):
         assert np.all(b >= 0)
         if b.sum() < 100:
             break
-    for l in np.arange(1, L + 1)[b > 0]:
-        strategy = sorted([l, L - l]) if l != L else [L]  # the script: [0, L], a ValueError
-        mixture[strategy_set.index(strategy)] += b[l - 1]
+    for n in np.arange(1, L + 1)[b > 0]:
+        strategy = sorted([n, L - n]) if n != L else [L]  # the script: [0, L], a ValueError
+        mixture[strategy_set.index(strategy)] += b[n - 1]
     b = histogram - A @ mixture
     padding = np.where(b < 0, -b, 0)
     b = histogram + padding - A @ mixture
@@ -158,14 +158,14 @@ def pack(input_dir: Path, output_dir: Path, *, L: int = 512, P: int = 80, S: int
         for key in by_length:
             random.shuffle(by_length[key])
         stacks: dict[str, list] = defaultdict(list)
-        for strategy, offsets, count in zip(strategy_set, slicing, mixture):
+        for strategy, offsets, count in zip(strategy_set, slicing, mixture, strict=True):
             for _ in range(count):
                 for seq_len in strategy:
                     start = int(offsets[seq_len - 1])
                     offsets[seq_len - 1] = start + 1
                     stacks[f"{strategy}_{seq_len}"].append(start)
         order = np.random.permutation(sum(mixture))
-        expanded = [s for s, r in zip(strategy_set, mixture) for _ in range(r)]
+        expanded = [s for s, r in zip(strategy_set, mixture, strict=True) for _ in range(r)]
         packs = []
         for ind in order:
             strategy = expanded[ind]
