@@ -35,8 +35,10 @@ def _work_dir(root: Path, bins: Path, golden: Path, shared_data: Path) -> Path:
     shutil.copytree(bins, data)
     (work / "eval_hdf5" / "k2").mkdir(parents=True)
     shutil.copy(golden / "eval_100.hdf5", work / "eval_hdf5" / "k2" / "eval_10k.hdf5")
+    (work / "vocab" / "k3").mkdir(parents=True)  # every output of a run lies in its work dir (last_run.json checks)
+    shutil.copy(shared_data / "vocab.txt", work / "vocab" / "k3" / "vocab.txt")
     outputs = {"train_dir": str(data), "eval_hdf5": str(work / "eval_hdf5" / "k2" / "eval_10k.hdf5"),
-               "vocab": str(shared_data / "vocab.txt")}
+               "vocab": str(work / "vocab" / "k3" / "vocab.txt")}
     (work / "last_run.json").write_text(json.dumps({"work_dir": str(work), "stages": {}, "outputs": outputs}))
     return work
 
