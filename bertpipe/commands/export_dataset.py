@@ -26,14 +26,16 @@ the links into its recorded train_dir, eval file and vocab, and nothing else.
 --overwrite lets OUT be a non-empty folder that is not an export: the export goes in beside what it holds.
 --replace-copies is for OUT being your own copy of an export (`cp -rL`): a real file where a link goes is
 replaced by the link when its bytes equal the file the link points to (compared in full), and refused
-otherwise; a copied marker and the copy's folders are accepted.
+otherwise; a marker written for another folder, and real folders where the export puts its folders, are
+accepted (a real file where no link goes is still refused).
 
 OUT is refused when it is a symlink, is or lies inside a work dir or stage output (a folder holding
 .bertpipe.lock, last_run.json, _manifest.json, _dropped.json or .verified.json, or a <name>.manifest.json
 beside it), or holds one directly or in train/ or eval/, or holds the exported work dir or its files.
 
 The marker is written first (what is there now and what is to come, "complete": false), last again (the
-links made). A killed export leaves only what the marker accounts for, and the next export finishes it.
+links made). A killed export leaves only what the marker accounts for (and, under --replace-copies, the
+copies not yet replaced), and the next export finishes it.
 Two exports into one OUT at once: the second refuses (a lock on the folder).
 """
 
