@@ -64,7 +64,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -79,6 +78,7 @@ from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_tex
 from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_io import reading, stage_file, stage_params, verify_inputs
+from preprocessing.pyrandom import Shuffles
 
 log = logging.getLogger(__name__)
 
@@ -378,17 +378,11 @@ def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengt
 
 
 # -- 3. the assignment ---------------------------------------------------------------------------------------------
-def _python_shuffle_order(rng: random.Random, n: int) -> np.ndarray:
-    """``x = list(range(n)); rng.shuffle(x)`` as an array (the draws of ``random.shuffle`` on any list of ``n``)."""
-    x = list(range(n))
-    rng.shuffle(x)
-    return np.array(x, dtype=np.int64)
-
-
 def shuffled_lists(seq: np.ndarray, padding: np.ndarray, cfg: HabanaPackConfig,
-                   rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
+                   shuffles: Shuffles) -> tuple[np.ndarray, np.ndarray]:
     """(flat, base): per length l, its rows (input order) then its padding slots (-1), shuffled as the script
-    shuffles ``examples_by_length[l]``, at ``flat[base[l]:base[l + 1]]``. ``rng`` draws in the script's order."""
+    shuffles ``examples_by_length[l]``, at ``flat[base[l]:base[l + 1]]``. ``shuffles``: the successive
+    ``random.shuffle`` permutations of the script's generator (pyrandom: the same draws, vectorized)."""
     length = cfg.max_sequence_length
     hist = np.bincount(seq, minlength=length + 1).astype(np.int64)
     total = hist.copy()
@@ -403,8 +397,8 @@ def shuffled_lists(seq: np.ndarray, padding: np.ndarray, cfg: HabanaPackConfig,
     for v in keys:  # the dict's insertion order: first appearance, then the lengths without rows
         rows = by_len[first_row[v]:first_row[v] + hist[v]]
         items = np.concatenate([rows, np.full(int(padding[v - 1]), -1, dtype=rows.dtype)])
-        if len(items) > 1:
-            items = items[_python_shuffle_order(rng, len(items))]
+        if len(items) > 1:  # (a list of 0 or 1 items draws nothing)
+            items = items[shuffles.permutation(len(items))]
         flat[base[v]:base[v + 1]] = items
     return flat, base
 
@@ -413,8 +407,8 @@ def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig) -> np.n
     """``(n_packs, max_sequences_per_pack)``: each pack's slots in strategy order, a global row id or -1 for a
     padding slot; packs in the order the script writes them."""
     depth = cfg.max_sequences_per_pack
-    rng = random.Random(cfg.rng_seed)  # = random.seed(seed + local_rank): the same draws
-    flat, base = shuffled_lists(seq, recipe.padding, cfg, rng)
+    # random.seed(seed + local_rank), then random.shuffle of each length's list: the same draws
+    flat, base = shuffled_lists(seq, recipe.padding, cfg, Shuffles(cfg.rng_seed))
     mixture = recipe.mixture
     n_strat = len(recipe.strategies)
     packs = int(mixture.sum())
