@@ -638,6 +638,18 @@ def test_a_kill_at_any_step_is_recovered_by_the_next_export(template: Path, tmp_
         tried += 1
     assert tried >= 15
 
+    for stop in (1, 2, 3, 12, 20):  # the first export into a new OUT (20 steps), stopped
+        fresh = s / f"fresh{stop}"
+        monkeypatch.setattr(ed, "_step", stop_at(stop, Killed))
+        with pytest.raises(Killed):
+            export(s / "work", fresh, "habana")
+        monkeypatch.setattr(ed, "_step", lambda what, rel: None)
+        assert fresh.is_dir() and (stop == 1) == (os.listdir(fresh) == [])
+        rc, err = export(s / "work", fresh, "habana")
+        assert rc == 0, (stop, err)
+        check_export(fresh, s / "work", "habana")
+    assert {k: v for k, v in snapshot(s).items() if not k.startswith(("ds", "fresh"))} == outside
+
 
 def test_a_kill_while_replacing_copies_is_recovered(template: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
