@@ -226,6 +226,24 @@ def test_the_seed_and_local_rank_decide_the_packs(golden_128, tmp_path):
     assert not np.array_equal(got["a"], got["c"])
 
 
+def test_rows_are_gathered_alike_sparse_or_dense(every_128):
+    """A group of packs reads its rows block by block where they are dense, row by row where sparse."""
+    from preprocessing.pack_habana import _gather, read_inputs
+
+    inputs = read_inputs(training_files(every_128), HabanaPackConfig(max_sequence_length=128))
+    cols = {}
+    for p in inputs.files:
+        for name, v in read_all(Path(p)).items():
+            cols.setdefault(name, []).append(v)
+    full = {name: np.concatenate(v) for name, v in cols.items()}
+    rng = np.random.default_rng(0)
+    for ids in (rng.permutation(len(inputs.seq)), rng.choice(len(inputs.seq), 40, replace=False)):
+        for chunk in (64, 100_000):
+            got = _gather(inputs, ids, chunk)
+            for name in got:
+                np.testing.assert_array_equal(got[name], full[name][ids])
+
+
 def test_strategies_in_the_scripts_order():
     got = packing_strategies(8, 3)
     assert got == [tuple(s) for s in ref.strategies_of(0, 1, 8, 3)]
