@@ -65,6 +65,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -639,15 +640,19 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     real = data.resolve()
     meta_path = real.parent / f"{real.name}_metadata.json"
     inside = data_dir != ""
+    t0 = time.perf_counter()
     inputs = read_inputs(files, cfg)
-    log.info("pack-habana: %d sequences in %d file(s), mean length %.2f", len(inputs.seq), len(files),
-             inputs.seq.mean())
+    t1 = time.perf_counter()
+    log.info("pack-habana: %d sequences in %d file(s), mean length %.2f (read in %.1f s)", len(inputs.seq),
+             len(files), inputs.seq.mean(), t1 - t0)
     recipe = packing_recipe(inputs.seq, cfg.max_sequence_length, cfg.max_sequences_per_pack)
     st = recipe.stats
-    log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used)",
-             st["new_number_of_samples"], st["expected_speed_up"], st["avg_seq_per_sample"],
-             st["number_of_strategies_utilized"])
+    t2 = time.perf_counter()
+    log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used); recipe: "
+             "%d NNLS round(s) in %.1f s", st["new_number_of_samples"], st["expected_speed_up"],
+             st["avg_seq_per_sample"], st["number_of_strategies_utilized"], len(recipe.rounds), t2 - t1)
     slots = assign_packs(inputs.seq, recipe, cfg)
+    log.info("pack-habana: packs assigned in %.1f s", time.perf_counter() - t2)
     bounds = pack_files(len(slots), cfg)
     (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir too)
     _prepare_out(data)
@@ -671,7 +676,8 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                 name = prefix + PART_NAME.format(i)
                 with stage_file(out, name) as tmp:
                     write_packed_file(tmp, arrays)
-            log.info("pack-habana: %d/%d files written", min(g + per_group, len(bounds)), len(bounds))
+            log.info("pack-habana: %d/%d files written (%.1f s)", min(g + per_group, len(bounds)), len(bounds),
+                     time.perf_counter() - t2)
         text = metadata_json(st)
         if inside:
             with out.open_text(f"{data_dir}_metadata.json") as fh:
