@@ -772,7 +772,8 @@ def write_stat_records(directory: Path, md5s: dict[str, str]) -> None:
 
 
 def verify_manifest(
-    directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True, trust_stat: bool = False
+    directory: str | os.PathLike, name: str = MANIFEST_NAME, *, check_md5: bool = True, trust_stat: bool = False,
+    root: str | os.PathLike | None = None,
 ) -> Manifest:
     """Load and check a stage directory: every file present, a plain file inside it (no symbolic link on the way:
     :func:`output_problem`), of the recorded size and md5.
@@ -780,9 +781,15 @@ def verify_manifest(
     ``trust_stat``: a file whose size, mtime, ctime and inode are those recorded when its md5 was last
     known (:data:`STAT_NAME`) is not re-hashed; the others are, and the records are renewed when they hold.
 
-    Raises ManifestError (missing manifest/file, wrong size) or ChecksumError (md5 differs).
+    ``root`` (the work dir): a directory resolving outside it is refused before anything in it is read.
+
+    Raises ManifestError (missing manifest/file, wrong size, a directory outside ``root``; ManifestCorrupt for a
+    damaged manifest) or ChecksumError (md5 differs).
     """
     directory = Path(directory)
+    if root is not None and (real := outside(directory, root)):
+        raise ManifestError(f"{directory} resolves to {real}, outside the work dir {root} (a symbolic link?); "
+                            "nothing in it is read")
     m = load_manifest(directory, name)
     if m is None:
         raise ManifestError(f"{directory / name} not found: the stage has not completed (run it first)")

@@ -31,7 +31,16 @@ from core.stage import Plan, Result, Stage, Unit
 from preprocessing import registry
 from preprocessing.params import DataParams, current_surface, spell
 from tasks.artifacts import ShardProgress, dataset_summary, stage_table, summarize
-from tasks.calls import Batch, Call, check_done, manifest_of, progress_hook, result_dict, shutdown_pool
+from tasks.calls import (
+    Batch,
+    Call,
+    check_done,
+    manifest_of,
+    progress_hook,
+    result_dict,
+    shutdown_pool,
+    why_not_done,
+)
 
 #: A batch (one Prefect task) holds at most this many calls; fewer when that leaves workers idle.
 MAX_BATCH = 64
@@ -50,6 +59,7 @@ class _Group:
     pieces: list[Unit] | None = None  # a stage written as pieces: this phase's units, in order
     values: list[Any] = field(default_factory=list)  # what the pieces of earlier phases returned
     seconds: float = 0.0  # the pieces' seconds so far
+    why: str = "never done"  # why a stage written as pieces runs (its whole was not done)
 
 
 def identity(result: Result) -> str:
@@ -245,11 +255,12 @@ class DataDag:
         """Done already (its manifest verifies), or run its first pieces; ``finish`` decides what follows."""
         units = self._plan(s)
         whole = self._whole(s, units)
-        m = None if s.name in self.p.force else check_done(whole, self.p.verify_md5, root=str(self.work))
+        m, why = (None, "forced") if s.name in self.p.force else why_not_done(whole, self.p.verify_md5,
+                                                                                 root=str(self.work))
         if m is not None:
             self._record(s.name, [result_dict(whole, m, cached=True, seconds=0.0)])
             return
-        group = _Group(stages=[s.name], expected=0, rows={s.name: []})
+        group = _Group(stages=[s.name], expected=0, rows={s.name: []}, why=why)
         self._pieces(group, units)
 
     def _pieces(self, group: _Group, units: list[Unit]) -> None:
@@ -277,7 +288,7 @@ class DataDag:
             self._pieces(group, list(out))
             return
         whole = self._whole(s, self.planned[name])
-        self._record(name, [result_dict(whole, out, cached=False, seconds=group.seconds, why="never done")])
+        self._record(name, [result_dict(whole, out, cached=False, seconds=group.seconds, why=group.why)])
 
     # -- the disk budget (--keep training) ------------------------------------------------------------------
     def _done_without_running(self, s: Stage) -> bool:

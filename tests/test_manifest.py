@@ -208,3 +208,194 @@ def test_deferred_md5_writes_what_two_stages_one_after_the_other_write(tmp_path)
         two_stages(tmp_path / "failed")
         raise RuntimeError("boom")
     assert not list((tmp_path / "failed").rglob(MANIFEST_NAME))
+
+
+# -- what a manifest, a marker or a link may make bertpipe do (issue 23) -------------------------------------
+def _stage(d: Path, files: dict[str, bytes]) -> dict:
+    with StageOutput(d, "demo", params={"p": 1}) as st:
+        for name, data in files.items():
+            with st.open(name) as f:
+                f.write(data)
+    return json.loads((d / MANIFEST_NAME).read_text())
+
+
+def _rewrite(d: Path, m: dict) -> None:
+    from core.manifest import Manifest
+
+    if isinstance(m.get("files"), list):
+        try:
+            m["digest"] = Manifest.from_dict(m).digest  # a careful forger: a valid digest (when the rest is valid)
+        except (ValueError, TypeError, KeyError):
+            pass
+    (d / MANIFEST_NAME).write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("mutate,why", [
+    (lambda m: m.pop("files"), "no 'files' key"),
+    (lambda m: m.__setitem__("files", []), "'files' list is empty"),
+    (lambda m: m["files"][0].__setitem__("name", "../../victim"), "'..' component"),
+    (lambda m: m["files"][0].__setitem__("name", "/etc/passwd"), "absolute path"),
+    (lambda m: m["files"][0].__setitem__("name", "..\\x"), "backslash"),
+    (lambda m: m["files"][0].__setitem__("name", "a//b"), "empty, '.' or '..'"),
+    (lambda m: m["files"][0].__setitem__("name", "C:x"), "drive letter"),
+    (lambda m: m["files"][0].__setitem__("name", "a\nb"), "control character"),
+    (lambda m: m["files"][0].__setitem__("name", ".verified.json"), "keeps for itself"),
+    (lambda m: m["files"][0].__setitem__("name", ".a.tmp-12"), "keeps for itself"),
+    (lambda m: m["files"][0].__setitem__("bytes", True), "not an integer"),
+    (lambda m: m["files"][0].__setitem__("bytes", 1.5), "not an integer"),
+    (lambda m: m["files"][0].__setitem__("md5", "X" * 32), "32 lowercase hex"),
+    (lambda m: m["files"][0].__setitem__("extra", 1), "exactly name, bytes and md5"),
+    (lambda m: m["files"].append("a"), "exactly name, bytes and md5"),
+    (lambda m: m.__setitem__("stage", ""), "'stage' is empty"),
+    (lambda m: m.__setitem__("key", 5), "'key' is a int"),
+    (lambda m: m.__setitem__("params", []), "'params' is a list"),
+    (lambda m: m.__setitem__("upstream", {"a": 1}), "'upstream' maps"),
+    (lambda m: m.__setitem__("format", 9), "format 9"),
+    (lambda m: m.__setitem__("seconds", "1"), "'seconds' is a str"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_a_manifest_off_its_schema_is_corrupt_in_one_line(tmp_path, mutate, why):
+    from core.errors import ManifestCorrupt
+
+    d = tmp_path / "s"
+    m = _stage(d, {"a": b"x", "b": b"y"})
+    mutate(m)
+    _rewrite(d, m)
+    with pytest.raises(ManifestCorrupt, match="is corrupt") as e:
+        load_manifest(d)
+    assert why in str(e.value) and str(d / MANIFEST_NAME) in str(e.value) and "\n" not in str(e.value)
+    assert is_done(d) is None
+
+
+def test_a_manifest_edited_without_its_digest_and_unparseable_ones_are_corrupt(tmp_path):
+    from core.errors import ManifestCorrupt
+
+    d = tmp_path / "s"
+    m = _stage(d, {"a": b"x"})
+    m["files"][0]["bytes"] = 5
+    (d / MANIFEST_NAME).write_text(json.dumps(m))  # digest left as it was
+    with pytest.raises(ManifestCorrupt, match="digest"):
+        load_manifest(d)
+    for text in ("{", "[1]", "null", "\udcff"):
+        (d / MANIFEST_NAME).write_bytes(text.encode("utf-8", "surrogateescape"))
+        with pytest.raises(ManifestCorrupt, match="is corrupt"):
+            load_manifest(d)
+
+
+def test_manifests_and_outputs_are_never_read_through_a_link(tmp_path):
+    from core.errors import ManifestCorrupt
+
+    d, victim = tmp_path / "s", tmp_path / "victim"
+    victim.mkdir()
+    _stage(d, {"sub/a": b"abc"})
+    (victim / "a").write_bytes(b"abc")
+    (d / "sub" / "a").unlink()
+    (d / "sub" / "a").symlink_to(victim / "a")  # same bytes, outside
+    with pytest.raises(ManifestError, match="symbolic link"):
+        verify_manifest(d)
+    (d / "sub" / "a").unlink()
+    (d / "sub").rmdir()
+    (victim / "sub").mkdir()
+    (victim / "sub" / "a").write_bytes(b"abc")
+    (d / "sub").symlink_to(victim / "sub")  # a link where the output's folder belongs
+    with pytest.raises(ManifestError, match="sub is a symbolic link"):
+        verify_manifest(d)
+    (d / "m.json").write_bytes((d / MANIFEST_NAME).read_bytes())
+    (d / MANIFEST_NAME).unlink()
+    (d / MANIFEST_NAME).symlink_to(d / "m.json")
+    with pytest.raises(ManifestCorrupt, match="symbolic link, which is never followed"):
+        load_manifest(d)
+    (d / MANIFEST_NAME).unlink()
+    import os
+
+    os.mkfifo(d / MANIFEST_NAME)  # would block a plain read
+    with pytest.raises(ManifestCorrupt, match="not a plain file"):
+        load_manifest(d)
+
+
+def test_drop_records_what_it_dropped_and_a_record_that_does_not_match_is_ignored(tmp_path):
+    from core.manifest import DROPPED_NAME, drop_files, dropped_info
+
+    d = tmp_path / "w" / "s"
+    m = _stage(d, {"a": b"x" * 10, "b/c": b"y" * 5})
+    assert drop_files(d, "--keep training", root=tmp_path / "w") == 15
+    info = json.loads((d / DROPPED_NAME).read_text())
+    assert info["format"] == 2 and info["manifest"] == m["digest"]
+    assert info["files"] == [["a", 10, hashlib.md5(b"x" * 10).hexdigest()], ["b/c", 5, hashlib.md5(b"y" * 5).hexdigest()]]
+    assert dropped_info(d) == info and not (d / "a").exists()
+    for bad in ({**info, "format": 1}, {**info, "manifest": "0" * 32}, {**info, "files": info["files"][:1]},
+                {"files": 2, "bytes": 15, "why": "x", "when": "y"}, [1]):
+        (d / DROPPED_NAME).write_text(json.dumps(bad))
+        assert dropped_info(d) is None, bad
+        assert is_done(d) is None  # the files are checked as usual: missing
+
+
+def test_drop_refuses_outside_the_work_dir_and_links_on_the_way_and_unlinks_links_unfollowed(tmp_path):
+    from core.manifest import drop_files
+
+    work, victim = tmp_path / "w", tmp_path / "victim"
+    _stage(victim / "s", {"a": b"x", "sub/b": b"y"})
+    work.mkdir()
+    (work / "tf").symlink_to(victim)  # a stage folder that is a link out of the work dir
+    with pytest.raises(ManifestError, match="outside the work dir .*nothing was deleted"):
+        drop_files(work / "tf" / "s", "--keep training", root=work)
+    assert (victim / "s" / "a").read_bytes() == b"x"
+    (work / "tf").unlink()
+    _stage(work / "s", {"a": b"x", "sub/b": b"y"})
+    import shutil
+
+    shutil.rmtree(work / "s" / "sub")
+    (work / "s" / "sub").symlink_to(victim / "s" / "sub")  # a link where an output's folder belongs
+    with pytest.raises(ManifestError, match="sub is a symbolic link.*nothing was deleted"):
+        drop_files(work / "s", "--keep training", root=work)
+    assert (work / "s" / "a").exists() and (victim / "s" / "sub" / "b").read_bytes() == b"y"
+    (work / "s" / "sub").unlink()
+    (work / "s" / "sub").mkdir()
+    (work / "s" / "sub" / "b").symlink_to(victim / "s" / "sub" / "b")  # the output itself a link: the link goes
+    drop_files(work / "s", "--keep training", root=work)
+    assert not (work / "s" / "sub" / "b").is_symlink() and (victim / "s" / "sub" / "b").read_bytes() == b"y"
+
+
+def test_a_redo_removes_links_and_folders_where_outputs_belong_without_following_them(tmp_path):
+    import shutil
+
+    d, victim = tmp_path / "s", tmp_path / "victim"
+    _stage(d, {"a": b"x", "sub/b": b"y"})
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"mine")
+    (d / "a").unlink()
+    (d / "a").mkdir()  # a folder where an output belongs
+    (d / "a" / "inside").write_bytes(b"z")
+    shutil.rmtree(d / "sub")
+    (d / "sub").symlink_to(victim)  # a link where an output's folder belongs
+    assert is_done(d) is None
+    _stage(d, {"a": b"x", "sub/b": b"y"})  # redone: writes inside the stage folder
+    assert (d / "a").read_bytes() == b"x" and not (d / "sub").is_symlink()
+    assert sorted(p.name for p in victim.iterdir()) == ["keep"] and is_done(d) is not None
+
+
+def test_debris_sweep_does_not_follow_linked_folders(tmp_path):
+    from core.manifest import remove_debris
+
+    d, victim = tmp_path / "s", tmp_path / "victim"
+    victim.mkdir()
+    (victim / ".x.tmp-123").write_bytes(b"mine")
+    d.mkdir()
+    (d / "link").symlink_to(victim)
+    (d / ".y.tmp-5").write_bytes(b"debris")
+    remove_debris(d)
+    assert (victim / ".x.tmp-123").exists() and not (d / ".y.tmp-5").exists()
+
+
+def test_stat_records_of_another_shape_are_ignored(tmp_path):
+    from core.manifest import STAT_NAME, read_stat_records, recording_stats
+
+    d = tmp_path / "s"
+    with recording_stats():
+        _stage(d, {"a": b"x"})
+    good = read_stat_records(d)
+    assert set(good) == {"a"}
+    (d / STAT_NAME).write_text(json.dumps({**good, "../v": good["a"], "/abs": good["a"], "b": "x",
+                                           "c": [1, 2, 3, "4", "0" * 32], "d": [1, 2, 3, 4, "nothex"]}))
+    assert read_stat_records(d) == good
+    (d / STAT_NAME).write_text("[1]")
+    assert read_stat_records(d) == {}

@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     bad = stale = 0
     for (stage, key), es in groups.items():
         states = Counter(e.state for e in es)
-        is_current = not current or current.get(stage) == key
+        is_current = not current or current.get(stage) == key or (not key and stage in current)  # "": the stage
+        # folder itself (a link out of the work dir, not looked into)
         n_bad = sum(n for st, n in states.items() if st not in ("done", "dropped"))
         bad += n_bad if is_current else 0
         stale += n_bad if not is_current else 0
