@@ -337,25 +337,38 @@ def test_habanas_trainer_reads_every_file(packed_every, every_128):
 
 
 # -- the DAG layout, the CLI and refusals ---------------------------------------------------------------------------
-def test_dag_layout_and_declaration(every_128, tmp_path):
-    out = tmp_path / "stage"
-    m = run_pack_habana(training_files(every_128)[:2], out,
-                        HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20), data_dir="packed")
+def test_dag_declaration_plans_one_call_into_the_dag_layout(every_128, tmp_path):
+    """The declared stage, planned as flows/dag.py plans it (on the hdf5 stage's per-part results), writes
+    <stage>/packed/mixed_strategies_part_<i>.hdf5, <stage>/packed_metadata.json and <stage>/_manifest.json; the
+    parts equal a direct run's (MLPerf data: 76 predictions a sequence)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from core.stage import Plan
+    from tests.preprocessing.nvidia_dag import part_hdf5_result
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for k, p in enumerate(training_files(every_128)[:2]):
+        shutil.copyfile(p, parts / f"part-{k:05d}-of-00500.hdf5")
+    h5 = part_hdf5_result(sorted(parts.iterdir()), tmp_path / "work")
+    st = DAG_STAGES[0]
+    params = SimpleNamespace(targets=("samsung-4bins", "habana-packed"), max_seq_length=128,
+                             max_predictions_per_seq=20)
+    assert st.when(params) and not st.when(SimpleNamespace(targets=("samsung-4bins",)))
+    cfg = configure(params)
+    assert cfg == HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20)
+    units = st.plan(Plan(st, params, cfg, "key", tmp_path / "work", {"hdf5": h5}, {}))
+    assert len(units) == 1
+    m = units[0].call()
+    out = tmp_path / "work" / "habana_packed" / "key"
     assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "packed", "packed_metadata.json"]
     assert {f.name for f in m.files} == {"packed/mixed_strategies_part_0.hdf5", "packed_metadata.json"}
+    assert set(m.upstream) and st.outputs == {"habana_packed_dir": "packed"} and st.reads == ("hdf5",)
     assert loader_rules.habana_avg_seq_per_sample(out / "packed", 128) == pytest.approx(
         m.counters["avg_seq_per_sample"], abs=1e-6)
-    st = DAG_STAGES[0]
-    assert st.name == "habana_packed" and st.reads == ("hdf5",) and st.outputs == {"habana_packed_dir": "packed"}
-
-    class P:
-        targets = ("samsung-4bins",)
-        max_seq_length = 512
-        max_predictions_per_seq = 76
-
-    assert not st.when(P())
-    P.targets = ("samsung-4bins", "habana-packed")
-    assert st.when(P()) and configure(P()) == HabanaPackConfig(max_predictions_per_sequence=76)
+    direct = run_pack_habana(sorted(parts.iterdir()), tmp_path / "direct", cfg, manifest_name="../d.manifest.json")
+    assert [f.md5 for f in direct.files] == [f.md5 for f in m.files if f.name.startswith("packed/")]
 
 
 def test_cli_writes_the_scripts_layout_and_reruns_cleanly(golden_128, tmp_path, monkeypatch):
