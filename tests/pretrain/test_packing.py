@@ -1,7 +1,8 @@
 """Packed rows (pretrain/packing.py, the model's packed forward): a packed batch is the same sequences unpadded.
 
 Fixtures: real rows of the golden ``sample.hdf5`` packed by ``best_fit_packs`` (at most 3 a pack) and written in
-Habana's and NVIDIA's packed layouts. The test that matters: loss and every parameter gradient of a packed
+Habana's and NVIDIA's packed layouts; and the golden 128 bin packed by bertpipe's pack-habana / pack-nvidia
+stages (the vendors' packers re-done), read back as exactly the golden sequences. The test that matters: loss and every parameter gradient of a packed
 batch equal those of the same sequences as padded rows (fp32, <= 1e-5 relative), with either attention path.
 """
 
@@ -14,9 +15,21 @@ import numpy as np
 import pytest
 
 from core.errors import InputError
-from pretrain.packing import (HABANA_DTYPES, NVIDIA_DTYPES, PACKED_FIELDS, best_fit_packs, discover_packed, pack_rows,
-                              read_habana, read_nvidia, real_counts, sequence_lengths, training_sampler, write_habana,
-                              write_nvidia)
+from pretrain.packing import (
+    HABANA_DTYPES,
+    NVIDIA_DTYPES,
+    PACKED_FIELDS,
+    best_fit_packs,
+    discover_packed,
+    pack_rows,
+    read_habana,
+    read_nvidia,
+    real_counts,
+    sequence_lengths,
+    training_sampler,
+    write_habana,
+    write_nvidia,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -319,3 +332,62 @@ def test_best_fit_packs_respects_the_limits():
     assert lengths.sum() / (512 * len(packs)) > 0.9
     with pytest.raises(InputError, match="do not fit"):
         best_fit_packs(np.array([10, 513]), 512)
+
+
+@pytest.fixture(scope="module")
+def vendor_packs(golden, tmp_path_factory):
+    """bertpipe's pack-habana and pack-nvidia stages (the vendors' packers re-done exactly) on the golden
+    128 bin, packed to 128 tokens (so that their NNLS recipes take seconds)."""
+    from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
+    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+
+    files = sorted((golden / "4bins" / "128").glob("part_*.hdf5"))
+    root = tmp_path_factory.mktemp("vendor")
+    run_pack_habana(files, root / "habana", HabanaPackConfig(max_sequence_length=128))
+    run_pack_nvidia(files, root / "nvidia", PackNvidiaConfig(max_seq_length=128, shards_num=4))
+    rows = {}
+    for f in files:
+        with h5py.File(f) as h:
+            for k in h:
+                rows.setdefault(k, []).append(h[k][:])
+    return {k: np.concatenate(v) for k, v in rows.items()}, root / "habana", root / "nvidia"
+
+
+@pytest.mark.parametrize("which", ["habana", "nvidia"])
+def test_vendor_packed_files_are_the_golden_sequences_and_train_like_them(vendor_packs, which):
+    rows, habana, nvidia = vendor_packs
+    layout, bins = discover_packed(habana if which == "habana" else nvidia)  # (folders hold a manifest, lists)
+    assert layout == which and list(bins) == ([128] if which == "habana" else [512])
+    (width, shards), = bins.items()
+    files = np.concatenate([np.full(s.rows, i) for i, s in enumerate(shards)])
+    within = np.concatenate([np.arange(s.rows) for s in shards])
+    handles = {}
+    got = (read_habana if which == "habana" else read_nvidia)(shards, files, within, width, handles)
+    for h in handles.values():
+        h.close()
+    lengths = sequence_lengths(rows)
+    index = {rows["input_ids"][r, :lengths[r]].tobytes(): r for r in range(len(lengths))}
+    seen = []
+    for p in range(len(got["input_ids"])):
+        for s in range(int(got["next_sentence_weights"][p].sum())):
+            mine = got["input_mask"][p] == s + 1
+            start, n = int(got["next_sentence_positions"][p, s]), int(mine.sum())
+            assert mine[start:start + n].all() and got["positions"][p, start:start + n].tolist() == list(range(n))
+            r = index[got["input_ids"][p, start:start + n].astype(rows["input_ids"].dtype).tobytes()]
+            np.testing.assert_array_equal(got["segment_ids"][p, start:start + n], rows["segment_ids"][r, :n])
+            slots = (got["masked_lm_positions"][p] != 0) & mine[got["masked_lm_positions"][p]]
+            k = int((rows["masked_lm_positions"][r] != 0).sum())
+            np.testing.assert_array_equal(got["masked_lm_positions"][p][slots] - start, rows["masked_lm_positions"][r, :k])
+            np.testing.assert_array_equal(got["masked_lm_ids"][p][slots], rows["masked_lm_ids"][r, :k])
+            assert got["next_sentence_labels"][p, s] == rows["next_sentence_labels"][r]
+            seen.append(r)
+    assert sorted(seen) == list(range(len(lengths)))  # every golden sequence once
+    # the first 6 packs: loss and NSP logits of the same sequences as padded rows
+    first = slice(0, 6)
+    members = seen[:int(got["next_sentence_weights"][first].sum())]
+    m = model()
+    with torch.no_grad():
+        a = m(**tensors(take(rows, members)))
+        b = m(**tensors({k: v[first] for k, v in got.items()}))
+    assert rel(b.loss, a.loss) <= TOL and int(a.mlm_count) == int(b.mlm_count)
+    torch.testing.assert_close(b.nsp_logits, a.nsp_logits, rtol=TOL, atol=1e-6)
