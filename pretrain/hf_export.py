@@ -199,11 +199,11 @@ def load_training_checkpoint(output_dir: str | Path, tag: str | None = None) -> 
         raise InputError(f"training run directory {output_dir} does not exist (give the --output-dir of "
                          "`bertpipe train`, which holds checkpoints/)")
     tags = sorted((d.name for d in root.iterdir() if d.is_dir()), key=_tag_order) if root.is_dir() else []
-    tag = tag or ckpt.latest_tag(output_dir)
+    tag = tag or ckpt.latest_tag(output_dir)  # (None when `latest` is missing, empty or not a plain tag name)
     if tag is None:
         raise InputError(f"{root}: no 'latest' file" + (f"; pass --tag, one of {', '.join(tags)}" if tags else
                                                        " and no checkpoint: the run saved none yet"))
-    d = root / tag
+    d = ckpt.tag_dir(output_dir, tag)  # a --tag that is a path (../x) or a link out of checkpoints/ is refused
     if not d.is_dir():
         raise InputError(f"{root} has no checkpoint {tag!r}" + (f"; there are: {', '.join(tags)}" if tags else ""))
     try:
