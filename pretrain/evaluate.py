@@ -63,19 +63,27 @@ class EvalSet:
 
 
 def evaluate(forward: Callable[[dict[str, np.ndarray]], tuple[float, float, float]], eval_set: EvalSet,
-             all_reduce: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, float]:
+             all_reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """Run ``forward`` (returns correct, count, loss-sum of one batch) over the set, summed over ranks.
 
     Returns ``eval_mlm_accuracy`` (micro-average over masked tokens), ``eval_masked_tokens`` and
-    ``eval_loss`` (mean of the per-batch losses weighted by masked tokens).
+    ``eval_loss`` (mean of the per-batch losses weighted by masked tokens). ``should_stop`` (a SIGTERM):
+    checked before each batch; a rank that sees it stops its share early, and the one all-reduce tells
+    every rank, which then returns ``{"eval_interrupted": True}`` instead of a (partial) result.
     """
-    totals = np.zeros(3, dtype=np.float64)
+    totals = np.zeros(4, dtype=np.float64)  # correct, count, loss sum, ranks interrupted
     for batch in eval_set.batches():
+        if should_stop is not None and should_stop():
+            totals[3] = 1.0
+            break
         correct, count, loss = forward(batch)
-        totals += (correct, count, loss * count)
+        totals[:3] += (correct, count, loss * count)
     if all_reduce is not None:
         totals = all_reduce(totals)
-    correct, count, loss_sum = (float(x) for x in totals)
+    if totals[3] > 0:
+        return {"eval_interrupted": True}
+    correct, count, loss_sum = (float(x) for x in totals[:3])
     return {"eval_mlm_accuracy": correct / count if count else float("nan"),
             "eval_masked_tokens": count,
             "eval_loss": loss_sum / count if count else float("nan"),

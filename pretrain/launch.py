@@ -11,6 +11,21 @@ of CPU ranks (DeepSpeed 0.19.8 accepts it with ``DS_ACCELERATOR=cpu``) and each 
 ``OMP_NUM_THREADS = cores // ranks`` unless set. Bad inputs (missing/corrupt shard, eval file, vocab,
 checkpoint of another model, an init checkpoint that is missing or, for safetensors/transformers, of
 another shape) are caught here, before any rank starts, by :func:`preflight`.
+
+A training owns its output dir and dies with its command:
+
+* :func:`output_dir_lock` (``OUTPUT_DIR/.bertpipe.lock``, core/lock.py's flock, the file ``bertpipe run
+  pretrain`` locks too) is held for the whole launch: a second training on the same dir is refused in one
+  line naming the holder (pid, host); a lock left by a killed holder is free at once (the kernel drops it).
+  A Prefect flow or deployment takes it with the same function (re-entrant within one process).
+* ranks of an earlier training still alive in the dir are waited for (15 s), then refused
+  (:func:`pretrain.liveness.wait_for_old_ranks`);
+* the launcher gets a parent-death signal and every rank a watchdog on this process
+  (:mod:`pretrain.liveness`): ``kill -9`` of the command stops them within about a second;
+* SIGTERM/Ctrl-C go to the ranks only (not to DeepSpeed's ``launch.py``, which would SIGKILL them 30 s
+  later, in the middle of an eval or a large checkpoint): each saves a checkpoint and exits;
+* a stale torch extension build lock (left by a training killed while it built DeepSpeed's op) is removed
+  before the ranks start (:mod:`pretrain.extensions`).
 """
 
 from __future__ import annotations
@@ -150,11 +165,28 @@ def launch_env(cfg: TrainConfig, nproc: int, base: dict[str, str] | None = None)
     return extra
 
 
-def preflight(cfg: TrainConfig) -> None:
-    """Check data, eval file, vocab and resume checkpoint before spending minutes on start-up.
+def output_dir_lock(output_dir: str | os.PathLike, wait_s: float = 0.0, *, flag: str = "--output-dir"):
+    """The lock of a training's output dir (a context manager): ``with output_dir_lock(out): ...``.
+
+    Taken by :func:`launch` for the whole training; a Prefect flow or deployment that trains into ``out``
+    takes it first (re-entrant within a process, so the launch inside takes it again). A second holder is
+    refused with :class:`core.errors.InputError`: "training output dir OUT is in use by pid N on HOST
+    (started ...: cmd); wait for that training to finish, or use another {flag}" (``flag``: how the caller
+    names the output dir, e.g. ``output_dir`` for a deployment parameter). ``wait_s`` > 0 waits that long.
+    """
+    from core.lock import WorkDirLock
+
+    return WorkDirLock(output_dir, wait_s, what="training output dir",
+                       advice=f"wait for that training to finish, or use another {flag}")
+
+
+def preflight(cfg: TrainConfig):
+    """Check data, eval file, vocab and the resume checkpoint before spending minutes on start-up; returns
+    where the run starts (:class:`pretrain.checkpoint.ResumePoint` with md5s verified, or None: step 1).
 
     Raises:
-        InputError: naming the bad file and what to do.
+        InputError: naming the bad file and what to do (also: no --resume over a run's checkpoints without
+            --overwrite; --resume over checkpoints none of which is complete).
     """
     from core.errors import InputError
     from pretrain import checkpoint as ckpt
@@ -167,6 +199,7 @@ def preflight(cfg: TrainConfig) -> None:
         mcfg = model_config_for(cfg)
     except (OSError, ValueError, TypeError) as exc:
         raise InputError(f"bad model config ({cfg.model!r}, {cfg.model_config!r}): {exc}") from exc
+    start = ckpt.start_point(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite, md5=True)
     from pretrain.packing import preflight_bins
 
     bins = preflight_bins(cfg.train_dir, cfg.packed, mcfg.vocab_size)  # packed data: checked there, {} back
@@ -178,14 +211,36 @@ def preflight(cfg: TrainConfig) -> None:
     for shard in files:  # a sample of rows per bin: the full check runs on every batch during training
         with _open_h5(shard.path) as h:
             check_vocab({k: h[k][:256] for k in ("input_ids", "masked_lm_ids")}, mcfg.vocab_size, str(shard.path))
-    tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
-    if tag:
-        ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
-        ckpt.check_checkpoint_files(cfg.output_dir, tag)  # a truncated file fails here, not in a rank
+    if start:
+        ckpt.check_model_config(cfg.output_dir, start.tag, mcfg.to_dict())
+        ckpt.check_checkpoint_files(cfg.output_dir, start.tag)  # a truncated file fails here, not in a rank
     elif cfg.init_checkpoint:  # (a resumed run ignores it)
         from pretrain.init_checkpoint import check_init_checkpoint
 
         check_init_checkpoint(cfg.init_checkpoint, mcfg)
+    return start
+
+
+def signal_ranks(launcher_pid: int, sig: int) -> int:
+    """Send ``sig`` to the rank processes (``pretrain/train.py``) below the launcher; returns how many got it
+    (0 when none runs yet, or psutil is missing)."""
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    try:
+        procs = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.Error:
+        return 0
+    sent = 0
+    for p in procs:
+        try:
+            if str(TRAIN_SCRIPT) in p.cmdline():
+                p.send_signal(sig)
+                sent += 1
+        except psutil.Error:
+            pass
+    return sent
 
 
 def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",
@@ -193,28 +248,56 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
            check: bool = True, on_output: Callable[[str], None] | None = None, verbose: bool | None = None) -> int:
     """Print the launcher command, run it, and return its exit code (0 when ``dry_run``).
 
-    SIGTERM/SIGINT received here are forwarded to the launcher's process group, so the ranks write a
-    checkpoint and exit (see pretrain/train.py). ``on_output``: called with the command and then each line
+    Holds :func:`output_dir_lock` throughout (dry runs excepted). SIGTERM/SIGINT received here are
+    forwarded to the ranks (:func:`signal_ranks`; before they exist, to the launcher's process group), so
+    they write a checkpoint and exit (see pretrain/train.py). The launcher and the ranks die with the
+    calling process (:mod:`pretrain.liveness`). ``on_output``: called with the command and then each line
     the launcher and its ranks write (stdout and stderr merged), instead of printing them (the Prefect task
     streams them into the run's logs), and into ``<output_dir>/launcher.log``. Without it the console stays
     quiet: the whole output goes to ``<output_dir>/launcher.log`` and only :func:`console_line` lines are
     shown, plus the log's last lines if the launch fails; ``verbose`` (default: ``bertpipe -v``, via
     BERTPIPE_VERBOSE) shows everything on the console instead (and writes no launcher.log).
     """
-    if check:
-        preflight(cfg)
+    if dry_run:
+        return _launch(cfg, nproc, launcher, hostfile, num_nodes, master_addr, master_port, True, check, on_output,
+                       verbose)
+    from pretrain.liveness import wait_for_old_ranks
+
+    with output_dir_lock(cfg.output_dir):
+        wait_for_old_ranks(cfg.output_dir)
+        return _launch(cfg, nproc, launcher, hostfile, num_nodes, master_addr, master_port, False, check, on_output,
+                       verbose)
+
+
+def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_nodes: int, master_addr: str,
+            master_port: int, dry_run: bool, check: bool, on_output: Callable[[str], None] | None,
+            verbose: bool | None) -> int:
+    from pretrain import checkpoint as ckpt
+    from pretrain.extensions import build_roots, recover_stale_locks
+    from pretrain.liveness import OWNER_ENV, exec_wrapper, owner_token
+
+    def say(text: str) -> None:
+        if on_output is None:
+            print(text, flush=True)
+        else:
+            on_output(text)
+
+    start = preflight(cfg) if check else None
+    if start and start.note:  # `latest` is missing, damaged or names an incomplete checkpoint
+        if not dry_run:
+            ckpt.write_latest(cfg.output_dir, start.tag)  # so the ranks resume the verified one
+        say(start.note + ("" if dry_run else "; checkpoints/latest now names it"))
     if not master_port and not hostfile:
         master_port = free_port()
     cmd = build_command(cfg, nproc, launcher=launcher, hostfile=hostfile, num_nodes=num_nodes,
                         master_addr=master_addr, master_port=master_port)
     extra = launch_env(cfg, nproc)
     line = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd)
-    if on_output is None:
-        print(line, flush=True)
-    else:
-        on_output(line)
+    say(line)
     if dry_run:
         return 0
+    recover_stale_locks(build_roots({**os.environ, **extra}), say=say)
+    extra[OWNER_ENV] = owner_token()  # each rank's watchdog: stop when this process is gone
     quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
     sink = _LauncherLog(Path(cfg.output_dir) / LAUNCHER_LOG) if quiet or on_output is not None else None
     if quiet:
@@ -230,7 +313,8 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
             relay(line)
     else:
         pipe = {}
-    proc = subprocess.Popen(cmd, env={**os.environ, **extra}, start_new_session=True, **pipe)
+    # (the exec wrapper gives the launcher a parent-death signal: it dies when this thread's process does)
+    proc = subprocess.Popen(exec_wrapper(cmd), env={**os.environ, **extra}, start_new_session=True, **pipe)
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, sink, sys.stderr), daemon=True)] if quiet else []
     for t in pumps:
         t.start()
@@ -239,7 +323,11 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
 
     def forward(signum, frame):
         stopped.append(signum)
-        try:  # Ctrl-C as SIGTERM: each rank checkpoints (DeepSpeed's runner dies in a traceback on SIGINT)
+        # Ctrl-C as SIGTERM: each rank checkpoints (DeepSpeed's runner dies in a traceback on SIGINT). To the
+        # ranks only: DeepSpeed's launch.py, signalled, SIGKILLs its ranks 30 s later, mid-eval or mid-save.
+        if signal_ranks(proc.pid, signal.SIGTERM):
+            return
+        try:  # no rank yet (start-up): the launcher stops them
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass

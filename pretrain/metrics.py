@@ -21,26 +21,80 @@ def _without_tensorflow() -> None:
     sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
-class MetricsWriter:
-    """Appends one JSON object per record to ``OUTPUT_DIR/metrics.jsonl`` (a resumed run appends).
+def _kind(record: dict[str, Any]) -> str:
+    return "eval" if "eval_mlm_accuracy" in record else "train"
 
-    Only rank 0 writes; other ranks get a writer whose methods do nothing.
+
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Make ``metrics.jsonl`` the history of a run that (re)starts after step ``last_step``: drop the records
+    past it (a resumed run writes them again), lines cut off by a kill, and all but the last record of a
+    step and kind (train or eval), in step order. Rewritten atomically (temp name + rename), only when
+    something changes; returns how many lines went."""
+    from core.manifest import atomic_write_text
+
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last: dict[tuple[int, str], int] = {}
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= last_step:
+            last[(record["step"], _kind(record))] = i
+    keep = [i for (_, i) in sorted((step, i) for (step, _), i in last.items())]  # by step, then as written
+    if keep != list(range(len(lines))):
+        atomic_write_text(path, "".join(lines[i] + "\n" for i in keep))
+    return len(lines) - len(keep)
+
+
+def has_eval_record(path: str | Path, step: int) -> bool:
+    """Whether ``metrics.jsonl`` holds the eval record of ``step``."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step") == step and _kind(record) == "eval":
+            return True
+    return False
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to ``OUTPUT_DIR/metrics.jsonl``.
+
+    ``start_step``: the step the run starts from (0, or the resumed checkpoint's): records past it are
+    removed first (:func:`truncate_metrics`), so after any number of resumes each step is listed once; the
+    TensorBoard writer purges its events past it too. Only rank 0 writes; other ranks get a writer whose
+    methods do nothing.
     """
 
-    def __init__(self, output_dir: str | Path, enabled: bool = True, tensorboard: bool = True) -> None:
+    def __init__(self, output_dir: str | Path, enabled: bool = True, tensorboard: bool = True,
+                 start_step: int = 0) -> None:
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
         self._tb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        dropped = truncate_metrics(self.path, start_step)
+        if dropped:
+            log.info("metrics.jsonl: %d records past step %d removed (this run writes them again)", dropped,
+                     start_step)
         self._f = self.path.open("a", encoding="utf-8")
         if tensorboard:
             try:
                 _without_tensorflow()
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+                tb_dir = Path(output_dir) / "tensorboard"
+                earlier = tb_dir.is_dir() and any(tb_dir.glob("events.out.tfevents.*"))
+                self._tb = SummaryWriter(str(tb_dir), purge_step=start_step + 1 if earlier else None)
             except ImportError as exc:  # tensorboard is in the [train] extra
                 log.warning("TensorBoard disabled (%s); pip install .[train]", exc)
 

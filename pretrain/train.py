@@ -24,7 +24,19 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
   deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --master_addr 10.10.100.101 pretrain/train.py \\
       --model 5b --deepspeed-config deployments/ds_config_bert_5b.json --max-steps 75000 ...
 
-  # resume after a stop / SIGTERM (SIGTERM or Ctrl-C writes a checkpoint and exits 0): add --resume, same flags.
+  # resume after a stop / SIGTERM (SIGTERM or Ctrl-C writes a checkpoint and exits 0, an eval in progress
+  # included: it stops, and runs first on resume): add --resume, same flags. --resume takes
+  # checkpoints/latest when it names a complete checkpoint (its bertpipe_complete.json, written last, lists
+  # every file with size and md5), else the newest complete one, saying so (latest missing, empty, a path,
+  # a symlink, or naming a checkpoint whose save was killed); it refuses when none is complete. A start
+  # without --resume in a dir that holds a run's checkpoints is refused: --overwrite discards them.
+  # metrics.jsonl keeps each step once across resumes.
+  # After `kill -9` of bertpipe train (or its Prefect run), the launcher and the ranks stop within about a
+  # second (pretrain/liveness.py); a rank launched by hand (no BERTPIPE_TRAIN_OWNER) has no watchdog.
+  # `bertpipe train` on a busy OUTPUT_DIR is refused, naming the holder (OUTPUT_DIR/.bertpipe.lock).
+  # Start-up hangs silently before the first step? A torch extension build lock
+  # ($TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions/py3*_cpu/<op>/lock) left by a killed build:
+  # bertpipe train removes it when no build runs (pretrain/extensions.py); each rank names one it waits on.
 
   # start from pretrained weights (MLPerf's initial checkpoint): the TF1 prefix itself (each rank imports
   # TensorFlow to read it), or convert it once and pass the file; a transformers directory works too.
@@ -39,7 +51,7 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
   deepspeed --num_gpus 2 pretrain/train.py --model tiny --init-checkpoint hf/tiny ...   # bertpipe export-hf
 
 Outputs in OUTPUT_DIR: config.json (resolved), metrics.jsonl (rank 0, one record per log step and per
-eval), tensorboard/, checkpoints/<step>/, summary.json (training_sequences_per_second, e2e_time, final eval
+eval), tensorboard/, checkpoints/<step>/ and checkpoints/latest (pretrain/checkpoint.py), summary.json (training_sequences_per_second, e2e_time, final eval
 masked-LM accuracy vs the MLPerf 0.720 target), mllog.txt (MLPerf ``:::MLLOG`` lines, pretrain/mlperf_log.py;
 needs mlperf_logging, the `mlperf` extra). config.json, summary.json and the checkpoints record "vocab"
 (--vocab: path, md5, entries), from which `bertpipe export-hf` writes the tokenizer. config.json and
@@ -56,6 +68,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,8 +146,9 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
             "sequences": sequences, "tokens": tokens}
 
 
-def run_eval(model, eval_set, device) -> dict[str, float]:
-    """Masked-LM accuracy of ``model`` over ``eval_set``, summed over all ranks."""
+def run_eval(model, eval_set, device, should_stop=None) -> dict[str, float]:
+    """Masked-LM accuracy of ``model`` over ``eval_set``, summed over all ranks (``{"eval_interrupted": True}``
+    when ``should_stop`` said so on any rank: see :func:`pretrain.evaluate.evaluate`)."""
     import torch
 
     from pretrain.evaluate import evaluate
@@ -153,7 +167,7 @@ def run_eval(model, eval_set, device) -> dict[str, float]:
     model.eval()
     t0 = time.perf_counter()
     with torch.no_grad():
-        result = evaluate(forward, eval_set, all_reduce)
+        result = evaluate(forward, eval_set, all_reduce, should_stop)
     model.train(was_training)
     return {**result, "eval_time": time.perf_counter() - t0}
 
@@ -197,8 +211,9 @@ class StopFlag:
         return bool(t.item() > 0)
 
 
-def setup(cfg: TrainConfig):
-    """Device, process group, determinism, data, model and the DeepSpeed engine."""
+def setup(cfg: TrainConfig, tag: str | None):
+    """Device, process group, determinism, data, model and the DeepSpeed engine (``tag``: the checkpoint the
+    run resumes from, or None)."""
     from pretrain.devices import init_runtime, select_device
 
     choice = select_device(cfg.device)
@@ -220,8 +235,22 @@ def setup(cfg: TrainConfig):
                           MASTER_PORT=str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     runtime = init_runtime(choice, local_rank)
-    deepspeed.init_distributed(dist_backend=choice.backend)
+    from pretrain.extensions import watch_build_locks
+
+    started = threading.Event()  # until then, a torch extension build lock this rank waits on is named
+    watch_build_locks(started)
+    try:
+        deepspeed.init_distributed(dist_backend=choice.backend)
+    finally:
+        started.set()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    agreed = [tag]
+    torch.distributed.broadcast_object_list(agreed, src=0)  # every rank resumes what rank 0 resumes
+    if agreed[0] != tag:
+        from core.errors import InputError
+
+        raise InputError(f"rank {rank} found checkpoint {tag!r} to resume in {cfg.output_dir}, rank 0 found "
+                         f"{agreed[0]!r}: do the ranks see the same --output-dir? (a shared file system is needed)")
     set_determinism(cfg.seed, rank, cfg.deterministic, choice.kind)
     mcfg = model_config_for(cfg)
     ds_cfg = load_ds_config(cfg, world)
@@ -234,7 +263,6 @@ def setup(cfg: TrainConfig):
     if cfg.eval_file:
         eval_set = EvalSet(cfg.eval_file, cfg.eval_batch_size, rank, world, mcfg.vocab_size,
                            cfg.max_eval_samples or None)
-    tag = ckpt.latest_tag(cfg.output_dir) if cfg.resume else None
     if tag:
         ckpt.check_model_config(cfg.output_dir, tag, mcfg.to_dict())
     with torch.random.fork_rng():  # identical initial weights on every rank, whatever the rank seed
@@ -249,7 +277,7 @@ def setup(cfg: TrainConfig):
                                 cfg.constant_proportion)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
     attach_zero_partitions(engine, opt, cfg.trust_ratio)  # ZeRO-1/2: per-tensor norms inside the flat partitions
-    return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, tag, rank, world, init
+    return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, rank, world, init
 
 
 def _recorded_init(output_dir: str | Path, tag: str) -> str | None:
@@ -266,25 +294,38 @@ class Run:
 
     def __init__(self, cfg: TrainConfig) -> None:
         from pretrain.devices import maybe_compile
+        from pretrain.liveness import hold_ranks_lock
         from pretrain.metrics import MetricsWriter
         from pretrain.mlperf_log import MLPerfLog
         from pretrain.schedule import mlperf_eval_interval_samples
         from pretrain.vocab_file import vocab_record
 
         self.cfg, self.stop = cfg, StopFlag()  # SIGTERM during start-up stops before the first step
-        self.mllog = MLPerfLog(cfg.output_dir, enabled=os.environ.get("RANK", "0") == "0",
-                               resumed_from=ckpt.latest_tag(cfg.output_dir) if cfg.resume else None)
+        self._ranks_lock = hold_ranks_lock(cfg.output_dir)  # (a later `bertpipe train` waits for these ranks)
+        # the checkpoint to resume (or a refusal: never step 1 over a run's checkpoints without --overwrite)
+        start = ckpt.start_point(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+        tag = start.tag if start else None
+        self.mllog = MLPerfLog(cfg.output_dir, enabled=os.environ.get("RANK", "0") == "0", resumed_from=tag)
         self.mllog.init_start(START)
         self.vocab = vocab_record(cfg.vocab)  # {"path", "md5", "entries"}: export-hf's tokenizer
-        (self.choice, self.runtime, self.engine, self.sampler, self.eval_set, self.mcfg, self.ds_cfg, tag,
-         self.rank, self.world, self.init) = setup(cfg)
+        (self.choice, self.runtime, self.engine, self.sampler, self.eval_set, self.mcfg, self.ds_cfg,
+         self.rank, self.world, self.init) = setup(cfg, tag)
+        if self.rank == 0 and start and start.note:
+            log.warning("%s", start.note)
+        if self.rank == 0 and cfg.overwrite and not tag:
+            gone = ckpt.discard_run(cfg.output_dir)
+            if gone:
+                log.info("--overwrite: removed the earlier run's %s", ", ".join(gone))
         # the weights' origin, kept in every checkpoint of the run (a resume carries it over)
         self.init_origin = _recorded_init(cfg.output_dir, tag) if tag else (self.init or {}).get("path")
         self.out_dir, self.device = Path(cfg.output_dir), self.engine.device
         self.gas, self.global_batch = self.engine.gradient_accumulation_steps(), self.ds_cfg["train_batch_size"]
+        self.eval_pending = False  # the eval of this step was stopped by SIGTERM: the checkpoint says so
         self.step = self._resume(tag) if tag else 0
+        self.resumed, self.saved_step = bool(tag), self.step
         maybe_compile(self.engine, self.choice, cfg.compile)
-        self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard)
+        self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard,
+                                     start_step=self.step)
         self.interval = mlperf_eval_interval_samples(self.global_batch)
         if self.rank == 0:
             self._write_config()
@@ -293,6 +334,8 @@ class Run:
                              self.step * self.global_batch, self.sampler.epoch)
 
     def _resume(self, tag: str) -> int:
+        import torch
+
         from pretrain.determinism import set_rng_state
 
         ckpt.safe_deepspeed_loads(self.engine)  # DeepSpeed's own loader would unpickle anything
@@ -300,7 +343,17 @@ class Run:
         state = ckpt.load_rank_state(self.out_dir, tag, self.rank)
         set_rng_state(state["rng"], self.choice.kind)
         self.sampler.load_state_dict(state["data"])
-        log.info("resumed from checkpoint %s at step %d", tag, state["step"])
+        # the eval a SIGTERM stopped at this step runs first, unless a later life of the run has done it since
+        # (rank 0 reads metrics.jsonl; every rank follows it)
+        from pretrain.metrics import has_eval_record
+
+        pending = [bool(state.get("eval_pending", False)) and not (
+            self.rank == 0 and has_eval_record(self.out_dir / "metrics.jsonl", int(state["step"])))]
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast_object_list(pending, src=0)
+        self.eval_pending = pending[0]
+        log.info("resumed from checkpoint %s at step %d%s", tag, state["step"],
+                 " (its eval, stopped by SIGTERM, runs first)" if self.eval_pending else "")
         return int(state["step"])
 
     def _write_config(self) -> None:
@@ -315,25 +368,56 @@ class Run:
                  self.world, self.gas, every)
 
     def save(self) -> None:
-        """DeepSpeed checkpoint + per-rank RNG and data position + the model config (rank 0)."""
+        """DeepSpeed checkpoint + per-rank RNG and data position + the model config (rank 0); then, once every
+        rank's files are written, the completion record (sizes and md5s, each rank hashing a share), then
+        ``latest``, then pruning (rank 0). Nothing is saved when this step is already saved (or resumed)."""
+        import torch
+
         from pretrain.determinism import rng_state
 
-        tag = str(self.step)
+        if self.step == self.saved_step:
+            return
+        t0, tag, dist = time.perf_counter(), str(self.step), torch.distributed.is_initialized()
+        if self.rank == 0:  # an earlier folder of this tag (a killed save, a rolled-back timeline): its files go
+            ckpt.remove_stale_tag(self.out_dir, tag)
+        if dist:
+            torch.distributed.barrier()
         ckpt.save_rank_state(self.out_dir, tag, self.rank, self.step, rng_state(self.choice.kind),
-                             self.sampler.state_dict())
+                             self.sampler.state_dict(), eval_pending=self.eval_pending)
         if self.rank == 0:
             ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
                                   {"optimizer": self.cfg.optimizer, "world_size": self.world,
                                    "init_checkpoint": self.init_origin, "vocab": self.vocab})
-        self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step})
-        if self.rank == 0:  # `latest` now names the new tag; older ones beyond the budget go
-            ckpt.prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
+        self.engine.save_checkpoint(str(ckpt.checkpoint_dir(self.out_dir)), tag=tag, client_state={"step": self.step},
+                                    save_latest=False)  # (ends with a barrier: every rank's files are written)
+        names = ckpt.tag_files(self.out_dir, tag)
+        mine = ckpt.describe_files(self.out_dir, tag, names[self.rank::self.world])  # each rank hashes a share
+        shares = [mine]
+        if dist:
+            shares = [None] * self.world
+            torch.distributed.all_gather_object(shares, mine)
+        if self.rank == 0:
+            files = {k: v for share in shares for k, v in share.items()}
+            ckpt.write_completion(self.out_dir, tag, self.step, self.world, files)
+            ckpt.write_latest(self.out_dir, tag)  # only now: `latest` always names a complete checkpoint
+            pruned = ckpt.prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints, protect=tag)
+            log.info("checkpoint %s saved: %d files, %.1f MB, %.1f s%s", tag, len(files),
+                     sum(f["size"] for f in files.values()) / 1e6, time.perf_counter() - t0,
+                     f" (removed {', '.join(p.name for p in pruned)})" if pruned else "")
+        self.saved_step = self.step
 
     def evaluate(self) -> dict:
         if self.eval_set is None:
             return {}
         self.mllog.eval_start(self.step * self.global_batch)
-        r = run_eval(self.engine.module, self.eval_set, self.device)
+        if self.rank == 0:  # (an eval of eval_10k takes a while: the console says what runs)
+            log.info("step %d: evaluating %d samples", self.step, self.eval_set.total_rows)
+        r = run_eval(self.engine.module, self.eval_set, self.device, should_stop=lambda: self.stop.requested)
+        self.eval_pending = bool(r.get("eval_interrupted"))
+        if self.eval_pending:  # SIGTERM: no partial result; the checkpoint of this step runs it on resume
+            if self.rank == 0:
+                log.info("step %d: eval stopped by SIGTERM; it runs when this checkpoint is resumed", self.step)
+            return {}
         self.mllog.eval_stop(self.step * self.global_batch, r["eval_mlm_accuracy"])
         self.metrics.write({"step": self.step, **r})
         if self.rank == 0:
@@ -352,11 +436,14 @@ class Run:
         """Train to max_steps (or steps_this_run, or SIGTERM), checkpoint, and return the summary."""
         cfg = self.cfg
         target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, self.step + cfg.steps_this_run)
-        train_time, steps_done, stopped_by, last, last_eval, evaluated = 0.0, 0, "max_steps", {}, {}, False
+        train_time, steps_done, stopped_by, last, last_eval = 0.0, 0, "max_steps", {}, {}
+        evaluated = self.resumed  # a checkpoint is saved after its step's eval (unless that eval is pending)
         window_time, window_steps = 0.0, 0  # since the last metrics record
         self.real = {"sequences": 0, "tokens": 0}  # this rank's real sequences and tokens (summary.json)
+        if self.eval_pending:  # resumed from a checkpoint whose eval a SIGTERM stopped: that eval first
+            last_eval = self.evaluate()
         self.engine.train()
-        while self.step < target:
+        while self.step < target and not self.eval_pending:
             if self.stop.agreed(self.device):  # all ranks stop at the same step
                 stopped_by = "sigterm"
                 break
@@ -384,12 +471,16 @@ class Run:
                 window_time, window_steps = 0.0, 0
             evaluated = self._eval_due()
             if evaluated:
-                last_eval = self.evaluate()
+                last_eval = self.evaluate() or last_eval
+                if self.eval_pending:  # stopped by SIGTERM: checkpoint now
+                    break
             if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0 and self.step < target:
                 self.save()
-        if self.step == cfg.max_steps and not evaluated:
+        if self.step == cfg.max_steps and not evaluated and not self.eval_pending:
             last_eval = self.evaluate() or last_eval
-        if stopped_by != "sigterm" and self.step < cfg.max_steps:
+        if self.eval_pending:
+            stopped_by = "sigterm"
+        elif stopped_by != "sigterm" and self.step < cfg.max_steps:
             stopped_by = "steps_this_run"
         self.save()
         return self._finish(stopped_by, steps_done, train_time, last, last_eval)
@@ -410,7 +501,7 @@ class Run:
                    "data_layout": getattr(getattr(self.sampler, "sampler", self.sampler), "layout", "") or "padded",
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
                    "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
-                   "weights_from": self.init_origin, "vocab": self.vocab,
+                   "weights_from": self.init_origin, "vocab": self.vocab, "eval_pending": self.eval_pending,
                    "mllog": str(self.mllog.path) if self.mllog.enabled else None}
         self.mllog.run_stop(self.step * self.global_batch, acc)
         if self.rank == 0:
@@ -434,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="BERT pre-training with DeepSpeed (see the module docstring).")
     add_train_arguments(p)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    from pretrain.liveness import guard_rank
+
+    guard_rank()  # launched by bertpipe: die with that command, even when it is killed with kill -9
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,

@@ -87,7 +87,11 @@ class TrainConfig:
     keep_checkpoints: int = 3
     """Keep only the N newest checkpoints (0: keep all; a BERT-1.5B checkpoint with ZeRO states is ~18 GB)."""
     resume: bool = False
-    """Continue from OUTPUT_DIR/checkpoints/latest when it exists."""
+    """Continue from OUTPUT_DIR/checkpoints/latest, or from the newest complete checkpoint when `latest` is
+    missing, empty, damaged or names an incomplete one (said in one line); no checkpoint yet: start at step 1."""
+    overwrite: bool = False
+    """Start at step 1 in an OUTPUT_DIR that holds checkpoints of a run, removing them (its checkpoint folders,
+    latest, summary.json; metrics.jsonl restarts). Without it (and without --resume) such a dir is refused."""
     init_checkpoint: str = ""
     """Start from these weights (optimizer, step and schedule start fresh): a TF1 checkpoint prefix (MLPerf's
     model.ckpt-28252) or its directory, a .safetensors file (bertpipe import-tf) or a transformers directory

@@ -6,6 +6,7 @@ Examples:
   bertpipe train ... --model 1.5b --deepspeed-config deployments/ds_config_bert_1.5b.json --nproc 8
   bertpipe train ... --hostfile hostsfile --num-nodes 4 --nproc 8 --master-addr 10.10.100.101
   bertpipe train ... --resume                          # continue from OUTPUT_DIR/checkpoints/latest
+  bertpipe train ... --overwrite                       # start at step 1 over a run's checkpoints (removed)
   bertpipe train ... --model large --init-checkpoint tf1_ckpt/model.ckpt-28252   # MLPerf's initial weights
   bertpipe train ... --model large --init-checkpoint init.safetensors    # from `bertpipe import-tf`
   bertpipe train ... --init-checkpoint hf/tiny          # a transformers directory (`bertpipe export-hf`)
@@ -25,6 +26,11 @@ within its sequence, positions restart per sequence, NSP per sequence; --micro-b
 eval file and vocab unless --eval-file/--vocab are given. --vocab (the data's vocab.txt) sets the model's
 vocab_size unless --vocab-size is given, and is recorded (path, md5) so `bertpipe export-hf` writes the
 matching tokenizer.
+
+--resume takes the newest complete checkpoint when checkpoints/latest is missing, empty, damaged or names an
+incomplete one (one line says so); without --resume, an OUTPUT_DIR holding a run's checkpoints is refused
+unless --overwrite. OUTPUT_DIR is locked (OUTPUT_DIR/.bertpipe.lock): a second training there is refused,
+naming the holder. The launcher and the ranks die with this command, even on kill -9.
 
 Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/, and mllog.txt
 (MLPerf `:::MLLOG` lines, when mlperf_logging is installed: the `mlperf` extra; --mlperf-division closed|open,

@@ -1,0 +1,250 @@
+"""What keeps a training's output dir safe, without DeepSpeed (fast, real processes): metrics.jsonl after a
+resume, the output-dir lock, the ranks' lock, death with the owning command (parent-death signal, watchdog),
+stale torch extension build locks. The real 2-rank runs are in test_train_safety.py (slow)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from core.errors import InputError
+from pretrain import extensions, liveness
+from pretrain.launch import output_dir_lock
+from pretrain.metrics import MetricsWriter, has_eval_record, read_metrics, truncate_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _py(code: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=kw.pop("env", ENV),
+                            stdout=subprocess.PIPE, text=True, **kw)
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not liveness.process_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# --- metrics.jsonl after a resume ---------------------------------------------------------------------------
+
+def _records(path: Path, steps, evals=()) -> list[str]:
+    return [json.dumps({"step": s, "loss": 10.0 - s / 10}) for s in steps] + [
+        json.dumps({"step": s, "eval_mlm_accuracy": 0.01 * s}) for s in evals]
+
+
+def test_a_resume_rewrites_metrics_so_each_step_is_listed_once(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    # a run to step 18 (eval at 15) killed after checkpoint 15, its last line cut off; earlier duplicates too
+    lines = _records(m, range(1, 19), [15]) + _records(m, [3]) + ['{"step": 19, "lo']
+    m.write_text("\n".join(lines))
+    inode = m.stat().st_ino
+    w = MetricsWriter(tmp_path, tensorboard=False, start_step=15)  # the resumed run starts after step 15
+    assert m.stat().st_ino != inode  # rewritten to a temp name, then renamed
+    w.write({"step": 16, "loss": 8.0})
+    w.close()
+    recs = read_metrics(m)
+    train = [r["step"] for r in recs if "loss" in r]
+    assert train == list(range(1, 17)) and [r["step"] for r in recs if "eval_mlm_accuracy" in r] == [15]
+    assert has_eval_record(m, 15) and not has_eval_record(m, 16)
+    assert truncate_metrics(m, 16) == 0  # nothing to drop: the file is left as it is
+    assert m.stat().st_ino == os.stat(m).st_ino
+    MetricsWriter(tmp_path, tensorboard=False, start_step=0).close()  # a fresh start (--overwrite)
+    assert m.read_text() == ""
+
+
+# --- the output dir lock -------------------------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+from pretrain.launch import output_dir_lock
+with output_dir_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _holder(out: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_output_dir_lock_names_the_holder_and_a_killed_holders_lock_is_free(tmp_path, golden, capsys):
+    out = tmp_path / "run"
+    holder = _holder(out)
+    try:
+        with pytest.raises(InputError) as e, output_dir_lock(out):
+            pass
+        msg = str(e.value)
+        assert f"training output dir {out} is in use by pid {holder.pid} on {socket.gethostname()}" in msg
+        assert msg.endswith("wait for that training to finish, or use another --output-dir")
+        with pytest.raises(InputError, match="or use another output_dir$"), output_dir_lock(out, flag="output_dir"):
+            pass
+        from bertpipe.cli import main  # `bertpipe train` refuses in one line, exit 2, before DeepSpeed starts
+
+        t0 = time.monotonic()
+        rc = main(["train", "--train-dir", str(golden / "4bins"), "--output-dir", str(out), "--nproc", "2",
+                   "--device", "cpu", "--max-steps", "2"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and f"is in use by pid {holder.pid} on " in err[0], err
+        assert time.monotonic() - t0 < 10
+    finally:
+        holder.kill()
+        holder.wait()
+    with output_dir_lock(out):  # the kernel dropped the dead holder's flock: nothing stale to clean up
+        with output_dir_lock(out):  # re-entrant in one process (a flow, then the launch inside it)
+            pass
+
+
+def test_ranks_of_an_earlier_training_are_waited_for_then_named(tmp_path):
+    out = tmp_path / "run"
+    rank = _py("""
+        import sys, time
+        from pretrain.liveness import hold_ranks_lock
+        f = hold_ranks_lock(sys.argv[1]); print("up", flush=True); time.sleep(120)
+    """.replace("sys.argv[1]", repr(str(out))))
+    try:
+        assert rank.stdout.readline().strip() == "up"
+        assert liveness.ranks_alive(out)
+        with pytest.raises(InputError, match=r"ranks of an earlier training still run in --output-dir .*fuser -v"):
+            liveness.wait_for_old_ranks(out, wait_s=0.5)
+        threading.Timer(0.5, rank.kill).start()  # ranks that die while we wait: no refusal
+        liveness.wait_for_old_ranks(out, wait_s=10)
+    finally:
+        rank.kill()
+        rank.wait()
+    assert not liveness.ranks_alive(out)
+
+
+# --- death with the owning command ------------------------------------------------------------------------
+
+def test_process_alive_knows_zombies_and_reused_pids():
+    me = os.getpid()
+    assert liveness.process_alive(me, liveness.start_time(me))
+    assert not liveness.process_alive(me, "1")  # another process's start time: the pid was reused
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while liveness.process_alive(child.pid) and time.monotonic() < deadline:  # not reaped: a zombie
+        time.sleep(0.02)
+    assert not liveness.process_alive(child.pid)
+    child.wait()
+    assert liveness.parse_owner(liveness.owner_token()) == (me, liveness.start_time(me), socket.gethostname())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+def test_the_launcher_dies_with_its_owner_even_on_kill_9():
+    """An owner starts a "launcher" through the exec wrapper, in a session of its own (as pretrain/launch.py
+    does), and is killed with SIGKILL: the kernel kills the launcher at once."""
+    owner = _py("""
+        import subprocess, sys, time
+        from pretrain.liveness import exec_wrapper
+        p = subprocess.Popen(exec_wrapper(["sleep", "300"]), start_new_session=True)
+        print(p.pid, flush=True); time.sleep(300)
+    """)
+    launcher = int(owner.stdout.readline())
+    time.sleep(0.3)
+    assert Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"  # the wrapper exec'd
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    assert _gone(launcher, 5), "the launcher outlived its owner"
+
+
+RANK = """
+import os, subprocess, sys, time
+from pretrain.liveness import guard_rank
+if sys.argv[1] == "launcher":  # DeepSpeed's launcher: a rank and another process, then wait
+    kids = [subprocess.Popen([sys.executable, "-c", CODE, "rank"]),
+            subprocess.Popen(["sleep", "300"])]
+    print(" ".join(str(k.pid) for k in kids), flush=True)
+    time.sleep(300)
+else:
+    guard_rank(interval=0.2)
+    while True:
+        time.sleep(0.1)
+"""
+
+
+def test_a_rank_stops_its_whole_launch_when_the_owner_dies(tmp_path):
+    """The owner (here a plain process) is killed; it stays a zombie (its parent has not reaped it): within
+    a second the rank's watchdog SIGKILLs the launcher's session: launcher, rank and the other process."""
+    owner = subprocess.Popen(["sleep", "300"])
+    code = "CODE = " + repr(RANK) + "\n" + RANK
+    env = {**ENV, liveness.OWNER_ENV: liveness.owner_token(owner.pid)}
+    launcher = subprocess.Popen([sys.executable, "-c", code, "launcher"], env=env, stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    rank, other = map(int, launcher.stdout.readline().split())
+    time.sleep(1.0)
+    assert all(liveness.process_alive(p) for p in (launcher.pid, rank, other))  # the owner lives: nothing happens
+    os.kill(owner.pid, signal.SIGKILL)  # not reaped yet: a zombie counts as dead
+    t0 = time.monotonic()
+    assert _gone(rank, 5) and _gone(other, 5)
+    launcher.wait(timeout=5)
+    print(f"\nwatchdog: launch gone {time.monotonic() - t0:.2f} s after the owner's SIGKILL")
+    owner.wait()
+    # without an owner on this host (started by hand, or another node's), guard_rank does nothing
+    for token in ("", f"{os.getpid()}::another-host"):
+        assert subprocess.run([sys.executable, "-c", "from pretrain.liveness import guard_rank; print(guard_rank())"],
+                              env={**ENV, liveness.OWNER_ENV: token}, capture_output=True, text=True,
+                              timeout=60).stdout.strip() == "None"
+
+
+# --- stale torch extension build locks ----------------------------------------------------------------------
+
+def _baton(root: Path, name: str, age: float) -> Path:
+    d = root / "py311_cpu" / name
+    d.mkdir(parents=True)
+    lock = d / "lock"
+    lock.write_text("")
+    t = time.time() - age
+    os.utime(lock, (t, t))
+    return lock
+
+
+def test_a_stale_build_lock_is_removed_a_live_or_young_one_is_not(tmp_path):
+    stale = _baton(tmp_path, "deepspeed_shm_comm", 600)
+    young = _baton(tmp_path, "fresh_op", 5)
+    building = _baton(tmp_path, "building_op", 600)
+    ninja = subprocess.Popen(["sleep", "60"], cwd=building.parent)  # a build: a process working in the folder
+    said: list[str] = []
+    try:
+        assert extensions.lock_state(building)[0] == "live"
+        removed = extensions.recover_stale_locks([tmp_path], say=said.append)
+    finally:
+        ninja.kill()
+        ninja.wait()
+    assert removed == [stale] and not stale.exists() and young.exists() and building.exists()
+    assert said == [f"removed a stale torch extension build lock {stale} (600 s old and no process builds in "
+                    f"{stale.parent}: left by a killed build)"]
+    assert extensions.lock_state(building)[0] == "stale"  # its build is gone now
+    assert extensions.build_roots({"TORCH_EXTENSIONS_DIR": "/x"}) == [Path("/x")]
+    assert extensions.build_roots({"HOME": "/h"}) == [Path("/h/.cache/torch_extensions")]
+
+
+def test_a_rank_waiting_on_a_build_lock_says_so_within_seconds(tmp_path, caplog):
+    lock = _baton(tmp_path, "deepspeed_shm_comm", 600)
+    done = threading.Event()
+    with caplog.at_level(logging.INFO, logger="pretrain.extensions"):
+        extensions.watch_build_locks(done, after_s=0.3, interval=0.1, roots=[tmp_path])
+        deadline = time.monotonic() + 5
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done.set()
+    assert caplog.records, "nothing said about the lock"
+    msg = caplog.records[0].getMessage()
+    assert caplog.records[0].levelname == "WARNING" and str(lock) in msg and f"rm {lock}" in msg
