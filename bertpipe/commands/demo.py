@@ -51,6 +51,8 @@ def run_args(args: argparse.Namespace) -> argparse.Namespace:
     run_cmd.add_arguments(p)
     argv = ["e2e" if args.train else "data", "--work-dir", str(args.work_dir), "--workers", str(args.workers),
             "--max-steps", str(args.max_steps), "--nproc", str(args.nproc), "--learning-rate", str(args.learning_rate)]
+    if args.train:  # a second demo re-trains from step 1 over the first one's checkpoints
+        argv.append("--overwrite")
     ns = p.parse_args(argv)
     ns.quiet, ns.verbose = getattr(args, "quiet", False), getattr(args, "verbose", 0)
     return ns

@@ -84,6 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tr.add_argument("--train-dir", dest="train_dir", help="pretrain only: 4-bin HDF5 folder")
     tr.add_argument("--eval-file", dest="eval_file", help="pretrain only: eval HDF5")
     tr.add_argument("--output-dir", dest="output_dir", help="training output (default: <work>/pretrain)")
+    tr.add_argument("--resume", action="store_true",
+                    help="pretrain only: continue the training in the output dir from its newest complete checkpoint")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="start the training at step 1 over an earlier run's checkpoints in the output dir (they are "
+                         "removed; without it such a dir is refused)")
 
 
 def data_params(args: argparse.Namespace):  # -> DataParams
@@ -326,9 +331,12 @@ def _run_flow(args: argparse.Namespace, params) -> int:
 
 
 def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """TrainConfig fields set on the command line (``--learning-rate``)."""
+    """TrainConfig fields set on the command line (``--learning-rate``, ``--overwrite``)."""
     lr = getattr(args, "learning_rate", None)
-    return {"learning_rate": lr} if lr is not None else None
+    options = {"learning_rate": lr} if lr is not None else {}
+    if getattr(args, "overwrite", False):
+        options["overwrite"] = True
+    return options or None
 
 
 def run_training_flow(args: argparse.Namespace) -> int:
@@ -342,8 +350,12 @@ def run_training_flow(args: argparse.Namespace) -> int:
             raise InputError("bertpipe run pretrain needs --train-dir (a 4-bin folder) and usually --eval-file")
         pretrain_flow(train_dir=args.train_dir, eval_file=args.eval_file or "",
                       output_dir=args.output_dir or str(Path(args.work_dir) / "pretrain"), model=args.model,
-                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab, options=train_options(args))
+                      max_steps=args.max_steps, nproc=args.nproc, vocab=args.vocab, options=train_options(args),
+                      resume=getattr(args, "resume", False))
         return 0
+    if getattr(args, "resume", False):
+        raise InputError("--resume is for `bertpipe run pretrain` (or `bertpipe train --resume`); the e2e flow "
+                         "trains from step 1 (--overwrite replaces an earlier training in its output dir)")
     from flows.e2e_flow import e2e_flow
 
     out = e2e_flow(data=data_params(args).to_dict(), output_dir=args.output_dir, model=args.model,

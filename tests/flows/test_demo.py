@@ -74,7 +74,7 @@ def test_demo_stands_for_run_e2e_with_the_sample_settings() -> None:
     demo.add_arguments(p)
     ns = demo.run_args(p.parse_args([]))
     assert (ns.flow, ns.work_dir, ns.nproc, ns.max_steps, ns.source, ns.text_dir) == ("e2e", "work/demo", 2, 40, "sample", None)
-    assert train_options(ns) == {"learning_rate": 0.05}
+    assert train_options(ns) == {"learning_rate": 0.05, "overwrite": True}  # a second demo re-trains from step 1
     assert demo.run_args(p.parse_args(["--no-train"])).flow == "data"
 
 
