@@ -76,9 +76,10 @@ import numpy as np
 
 from core.errors import InputError, RecordError
 from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_text
+from core.pools import run_all
 from core.schema import H5_ERRORS
 from core.stage import Stage
-from preprocessing.hdf5_io import reading, stage_file, stage_params, verify_inputs
+from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.pyrandom import Shuffles
 
 log = logging.getLogger(__name__)
@@ -521,17 +522,17 @@ def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return item, col
 
 
-def build_packs(slots: np.ndarray, inputs: Inputs, rows: dict[str, np.ndarray], item_ids: np.ndarray,
+def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
                 cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
-    """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``rows``: the padded rows
-    of ``item_ids`` (the packs' real slots in row-major order)."""
+    """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``seq``, ``pred`` and
+    ``rows``: the lengths, predictions and padded rows of the packs' real slots, in row-major order."""
     n, depth = slots.shape
     length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
     real = slots >= 0
     pack = np.nonzero(real)[0]
     j = (np.cumsum(real, axis=1) - 1)[real]  # the sequence's index in its pack (padding slots skipped)
-    seq = inputs.seq[item_ids].astype(np.int64)
-    pred = inputs.pred[item_ids].astype(np.int64)
+    seq = seq.astype(np.int64)
+    pred = pred.astype(np.int64)
     first = np.searchsorted(pack, pack, side="left")
     cs = np.cumsum(seq) - seq
     off = cs - cs[first]  # where the sequence starts in its pack
@@ -618,9 +619,39 @@ def _prepare_out(data: Path) -> None:
                              "packed data: choose an empty folder, or remove it")
 
 
+def write_group(files: list[str], starts: np.ndarray, first: int, bounds: list[tuple[int, int]],
+                slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, data: str,
+                cfg: HabanaPackConfig) -> list[tuple[str, str]]:
+    """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots`` from the first one on; ``seq`` and
+    ``pred`` of their real slots, row-major), each written to a temporary name, closed, hashed and renamed into
+    ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
+    from core.manifest import md5_file
+    from preprocessing.hdf5_io import atomic_path
+
+    inputs = Inputs(files, starts, np.empty(0, np.int32), np.empty(0, np.int32))
+    ids = slots[slots >= 0].astype(np.int64)
+    rows = _gather(inputs, ids, max(1, cfg.chunk_rows))
+    a = bounds[0][0]
+    done = 0
+    entries = []
+    for i, (p0, p1) in enumerate(bounds, start=first):
+        part = slots[p0 - a:p1 - a]
+        k = int((part >= 0).sum())
+        name = PART_NAME.format(i)
+        arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
+                             {n: v[done:done + k] for n, v in rows.items()}, cfg, name)
+        done += k
+        final = Path(data) / name
+        with atomic_path(final) as tmp:
+            write_packed_file(tmp, arrays)
+            md5 = md5_file(tmp)
+        entries.append((name, md5))
+    return entries
+
+
 def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                     cfg: HabanaPackConfig = HabanaPackConfig(), upstream: Sequence[Manifest] = (), *,
-                    data_dir: str = "", manifest_name: str = MANIFEST_NAME) -> Manifest:
+                    data_dir: str = "", manifest_name: str = MANIFEST_NAME, workers: int = 1) -> Manifest:
     """Stage function: Habana's packed set of ``input_files`` (in this order).
 
     Writes ``out_dir/[data_dir/]mixed_strategies_part_<i>.hdf5`` (the trainer's folder: nothing else in it),
@@ -628,6 +659,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
     lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
     dropped_packs, dropped_sequences, padding_slots, empty_packs, strategies_used, avg_seq_per_sample, speedup.
+    ``workers`` processes write groups of ``chunk_rows`` packs (whole files); the bytes do not depend on it.
     """
     check_config(cfg)
     files = [Path(p) for p in input_files]
@@ -658,26 +690,19 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     _prepare_out(data)
     prefix = f"{data_dir}/" if data_dir else ""
     per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
+    groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
     with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
                      code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
-        for g in range(0, len(bounds), per_group):
-            group = bounds[g:g + per_group]
-            a, b = group[0][0], group[-1][1]
-            sl = slots[a:b]
-            ids = sl[sl >= 0].astype(np.int64)
-            rows = _gather(inputs, ids, max(1, cfg.chunk_rows))
-            done = 0
-            for i, (p0, p1) in enumerate(group, start=g):
-                part = sl[p0 - a:p1 - a]
-                k = int((part >= 0).sum())
-                sub = {n: v[done:done + k] for n, v in rows.items()}
-                arrays = build_packs(part, inputs, sub, ids[done:done + k], cfg, PART_NAME.format(i))
-                done += k
-                name = prefix + PART_NAME.format(i)
-                with stage_file(out, name) as tmp:
-                    write_packed_file(tmp, arrays)
-            log.info("pack-habana: %d/%d files written (%.1f s)", min(g + per_group, len(bounds)), len(bounds),
-                     time.perf_counter() - t2)
+        calls = []
+        for g, group in zip(range(0, len(bounds), per_group), groups, strict=True):
+            sl = slots[group[0][0]:group[-1][1]]
+            ids = sl[sl >= 0]
+            calls.append((inputs.files, inputs.starts, g, group, sl, inputs.seq[ids], inputs.pred[ids], str(data),
+                          cfg))
+        for entries in run_all(write_group, calls, min(workers, len(calls))):
+            for name, md5 in entries:
+                out.add_file(prefix + name, md5)
+        log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
         text = metadata_json(st)
         if inside:
             with out.open_text(f"{data_dir}_metadata.json") as fh:
@@ -708,10 +733,14 @@ def configure(p: Any) -> HabanaPackConfig:
 
 
 def _plan_dag(plan: Any) -> list[Any]:
-    """One call over every part's padded HDF5, in part order."""
+    """One call over every part's padded HDF5, in part order (its groups of files on the run's workers)."""
     h5 = plan.result("hdf5")
     files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
-    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, upstream=[h5.unit_dir(s) for s in h5.shards])]
+    from core.pools import default_workers
+
+    workers = getattr(plan.params, "workers", 0) or default_workers()
+    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, workers=workers,
+                      upstream=[h5.unit_dir(s) for s in h5.shards])]
 
 
 DAG_STAGES = (Stage(name="habana_packed", title="pack_habana: Habana's packed set (<= 3 sequences a pack), what its "

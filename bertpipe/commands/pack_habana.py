@@ -20,7 +20,7 @@ import logging
 import os
 from pathlib import Path
 
-from bertpipe.commands._common import bool_flag, flag, number, overwrite_flag, positive_int
+from bertpipe.commands._common import bool_flag, flag, nonneg_int, number, overwrite_flag, positive_int
 from core.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
          help="added to the seed, as in the script (default: $LOCAL_RANK, else -1)")
     flag(p, "train_batch_size", type=positive_int(), default=8, help="accepted and unused, as in the script")
     flag(p, "disable_progress_bar", action="store_true", help="accepted (bertpipe shows no progress bar here)")
+    flag(p, "workers", type=nonneg_int(4096), default=0,
+         help="processes that write groups of files; same bytes for any number (default: 0 = one per CPU)")
     bool_flag(p, "keep_partial_last", True, "write the packs after the last whole file of 4,480 as one more file "
                                             "(the script drops them)")
     overwrite_flag(p)
@@ -81,7 +83,17 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--output_dir {out} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}; "
                              "Habana's trainer reads every file of its --input_dir as packed data: choose an empty "
                              "or new folder")
-    m = run_pack_habana(files, out, cfg, manifest_name=f"../{out.name}.manifest.json")
+    from core.pools import default_workers
+
+    try:
+        m = run_pack_habana(files, out, cfg, manifest_name=f"../{out.name}.manifest.json",
+                            workers=args.workers or default_workers())
+    except BaseException:  # Ctrl-C, SIGTERM, an error: the pool's workers are stopped; sweep their temp files
+        from core.manifest import remove_debris
+
+        if out.is_dir():
+            remove_debris(out)
+        raise
     c = m.counters
     log.info("%d sequences -> %d packs (%.4f sequences a pack) in %d file(s) in %s%s", c["sequences"], c["packs"],
              c["avg_seq_per_sample"], c["files"], out,

@@ -186,6 +186,18 @@ def test_keep_partial_last_false_writes_the_scripts_files_exactly(packed_every, 
     assert_same_packs(tmp_path / "strict", tmp_path / "theirs", 1)
 
 
+def test_workers_and_groups_write_the_same_bytes(packed_every, every_128, tmp_path):
+    """Two processes, one file each (chunk_rows = one file): the same files, hashed in the workers."""
+    _ours, _info, m, _tmp = packed_every
+    m2 = run_pack_habana(training_files(every_128), tmp_path / "w2",
+                         HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, chunk_rows=4480),
+                         manifest_name="../w2.manifest.json", workers=2)
+    assert [(f.name, f.md5) for f in m2.files] == [(f.name, f.md5) for f in m.files] and len(m.files) == 2
+    assert m2.key == m.key  # chunk_rows and workers are not in the key
+    assert [hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tmp_path / "w2").iterdir())] == [
+        f.md5 for f in m.files]
+
+
 @pytest.mark.parametrize("case", ["three-ones", "one-max", "leftover-L", "two-a-pack", "four-a-pack", "rank-2"])
 def test_tiny_sets_as_the_script(case, tmp_path):
     """Tiny sets take the recipe's rare branches: a round that rounds to nothing (the gradient step), the
