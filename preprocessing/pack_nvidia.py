@@ -186,22 +186,28 @@ class Rows:
             return Rows(*(np.zeros(0, dt) for dt in ("i8", "i8", "i1", "i2", "i1", "i2", "i2")))
         return Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rows.__dataclass_fields__))
 
+    def slice(self, a: int, b: int, tok: np.ndarray, prd: np.ndarray) -> Rows:
+        """Rows a..b-1 (views); ``tok``/``prd``: cumulative token / masked-position counts, from 0."""
+        return Rows(seq=self.seq[a:b], pred=self.pred[a:b], nsl=self.nsl[a:b], ids=self.ids[tok[a]:tok[b]],
+                    seg=self.seg[tok[a]:tok[b]], pos=self.pos[prd[a]:prd[b]], mlm=self.mlm[prd[a]:prd[b]])
+
     def take(self, order: np.ndarray) -> Rows:
         """The rows in ``order`` (a permutation or selection of row indices)."""
-        return Rows(seq=self.seq[order], pred=self.pred[order], nsl=self.nsl[order],
-                    ids=_take_runs(self.ids, self.seq, order), seg=_take_runs(self.seg, self.seq, order),
-                    pos=_take_runs(self.pos, self.pred, order), mlm=_take_runs(self.mlm, self.pred, order))
+        t, p = _runs_index(self.seq, order), _runs_index(self.pred, order)
+        return Rows(seq=self.seq[order], pred=self.pred[order], nsl=self.nsl[order], ids=self.ids[t],
+                    seg=self.seg[t], pos=self.pos[p], mlm=self.mlm[p])
 
 
-def _take_runs(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """The runs of ``flat`` (run i: ``lengths[i]`` values, runs back to back) in ``order``, concatenated."""
-    starts = np.concatenate([[0], np.cumsum(lengths)])[:-1][order]
+def _runs_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Indices that put runs (run i: ``lengths[i]`` values, runs back to back) in ``order``, concatenated."""
     lens = lengths[order]
     total = int(lens.sum())
     if not total:
-        return flat[:0].copy()
-    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    return flat[shift + np.arange(total, dtype=np.int64)]
+        return np.zeros(0, np.int64)
+    starts = (np.cumsum(lengths) - lengths)[order]
+    idx = np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    idx += np.arange(total, dtype=np.int64)
+    return idx
 
 
 class InputFile:
@@ -701,14 +707,21 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     return rows.take(order)
 
 
-def _vlen_rows(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``flat`` cut into rows of ``counts`` values, in the form h5py writes to a vlen dataset."""
-    if len(counts) and counts[0] and (counts == counts[0]).all():  # rows of one length: h5py wants them 2-D
-        return np.ascontiguousarray(flat.reshape(len(counts), int(counts[0])))
-    out = np.empty(len(counts), dtype=object)
-    for i, row in enumerate(np.split(flat, np.cumsum(counts)[:-1])):
-        out[i] = row
-    return out
+def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:
+    """``ds[i] = flat[row i]`` for rows of ``counts`` values, back to back, in one HDF5 write: the variable-length
+    elements (HDF5's ``hvl_t``: length, pointer) point into ``flat``. The same bytes as h5py's object-array write,
+    without a Python object per row."""
+    from h5py import h5s, h5t
+
+    n = len(counts)
+    if not n:
+        return
+    flat = np.ascontiguousarray(flat)
+    counts = np.asarray(counts, dtype=np.int64)
+    hvl = np.empty(n, dtype=[("len", np.uintp), ("p", np.uintp)])
+    hvl["len"] = counts
+    hvl["p"] = flat.ctypes.data + (np.cumsum(counts) - counts) * flat.itemsize
+    ds.id.write(h5s.create_simple((n,)), ds.id.get_space(), hvl, mtype=h5t.vlen_create(h5t.py_create(flat.dtype)))
 
 
 def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
@@ -733,11 +746,7 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
         for name, dt in PACKED_DATASETS:
             ds = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)), compression=None)
             flat, counts = values[name]
-            if counts.any():
-                ds[...] = _vlen_rows(flat.astype(dt, copy=False), counts)
-            else:  # every row empty: h5py cannot write that as one array (it sees shape (n, 0)); row by row
-                for i in range(n):
-                    ds[i] = flat[:0].astype(dt)
+            _write_vlen(ds, flat.astype(dt, copy=False), counts)
         del ds
 
 
@@ -756,6 +765,8 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
     if not np.array_equal(seq_len, rows.seq):  # pragma: no cover
         raise BertpipeError("pack-nvidia: the scratch rows' lengths differ from the plan's (a bug)")
     offs = np.array(pack_off[p0:p1 + 1], dtype=np.int64) - q0
+    tok = np.concatenate([[0], np.cumsum(rows.seq)])
+    prd = np.concatenate([[0], np.cumsum(rows.pred)])
     done: list[str] = []
     empty = 0
     try:
@@ -768,10 +779,9 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, final)
             done.append(final.name)
-            sel = np.arange(r0, r1)
             final = od / shard_name(s, cfg)
             tmp = tmp_path(final)
-            write_packed_shard(tmp, rows.take(sel), np.diff(offs[a:b + 1]))
+            write_packed_shard(tmp, rows.slice(r0, r1, tok, prd), np.diff(offs[a:b + 1]))
             os.replace(tmp, final)
             done.append(final.name)
             empty += b == a
