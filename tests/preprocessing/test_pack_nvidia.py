@@ -370,3 +370,46 @@ def test_command_writes_what_the_library_writes(golden_parts, tmp_path):
     (out / "notes.txt").write_text("mine")
     assert main(argv) == 2  # a folder holding another file is refused, nothing written
     assert sorted(p.name for p in out.iterdir())[-1] == "shard_list_00001.lst"
+
+
+# -- the DAG declaration (not registered yet: the lead wires the nvidia-packed target) ----------------------------------
+def test_dag_pieces_write_what_the_stage_function_writes(golden_parts, tmp_path):
+    """The declaration's phases (count per part, plan, scatter per part, shard groups, manifest), run as the DAG
+    runs pieces (Unit.call in turn, finish after each phase), over hdf5-stage part folders with manifests."""
+    from types import SimpleNamespace
+
+    from core.manifest import Manifest, StageOutput
+    from core.stage import Plan, Result
+    from preprocessing.pack_nvidia import DAG_STAGES
+
+    stage = DAG_STAGES[0]
+    hdf5 = tmp_path / "work" / "hdf5" / "k0"
+    manifests = {}
+    for p in golden_parts:
+        shard = p.name.removesuffix(".hdf5")
+        with StageOutput(hdf5 / shard, "tfrecord_to_hdf5") as out:
+            (hdf5 / shard).mkdir(parents=True, exist_ok=True)
+            (hdf5 / shard / p.name).write_bytes(p.read_bytes())
+            out.add_file(p.name)
+        manifests[shard] = out.manifest
+    params = SimpleNamespace(workers=2, max_seq_length=128, targets=("nvidia-packed",), nvidia_packed_shards=5,
+                             pack_seed=99)
+    assert stage.when(params) and not stage.when(SimpleNamespace(targets=("samsung-4bins",)))
+    cfg = stage.configure(params)
+    assert cfg == PackNvidiaConfig(max_seq_length=128, shards_num=5, seed=99)
+    plan = Plan(stage, params, cfg, "k1", tmp_path / "work",
+                {"hdf5": Result("hdf5", "k0", hdf5, manifests)}, {})
+    units, values, phases = stage.plan(plan), [], 0
+    while True:
+        phases += 1
+        values += [u.call() for u in units]
+        out = stage.finish(plan, list(values))
+        if isinstance(out, Manifest):
+            break
+        units = out
+    assert phases == 4 and out.stage == "pack_nvidia" and set(out.upstream) == {f"tfrecord_to_hdf5:{m.key}"
+                                                                               for m in manifests.values()}
+    ref_dir = tmp_path / "direct"
+    direct = run_pack_nvidia(golden_parts, ref_dir, cfg)
+    assert [(f.name, f.md5) for f in out.files] == [(f.name, f.md5) for f in direct.files]
+    assert not (plan.dir / ".pack_nvidia_scratch").exists()
