@@ -8,10 +8,12 @@ of the ``*training*`` files into a dict of lists keyed by length; the NNLS packi
 order; ``np.random.permutation`` of the strategy instances; slices popped from per-(strategy, length) stacks;
 packs built one by one; 4,480 packs a file, ``mixed_strategies_part_<i>.hdf5``.
 
-Two deliberate differences from the script, both where it cannot run as written:
+Deliberate differences from the script, where it cannot run as written or is not reproducible:
 * the listing is sorted (the script takes ``os.listdir``'s order);
 * a row's length is summed in int64 (the script's Python ``sum()`` over an int8 row: NumPy 1 upcasts, NumPy 2
-  wraps at 128 and the script then crashes).
+  wraps at 128 and the script then crashes);
+* a length-L sequence left after the NNLS rounds takes the strategy ``[L]`` (the script looks up ``[0, L]``
+  and raises ValueError), as bertpipe does.
 ``keep_partial_last=True`` also writes the packs the script drops after its last whole file (bertpipe's default).
 """
 
