@@ -39,7 +39,15 @@ What the script does, and bertpipe with it:
        next_sentence_weights    (n, S)     i4  1 per sequence, then 0
 
 Habana's trainer reads every regular file of its ``--input_dir`` (so the folder holds nothing else), and
-``<input_dir>_metadata.json`` beside it for ``avg_seq_per_sample`` (written here as Habana's later packers do).
+``<input_dir>_metadata.json`` beside it for ``avg_seq_per_sample`` (without it: 1.2 at 128, 2.0 at 512, and a
+failure at any other length).
+
+Sources read: the script at cf11d241 (above); the trainer ``PyTorch/nlp/bert/run_pretraining.py`` @ 2be60441
+(packed-mode ``pretraining_dataset``, file listing, ``read_avg_seq_per_sample``) and Habana's packed-data checker
+``pytorch_packed_data_checker.py``; the metadata file's keys from Habana's MLPerf 2.1 packer
+(``MLPERF2.1/Habana/benchmarks/bert/implementations/PyTorch/pack_pretraining_data_pytorch.py`` @ 236cc617,
+``create_json_metadata``). The later copy of the script in ``PyTorch/nlp/bert/`` (which Habana's README says
+writes that metadata file) was not readable in the sources searched: its packing is assumed unchanged.
 
 Where bertpipe differs (each said in README, "stages one by one"):
 
