@@ -9,7 +9,8 @@ last run made (work/last_run.json) that is gone; the next `bertpipe run` redoes 
   bertpipe verify --against nvidia-4320 --dir hdf5/training-4320/hdf5_4320_shards_varlength
 
 checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's published checksums (hdf5_md5.py digests:
-nvidia-4320, nvidia-4320-shuffled, nvidia-eval, or the path of any .chk list); exit 1 if one differs or is missing.
+nvidia-4320 or nvidia-eval, which ship with bertpipe, or the path of any .chk list); exit 1 if one differs or is
+missing.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from core.paths import path_arg
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
     p.add_argument("--against", metavar="LIST",
-                   help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320, "
-                        "nvidia-4320-shuffled, nvidia-eval (shipped with bertpipe) or a .chk file")
+                   help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320 or "
+                        "nvidia-eval (the lists that ship with bertpipe: preprocessing/nvidia_chk/README.md), or "
+                        "the path of any .chk file")
     p.add_argument("--dir", dest="shard_dir", type=path_arg, metavar="DIR",
                    help="with --against: the folder of shards to check (e.g. hdf5_4320_shards_varlength)")
 
