@@ -528,8 +528,8 @@ class Assignment:
 
     pack_off: np.ndarray  # int64 (packs + 1)
     seq_len: np.ndarray  # int16 (sequences)
-    seq_idx: np.ndarray  # int64 (sequences)
-    dest: np.ndarray  # int64 (sequences)
+    seq_idx: np.ndarray  # int32 (int64 past 2**31 sequences)
+    dest: np.ndarray  # likewise
     len_off: np.ndarray  # int64 (max_seq_length + 2): first index of length L in dest
 
     @property
@@ -550,23 +550,25 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
     t = len(hist)
     pads = [int(p) for p in recipe.padding]
     slot_off = np.concatenate([[0], np.cumsum(hist + np.asarray(pads, dtype=np.int64))])
-    slots = np.empty(int(slot_off[-1]), dtype=np.int64)  # each length's shuffled slots: index, or -1 (None)
+    # 4-byte indices where they fit (~24 bytes a sequence in all, the full set's 157 M in ~4 GB)
+    idt = np.int32 if max(int(slot_off[-1]), int(recipe.mixture.sum())) < (1 << 31) - 1 else np.int64
+    slots = np.empty(int(slot_off[-1]), dtype=idt)  # each length's shuffled slots: index, or -1 (None)
     for i in range(t):
         n = int(hist[i])
-        perm = shuffle(n + pads[i]).astype(np.int64)
+        perm = shuffle(n + pads[i]).astype(idt)
         perm[perm >= n] = -1
         slots[slot_off[i]:slot_off[i + 1]] = perm
-    instances = np.repeat(np.arange(len(recipe.strategies)), recipe.mixture)
+    instances = np.repeat(np.arange(len(recipe.strategies), dtype=np.int32), recipe.mixture)
     instances = instances[shuffle(len(instances))]
 
     depth = max(len(s) for s in recipe.strategies)
-    table = np.zeros((len(recipe.strategies), depth), dtype=np.int64)  # strategy -> its lengths, 0-padded
+    table = np.zeros((len(recipe.strategies), depth), dtype=np.int16)  # strategy -> its lengths, 0-padded
     for i, s in enumerate(recipe.strategies):
         table[i, :len(s)] = s
     len_off = np.concatenate([[0, 0], np.cumsum(hist)])  # len_off[L]: first index of length L (L = 1..t)
     n_seq = int(hist.sum())
-    dest = np.full(n_seq, -1, dtype=np.int64)
-    pack_len = np.zeros(len(instances), dtype=np.int64)
+    dest = np.full(n_seq, -1, dtype=idt)
+    pack_len = np.zeros(len(instances), dtype=np.int8)
     seq_len_parts, seq_idx_parts = [], []
     ptr = slot_off[:-1].copy()  # next slot of each length
     q = 0
@@ -582,16 +584,16 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
         val[order] = taken
         real = val >= 0
         pos, ls, val = pos[real], ls[real], val[real]
-        pack_len[c0:c0 + chunk_packs] += np.bincount(pos // depth, minlength=len(lens) // depth)
-        dest[len_off[ls] + val] = np.arange(q, q + len(val))
+        pack_len[c0:c0 + chunk_packs] += np.bincount(pos // depth, minlength=len(lens) // depth).astype(np.int8)
+        dest[len_off[ls] + val] = np.arange(q, q + len(val), dtype=idt)
         q += len(val)
         seq_len_parts.append(ls.astype(np.int16))
         seq_idx_parts.append(val)
     if not np.array_equal(ptr, slot_off[1:]) or q != n_seq or (dest < 0).any():  # pragma: no cover
         raise BertpipeError("packing assignment: slots and strategies do not match (a bug)")
-    return Assignment(pack_off=np.concatenate([[0], np.cumsum(pack_len)]),
+    return Assignment(pack_off=np.concatenate([[0], np.cumsum(pack_len, dtype=np.int64)]),
                       seq_len=np.concatenate(seq_len_parts) if seq_len_parts else np.zeros(0, np.int16),
-                      seq_idx=np.concatenate(seq_idx_parts) if seq_idx_parts else np.zeros(0, np.int64),
+                      seq_idx=np.concatenate(seq_idx_parts) if seq_idx_parts else np.zeros(0, idt),
                       dest=dest, len_off=len_off)
 
 
