@@ -329,7 +329,7 @@ def tag_problem(output_dir: str | Path, tag: str, *, md5: bool = False) -> str:
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return "no completion record (the save did not finish)"
+        return "no completion record: the save did not finish"
     except (OSError, ValueError) as exc:
         return f"its completion record is unreadable ({exc.__class__.__name__})"
     files = record.get("files") if isinstance(record, dict) else None

@@ -94,7 +94,7 @@ def test_complete_means_the_record_and_every_listed_file(tmp_path):
     (d / "bertpipe_rank1.pt").unlink()
     assert ckpt.tag_problem(tmp_path, "12") == "bertpipe_rank1.pt is missing"
     _save(tmp_path, 13, complete=False)
-    assert ckpt.tag_problem(tmp_path, "13") == "no completion record (the save did not finish)"
+    assert ckpt.tag_problem(tmp_path, "13") == "no completion record: the save did not finish"
     _save(tmp_path, 14)
     d14 = ckpt.checkpoint_dir(tmp_path) / "14"
     good = json.loads((d14 / ckpt.COMPLETE_NAME).read_text())["files"]
