@@ -2,6 +2,7 @@
 
 Presets (parameter counts with the vocab padded to a multiple of 8):
   tiny   2 layers, hidden 64, 2 heads      ~2.1 M  (unit tests, CPU smoke runs)
+  base   12 / 768 / 12                     ~110 M  (BERT-Base, Google's bert_config.json)
   large  24 / 1024 / 16                    ~335 M  (MLPerf BERT-Large)
   1.5b   48 / 1600 / 25, pre-LN variant    ~1.5 B  (Habana deepspeed-bert bert_1.5b_config.json)
   5b     63 / 2560 / 40, vocab 512035      ~6.3 B  (Habana bert_5b_config.json)
@@ -113,6 +114,7 @@ class BertConfig:
 
 MODEL_PRESETS: dict[str, BertConfig] = {
     "tiny": BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
+    "base": BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "large": BertConfig(),
     "1.5b": BertConfig(hidden_size=1600, num_hidden_layers=48, num_attention_heads=25, intermediate_size=6400,
                        layer_norm_large_model=True),
@@ -122,7 +124,7 @@ MODEL_PRESETS: dict[str, BertConfig] = {
 
 
 def model_config(name: str, **overrides: Any) -> BertConfig:
-    """A preset by name ("tiny", "large", "1.5b", "5b") with single fields overridden."""
+    """A preset by name ("tiny", "base", "large", "1.5b", "5b") with single fields overridden."""
     try:
         base = MODEL_PRESETS[name]
     except KeyError:

@@ -68,7 +68,7 @@ def hf_config(config: BertConfig) -> Any:
     if config.layer_norm_large_model:
         raise InputError(
             "layer_norm_large_model=True (the 1.5B/5B pre-LN variant) has no transformers BertForPreTraining "
-            "equivalent; export only post-LN models (tiny/large)"
+            "equivalent; export only post-LN models (tiny/base/large)"
         )
     import transformers
 

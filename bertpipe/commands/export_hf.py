@@ -13,7 +13,7 @@ model.safetensors, bertpipe_config.json (our model config) and the tokenizer: vo
 (`bertpipe train --vocab`, path and md5). A run that recorded none, or whose vocab file is gone or changed
 since, is refused unless --vocab names the file (which must have the recorded md5, when there is one). Names are transformers', the fused QKV is
 split and the vocab padding rows are dropped, so the model gives the same MLM and NSP logits. Under bf16
-the weights are the bf16 module weights. Post-LN models only (tiny, large): the 1.5b/5b pre-LN variant has
+the weights are the bf16 module weights. Post-LN models only (tiny, base, large): the 1.5b/5b pre-LN variant has
 no transformers equivalent. No hub access is needed.
 """
 

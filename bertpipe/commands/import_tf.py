@@ -21,7 +21,7 @@ import argparse
 
 from bertpipe.commands._common import flag
 
-PRESETS = ("tiny", "large", "1.5b", "5b")
+PRESETS = ("tiny", "base", "large", "1.5b", "5b")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -178,6 +178,24 @@ def test_presets_and_parameter_counts():
         assert abs(n - approx) / approx < 0.01, (name, n)
 
 
+def test_base_preset_has_transformers_parameter_count():
+    """--model base is BERT-Base: transformers' BertForPreTraining of Google's bert_config.json counts the same
+    parameters (110,106,428); ours pads the vocab rows 30522 -> 30528 (embedding rows and MLM bias)."""
+    transformers = pytest.importorskip("transformers")
+    base = MODEL_PRESETS["base"]
+    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size,
+            base.vocab_size, base.max_position_embeddings, base.type_vocab_size) == (12, 768, 12, 3072, 30522, 512, 2)
+    hf_config = transformers.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                        intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)
+    with torch.device("meta"):
+        hf = sum(p.numel() for p in transformers.BertForPreTraining(hf_config).parameters())
+        ours = BertForPreTraining(base).num_parameters()
+        unpadded = BertForPreTraining(dataclasses.replace(base, pad_vocab_to_multiple_of=1)).num_parameters()
+    assert hf == 110_106_428
+    assert unpadded == hf
+    assert ours == hf + (30528 - 30522) * (768 + 1)
+
+
 def test_config_round_trip_and_errors(tmp_path):
     cfg = model_config("large", hidden_dropout_prob=0.0)
     assert BertConfig.from_dict(cfg.to_dict()) == cfg

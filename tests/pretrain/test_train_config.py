@@ -82,7 +82,7 @@ def test_optimizer_settings_follow_the_model_and_explicit_flags_win():
     assert (mine.optimizer, mine.learning_rate, mine.warmup_proportion, mine.constant_proportion) == \
         ("lamb", 0.002, 0.05, 0.0)
     assert _parse(to_argv(mine)) == mine and _parse(to_argv(big)) == big
-    assert set(MODEL_DEFAULTS) == {"tiny", "large", "1.5b", "5b"}
+    assert set(MODEL_DEFAULTS) == {"tiny", "base", "large", "1.5b", "5b"}
     assert _parse(["--trust-ratio", "per-group"]).trust_ratio == "per-group" and TrainConfig().trust_ratio == "per-tensor"
     assert _parse(["--lamb-trust-ratio-no-decay"]).lamb_trust_ratio_no_decay is True
     with pytest.raises(SystemExit):
