@@ -7,7 +7,12 @@ Rules (../shared/design/architecture.md, "Artifacts, manifests, caching"):
 * ``_manifest.json`` is written last, atomically: "done" means the manifest exists and verifies;
   anything in a stage directory without a manifest is debris from an interrupted run;
 * a stage checks its inputs against the upstream manifest and refuses a mismatch with an error
-  naming the file, the expected and the actual md5.
+  naming the file, the expected and the actual md5;
+* what a work dir says never leads outside it: a manifest is checked against its schema before use
+  (:func:`schema_problem`; a damaged one is :class:`~core.errors.ManifestCorrupt`), outputs are read only as
+  plain files reached without a link (:func:`output_problem`), manifests and markers only as plain files
+  (:func:`read_plain`), and deleting (:func:`drop_files`, :func:`begin_redo`, :func:`remove_debris`) stays
+  inside the stage folder and never follows a link.
 
 Fault injection (a test hook, a no-op unless ``BERTPIPE_FAULT`` is set): see :func:`fault_point`.
 
@@ -34,7 +39,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -322,6 +327,30 @@ class HashingWriter(io.RawIOBase):
         super().close()
 
 
+#: Set around a call run for a DAG run (tasks.runtoken.entered): called with what is about to start, be committed
+#: or deleted; it raises when the run has ended, so a call still running after its run commits nothing.
+_COMMIT_GATE: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("bertpipe_commit_gate",
+                                                                                           default=None)
+
+
+@contextmanager
+def commit_gate(check: Callable[[str], None]) -> Iterator[None]:
+    """Inside this block, every stage output asks ``check(what)`` before it starts (removing an old manifest), before
+    and after it commits its manifest (removing it again when the check fails then), and before files are dropped."""
+    token = _COMMIT_GATE.set(check)
+    try:
+        yield
+    finally:
+        _COMMIT_GATE.reset(token)
+
+
+def gate(what: str) -> None:
+    """Ask the commit gate of this context (see :func:`commit_gate`); nothing when there is none."""
+    check = _COMMIT_GATE.get()
+    if check is not None:
+        check(what)
+
+
 _DEFERRED: contextvars.ContextVar[list[StageOutput] | None] = contextvars.ContextVar("bertpipe_deferred_md5",
                                                                                      default=None)
 
@@ -401,6 +430,7 @@ class StageOutput:
     def __enter__(self) -> StageOutput:
         if self.root is not None:
             check_inside(self.dir, self.root)
+        gate(str(self.dir))
         begin_redo(self.dir, self.manifest_name)
         self._t0 = time.perf_counter()
         self.fault("start")
@@ -424,7 +454,13 @@ class StageOutput:
         m = self.manifest
         if _RECORD_STATS.get():
             write_stat_records(self.dir, {f.name: f.md5 for f in m.files})
+        gate(str(self.dir / self.manifest_name))
         atomic_write_text(self.dir / self.manifest_name, m.to_json(), before_rename=lambda: self.fault("manifest"))
+        try:
+            gate(str(self.dir / self.manifest_name))  # the run may have ended during the write: take it back
+        except BaseException:
+            (self.dir / self.manifest_name).unlink(missing_ok=True)
+            raise
         self.fault("done")
 
     def fault(self, point: str) -> None:
@@ -433,6 +469,8 @@ class StageOutput:
         if spec:
             self._faults[point] = n = self._faults.get(point, 0) + 1
             fault_point(spec, point, n, {self.manifest.stage, *self.dir.parts})
+        if os.environ.get(SLOW_ENV):
+            slow_point(os.environ[SLOW_ENV], point, {self.manifest.stage, *self.dir.parts})
 
     # -- writing -------------------------------------------------------------------------------
     @contextmanager
@@ -552,6 +590,19 @@ def fault_point(spec: str, point: str, n: int, names: Iterable[str]) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # the signal is delivered at once; never return into the stage
+
+
+SLOW_ENV = "BERTPIPE_TEST_SLOW"
+
+
+def slow_point(spec: str, point: str, names: Iterable[str]) -> None:
+    """Test hook: ``BERTPIPE_TEST_SLOW=STAGE:POINT:SECONDS`` sleeps that long each time a stage directory of
+    ``STAGE`` (as for BERTPIPE_FAULT) reaches ``POINT`` (keeps a run busy while a test stops its servers)."""
+    parts = spec.strip().split(":")
+    if len(parts) != 3 or parts[1] not in FAULT_POINTS:
+        raise ValueError(f"{SLOW_ENV}={spec!r}: expected STAGE:POINT:SECONDS with POINT one of {', '.join(FAULT_POINTS)}")
+    if parts[1] == point and parts[0] in set(names):
+        time.sleep(float(parts[2]))
 
 
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -913,6 +964,7 @@ def drop_files(directory: str | os.PathLike, why: str, root: str | os.PathLike |
     m = load_manifest(directory)
     if m is None or dropped_info(directory, m) is not None:
         return 0
+    gate(f"the drop of {directory}")
     for f in m.files:
         p, problem = output_problem(directory, f.name)
         if problem and problem != "missing" and p != directory / f.name:  # a link or a file on the way there
