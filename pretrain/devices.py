@@ -50,6 +50,11 @@ class DeviceChoice:
         return f"cuda:{local_rank}" if self.kind == "cuda" else self.kind
 
 
+def has_float64(device) -> bool:  # noqa: ANN001 - a torch.device or its string
+    """Whether tensors on ``device`` may be float64: not on Gaudi (HPU), which has no float64 tensors."""
+    return not str(device).startswith("hpu")
+
+
 def probe_hpu() -> bool:
     """True when Habana's PyTorch bridge imports (a Gaudi host)."""
     try:

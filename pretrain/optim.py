@@ -9,6 +9,12 @@ the data-parallel group, so the update equals unsharded per-tensor LAMB/LANS to 
 ``trust_ratio="per-group"`` instead takes the norms of each rank's whole partition of a group, which is what
 Habana's BERT-1.5B/5B ZeRO runs do (without ZeRO both modes are per-tensor).
 
+Those per-parameter sums of squares stay in float32 (Gaudi has no float64 tensors) and are compensated: each
+fragment is summed in blocks of :data:`BLOCK` elements, the block sums are added pairwise keeping every
+addition's rounding error (TwoSum, :func:`compensated_sum`), and the ranks' partial sums are gathered and added
+the same way, in rank order, so every rank gets the same bits. The result is within 1e-6 (relative) of the
+float64 sum (tests/pretrain/test_optim_fp32_sums.py); no tensor of this module is ever float64.
+
 Formulas (g: gradient, w: weight, t: step, wd: weight decay, b1/b2: betas):
 
 * LAMB (You et al. 2019, NVIDIA's NVLAMB variant): g /= clip (clip = ||g_all|| / max_grad_norm when
@@ -39,6 +45,62 @@ from torch import Tensor
 
 OPTIMIZERS = ("lamb", "lans", "adamw")
 TRUST_RATIOS = ("per-tensor", "per-group")
+#: Elements summed by one plain float32 reduction before the compensated pairwise sum takes over.
+BLOCK = 256
+
+
+def _two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Knuth's TwoSum: ``s = fl(a + b)`` and the exact rounding error ``e`` (a + b = s + e), elementwise."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def compensated_sum(x: Tensor) -> Tensor:
+    """The sum over the last dimension of a float32 tensor, accurate to about one float32 rounding.
+
+    Pairwise: the columns are added two by two (log2(n) rounds); each addition's rounding error (TwoSum) is
+    carried in a second tensor, added up the same way and folded in at the end. No wider dtype is used.
+    """
+    hi = x.float()
+    lo = torch.zeros_like(hi)
+    while hi.shape[-1] > 1:
+        if hi.shape[-1] % 2:
+            pad = hi.new_zeros((*hi.shape[:-1], 1))
+            hi, lo = torch.cat([hi, pad], -1), torch.cat([lo, pad], -1)
+        hi, err = _two_sum(hi[..., 0::2], hi[..., 1::2])
+        lo = lo[..., 0::2] + lo[..., 1::2] + err
+    if hi.shape[-1] == 0:
+        return hi.new_zeros(hi.shape[:-1])
+    return (hi + lo)[..., 0]
+
+
+def fragment_sums_of_squares(t: Tensor, segments: tuple[tuple[int, int, int], ...]) -> Tensor:
+    """sum(x * x) of each ``(index, start, numel)`` fragment of the flat float32 tensor ``t``: (len(segments),).
+
+    Each fragment is cut into blocks of :data:`BLOCK` elements summed in float32, and the block sums are
+    added with :func:`compensated_sum` (one padded matrix for all fragments).
+    """
+    rows = []
+    for _, start, n in segments:
+        x = t.narrow(0, start, n)
+        full = n // BLOCK
+        parts = []
+        if full:
+            m = x.narrow(0, 0, full * BLOCK).view(full, BLOCK)
+            parts.append((m * m).sum(1))
+        if n > full * BLOCK:
+            tail = x.narrow(0, full * BLOCK, n - full * BLOCK)
+            parts.append((tail * tail).sum().reshape(1))
+        rows.append(torch.cat(parts) if parts else t.new_zeros(1))
+    width = max(len(r) for r in rows)
+    mat = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    return compensated_sum(mat)
+
+
+def combine_ranks(partials: list[Tensor]) -> Tensor:
+    """The ranks' partial sums (same shape each) added elementwise with :func:`compensated_sum`, in rank order."""
+    return compensated_sum(torch.stack(partials, dim=-1))
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
@@ -66,15 +128,19 @@ class PartitionLayout:
     process_group: Any = None
 
     def sum_squares(self, tensors: list[Tensor]) -> Tensor:
-        """Per-parameter sums of squares of ``tensors`` (each a flat partition), all-reduced: (len, num_params)."""
-        out = torch.zeros(len(tensors), self.num_params, dtype=torch.float64, device=tensors[0].device)
+        """Per-parameter sums of squares of ``tensors`` (each a flat float32 partition), summed over the ranks:
+        (len, num_params) float32, compensated (module docstring: no float64, within 1e-6 of it)."""
+        out = torch.zeros(len(tensors), self.num_params, dtype=torch.float32, device=tensors[0].device)
         if self.segments:
             index = torch.tensor([j for j, _, _ in self.segments], device=out.device)
             for k, t in enumerate(tensors):
-                dots = [torch.dot(t.narrow(0, start, n), t.narrow(0, start, n)) for _, start, n in self.segments]
-                out[k].index_copy_(0, index, torch.stack(dots).to(torch.float64))
+                out[k].index_copy_(0, index, fragment_sums_of_squares(t.float(), self.segments))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(out, group=self.process_group)
+            world = torch.distributed.get_world_size(self.process_group)
+            if world > 1:  # gathered, then added in rank order: the same bits on every rank
+                partials = [torch.empty_like(out) for _ in range(world)]
+                torch.distributed.all_gather(partials, out, group=self.process_group)
+                out = combine_ranks(partials)
         return out
 
     def scaled(self, t: Tensor, factors: Tensor) -> Tensor:

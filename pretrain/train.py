@@ -158,7 +158,7 @@ def run_eval(model, eval_set, device, should_stop=None) -> dict[str, float]:
         return float(out.mlm_correct), float(out.mlm_count), float(out.mlm_loss)
 
     def all_reduce(x):
-        t = torch.tensor(x, dtype=_reduce_dtype(device), device=device)
+        t = torch.tensor([float(v) for v in x], dtype=_reduce_dtype(device), device=device)  # (no host float64)
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(t)
         return t.cpu().numpy()
@@ -173,10 +173,12 @@ def run_eval(model, eval_set, device, should_stop=None) -> dict[str, float]:
 
 
 def _reduce_dtype(device):
-    """float64 for exact sums, except on Gaudi, which has no float64 tensors."""
+    """float64 for exact sums where the device has it; float32 on Gaudi, which has no float64 tensors."""
     import torch
 
-    return torch.float32 if str(device).startswith("hpu") else torch.float64
+    from pretrain.devices import has_float64
+
+    return torch.float64 if has_float64(device) else torch.float32
 
 
 def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
