@@ -65,6 +65,48 @@ class Terminated(KeyboardInterrupt):
 STOPPING = threading.Event()
 
 
+#: Why a watchdog thread stopped the command (bertpipe/prefect_server.py: the Prefect server stopped answering):
+#: the one line the CLI prints instead of "interrupted" (see :func:`abort`).
+ABORTED: list[str] = []
+_REPORTED = threading.Event()
+_COMMAND: list = []  # [command name, whether main() runs as the process's command line]
+_ABORT_LOCK = threading.Lock()
+#: after abort(), how long the main thread may take to unwind (a library still waiting on the dead service)
+ABORT_GRACE_S = 15.0
+
+
+def abort(message: str, grace_s: float | None = None) -> None:
+    """Stop the command from another thread: the main thread unwinds as on Ctrl-C (running work is stopped,
+    temporary files removed), then the CLI prints ``bertpipe CMD: error: <message>`` and exits 2. If the unwinding
+    has not ended within ``grace_s`` (``ABORT_GRACE_S``), this thread prints the line and ends the process itself
+    (what it started is stopped by the run's reaper; only when main() is the process's command line, not when it is
+    called in-process). Only the first call counts. Call from a daemon thread."""
+    import time
+
+    with _ABORT_LOCK:
+        if ABORTED:
+            return
+        ABORTED.append(_one_line(message))
+    STOPPING.set()
+    if _main_thread():  # no one to interrupt: the caller unwinds
+        return
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # EINTR: a blocked wait wakes up too
+    time.sleep(ABORT_GRACE_S if grace_s is None else grace_s)
+    if not _COMMAND or not _COMMAND[1]:  # main() called in-process (tests): never end the caller's process
+        return
+    if not _REPORTED.is_set():
+        _report_abort(_COMMAND[0] if _COMMAND else "run")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _report_abort(command: str) -> int:
+    if not _REPORTED.is_set():
+        _REPORTED.set()
+        print(f"bertpipe {command}: error: {ABORTED[0]}", file=sys.stderr, flush=True)
+    return 2
+
+
 def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
     STOPPING.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not interrupt the cleanup
@@ -124,6 +166,7 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0].startswith("-"):
         args = _top_parser().parse_args(argv)
@@ -159,13 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     if quiet_tracker not in sys.warnoptions:
         sys.warnoptions.append(quiet_tracker)
     STOPPING.clear()
+    ABORTED.clear()
+    _REPORTED.clear()
+    _COMMAND[:] = [command, from_command_line]
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
-        if hasattr(module, "run_for"):
-            rc = module.run_for(command, args)
-        else:
-            rc = module.run(args)
+        rc = _call(module, command, args)
+    except _Aborted:
+        return _report_abort(command)  # what failed after the abort is its consequence: the abort's line only
     except BertpipeError as exc:
         print(f"bertpipe {command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -192,7 +237,22 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+    if ABORTED:
+        return _report_abort(command)
     return int(rc or 0)
+
+
+class _Aborted(Exception):
+    """The command ended after :func:`abort` (however it ended)."""
+
+
+def _call(module, command: str, args: argparse.Namespace):  # noqa: ANN001, ANN202
+    try:
+        return module.run_for(command, args) if hasattr(module, "run_for") else module.run(args)
+    except BaseException as exc:
+        if ABORTED and not isinstance(exc, SystemExit):
+            raise _Aborted() from None
+        raise
 
 
 def _main_thread() -> bool:

@@ -105,6 +105,9 @@ def prefect_env(quiet: bool = False) -> None:
     """Before Prefect is imported: forward library loggers to the run logger; quieter console if asked."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "preprocessing,pretrain,tasks,flows")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # a temporary server reports nothing
+    from bertpipe.prefect_server import startup_timeout_default
+
+    startup_timeout_default()  # 120 s for the temporary server's start-up (Prefect's 20 s fail on a busy machine)
     if quiet:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     for noisy in ("httpx", "httpcore", "distributed", "asyncio"):
@@ -259,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
         params = data_params(args)  # invalid flags and inputs fail here, before Prefect starts
         check_paths(args)
         params.preflight()
+        from bertpipe import prefect_server
+
+        prefect_server.preflight()  # PREFECT_API_URL answers, PREFECT_HOME is writable: before the work dir is made
         return _run_flow(args, params)
 
 
@@ -321,13 +327,41 @@ def _run_flow(args: argparse.Namespace, params) -> int:
         shield_temporary_server()
         note_prefect_sigterm()
         if args.flow == "data":
-            from flows.data_flow import data_flow
-
             check_dask_server(params)
-            quiet_known_errors()
-            print_summary(data_flow(**params.to_dict()))
-            return 0
-        return run_training_flow(args)
+        with _prefect_run(lock_dir, verbose=bool(args.verbose)):
+            if args.flow == "data":
+                from flows.data_flow import data_flow
+
+                quiet_known_errors()
+                print_summary(data_flow(**params.to_dict()))
+                return 0
+            return run_training_flow(args)
+
+
+@contextlib.contextmanager
+def _prefect_run(lock_dir: str, verbose: bool = False):
+    """The server for the flow (the temporary one started now, one start-up at a time per PREFECT_HOME), watched
+    for the length of the run; the flow runs an earlier command left open in ``lock_dir`` marked Crashed; this
+    command's flow and task runs tagged (``bertpipe-run:<id>``, recorded in ``lock_dir``; host and pid)."""
+    import socket
+
+    from prefect import tags
+    from prefect.settings import PREFECT_API_URL
+
+    from bertpipe import prefect_server
+
+    url, alive = PREFECT_API_URL.value(), None
+    if not url:
+        url, alive = prefect_server.start_temporary_server()
+    try:
+        prefect_server.crash_orphans(lock_dir)
+    except Exception as exc:  # noqa: BLE001 - bookkeeping of an earlier run: never a reason to stop this one
+        logging.getLogger("bertpipe").warning("could not mark the flow runs of the previous run in %s Crashed: %s",
+                                              lock_dir, " ".join(str(exc).split())[:200])
+    tag = prefect_server.record_run(lock_dir)
+    with prefect_server.watched(url, temporary=alive is not None, alive=alive, verbose=verbose), \
+            tags(tag, f"bertpipe-host:{socket.gethostname()}", f"bertpipe-pid:{os.getpid()}"):
+        yield
 
 
 def train_options(args: argparse.Namespace) -> dict[str, Any] | None:
