@@ -600,7 +600,8 @@ def slow_point(spec: str, point: str, names: Iterable[str]) -> None:
     ``STAGE`` (as for BERTPIPE_FAULT) reaches ``POINT`` (keeps a run busy while a test stops its servers)."""
     parts = spec.strip().split(":")
     if len(parts) != 3 or parts[1] not in FAULT_POINTS:
-        raise ValueError(f"{SLOW_ENV}={spec!r}: expected STAGE:POINT:SECONDS with POINT one of {', '.join(FAULT_POINTS)}")
+        raise ValueError(f"{SLOW_ENV}={spec!r}: expected STAGE:POINT:SECONDS with POINT one of "
+                         f"{', '.join(FAULT_POINTS)}")
     if parts[1] == point and parts[0] in set(names):
         time.sleep(float(parts[2]))
 

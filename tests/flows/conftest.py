@@ -19,6 +19,9 @@ os.environ["PREFECT_HOME"] = _HOME
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "preprocessing,pretrain,tasks,flows")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# Temporary servers of the subprocesses the tests start (bertpipe sets 120 s itself; a bare Prefect flow, 20 s):
+# on a busy 2-core machine their start-up (database migrations) took 42-46 s and failed the tests
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 @pytest.fixture(scope="session")
