@@ -1,0 +1,296 @@
+"""Packed vs binned vs padded training, counted in REAL tokens (padding excluded), on the same sequences.
+
+CPU (default): `bertpipe train` (DeepSpeed, ZeRO-1, bf16) on N ranks, three times on the same rows (the golden
+``sample.hdf5``, 12,606 real sequences): padded (one 512-column file), binned (the golden 4 bins: batches padded
+to their bin's bound) and packed (those rows packed up to 3 a row by ``pretrain.packing.best_fit_packs``,
+written in Habana's layout, trained with ``--packed``). Each run is its own process, the modes interleaved
+for ``--rounds`` rounds; printed: real tokens/s
+and real sequences/s (summary.json's ``training_real_*_per_second``, all ranks), peak RSS of one rank, and the
+ratios against padded measured in the same invocation. ``--micro-batch`` counts rows, packs in the packed run.
+
+    .venv/bin/python bench/bench_train_packed.py [--steps 12] [--rounds 2] [--nproc 2] [--micro-batch 8]
+
+GPU (``--gpu``): one process, plain PyTorch, no DeepSpeed (as bench/gpu_bench.py): BERT-Large in bf16, fused
+AdamW, static MLM/NSP shapes (``--dynamic-mlm``, ``--compile`` as gpu_bench), the same rows as padded (512 columns), binned (bin bound columns) and packed (512-token packs) batches of
+about ``--batch-tokens`` columns x rows each (32 x 512 by default), already on the device; warm-up steps
+excluded, timed intervals bracketed by ``torch.cuda.synchronize()``. Printed per mode: real tokens/s, and
+**MFU on real tokens**: the model FLOPs of each real sequence at its own length
+(``gpu_bench.flops_per_sequence(cfg, length, its masked tokens)``: no FLOPs for padding, attention within
+the sequence only) per second over the device's dense bf16 peak; also the MFU of the FLOPs the step executes
+(padded widths, full-row attention, all prediction slots). Packed attention is flash_attn's varlen kernel when
+flash_attn imports, else SDPA with a block-diagonal mask (printed). Goal: >= 50 % real-token MFU on an H100
+(NVIDIA's MLPerf BERT reaches about 49 %).
+
+    python bench/bench_train_packed.py --gpu                      # H100/H200: BERT-Large bf16
+    python bench/bench_train_packed.py --gpu --dry                # the same code on CPU: tiny model, 2 steps
+
+Rows: ``--rows`` (default ../shared/data/golden/sample.hdf5), else synthetic rows with its length proportions.
+The golden sample is long (mean 412 of 512 tokens: padded rows are 80.5 % real tokens, binned 95.0 %, these
+packs 98.8 %), so packing gains less here than on MLPerf's full set (mean ~254 tokens, where NVIDIA's packing
+halves the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_ROWS = ROOT.parent / "shared" / "data" / "golden" / "sample.hdf5"
+DEFAULT_BINS = ROOT.parent / "shared" / "data" / "golden" / "4bins"
+MODES = ("padded", "binned", "packed")
+
+
+def load_rows(path: Path) -> dict[str, np.ndarray]:
+    from bench.bench_model import load_rows as rows_or_synthetic
+
+    return rows_or_synthetic(path)
+
+
+# --- CPU: real 2-rank training runs --------------------------------------------------------------------------
+
+
+def prepare_cpu_data(args: argparse.Namespace, tmp: Path) -> dict[str, Path]:
+    """The three train dirs, same sequences: padded file, 4 bins, Habana packs."""
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, write_habana
+
+    rows = load_rows(args.rows)
+    padded = tmp / "padded"
+    padded.mkdir()
+    (padded / "sample.hdf5").symlink_to(args.rows.resolve())
+    packed = tmp / "packed"
+    packed.mkdir()
+    packs = best_fit_packs(sequence_lengths(rows), 512, 3)
+    arrays = pack_rows(rows, packs, 512)
+    for k, sl in enumerate(np.array_split(np.arange(len(packs)), 4)):
+        write_habana(packed / f"mixed_strategies_part_{k}.hdf5", {f: v[sl] for f, v in arrays.items()})
+    lengths = sequence_lengths(rows)
+    print(f"rows: {len(lengths)} sequences, {int(lengths.sum())} real tokens (mean {lengths.mean():.0f}); "
+          f"{len(packs)} packs of <= 3 ({lengths.sum() / (512 * len(packs)):.1%} real tokens; padded "
+          f"{lengths.sum() / (512 * len(lengths)):.1%}, binned "
+          f"{lengths.sum() / np.minimum((lengths + 127) // 128 * 128, 512).sum():.1%})", flush=True)
+    return {"padded": padded, "binned": args.bins, "packed": packed}
+
+
+def one_cpu_run(args: argparse.Namespace) -> dict:
+    """Child process: one training run; prints its summary and the peak RSS of its ranks."""
+    from pretrain.launch import launch
+    from pretrain.train_config import TrainConfig
+
+    cfg = TrainConfig(train_dir=str(args.one_dir), packed=args.one == "packed", output_dir=str(args.one_out),
+                      model=args.model, max_steps=args.steps, micro_batch=args.micro_batch, device="cpu",
+                      tensorboard=False, checkpoint_interval=0)
+    if launch(cfg, nproc=args.nproc) != 0:
+        raise SystemExit(f"training on {args.one_dir} failed: see {args.one_out}/launcher.log")
+    summary = json.loads((args.one_out / "summary.json").read_text())
+    summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest rank
+    return summary
+
+
+def cpu_bench(args: argparse.Namespace) -> list[dict]:
+    """--rounds rounds of one run per mode, modes interleaved (load from other processes hits all alike)."""
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = prepare_cpu_data(args, Path(tmp))
+        for rnd in range(args.rounds):
+            for mode in args.modes:
+                out = Path(tmp) / f"out_{mode}_{rnd}"
+                cmd = [sys.executable, __file__, "--one", mode, "--one-dir", str(dirs[mode]), "--one-out", str(out),
+                       "--steps", str(args.steps), "--nproc", str(args.nproc), "--model", args.model,
+                       "--micro-batch", str(args.micro_batch)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode:
+                    sys.exit(f"{mode} run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+                s = json.loads(proc.stdout.strip().splitlines()[-1])
+                r = {"mode": mode, "round": rnd, "tokens_per_s": s["training_real_tokens_per_second"],
+                     "sequences_per_s": s["training_real_sequences_per_second"],
+                     "rows_per_s": s["training_sequences_per_second"], "peak_rss_mb": s["peak_rss_mb"],
+                     "train_time_s": s["raw_train_time"], "layout": s["data_layout"]}
+                runs.append(r)
+                print(f"round {rnd + 1} {mode:7s}: {r['tokens_per_s']:9.0f} real tokens/s  {r['sequences_per_s']:7.1f} "
+                      f"real seq/s  ({r['rows_per_s']:6.1f} rows/s, {args.steps} steps in {r['train_time_s']:.1f} s)  "
+                      f"peak RSS of a rank {r['peak_rss_mb']:.0f} MB", flush=True)
+    print(f"{args.nproc} ranks, model {args.model}, micro-batch {args.micro_batch} rows (packs when packed); best of "
+          f"{args.rounds} round(s); ratio = median over rounds of (mode / padded of the same round)")
+    for mode in args.modes:
+        mine = [r for r in runs if r["mode"] == mode]
+        best = max(mine, key=lambda r: r["tokens_per_s"])
+        ratios = sorted(r["tokens_per_s"] / p["tokens_per_s"] for r in mine for p in runs
+                        if p["mode"] == "padded" and p["round"] == r["round"])
+        ratio = f"  vs padded {ratios[len(ratios) // 2]:.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})" \
+            if ratios and mode != "padded" else ""
+        print(f"{mode:7s}: {best['tokens_per_s']:9.0f} real tokens/s  {best['sequences_per_s']:7.1f} real seq/s  "
+              f"peak RSS of a rank {max(r['peak_rss_mb'] for r in mine):.0f} MB{ratio}", flush=True)
+    return runs
+
+
+# --- GPU: BERT-Large bf16, one device --------------------------------------------------------------------------
+
+
+def gpu_batches(rows: dict[str, np.ndarray], mode: str, batch_tokens: int, n: int, seed: int = 0):
+    """n batches of ``mode`` as (numpy arrays, the rows they hold); about batch_tokens columns x rows each."""
+    from core.schema import BIN_BOUNDS
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths
+
+    rng = np.random.default_rng(seed)
+    lengths = sequence_lengths(rows)
+    out = []
+    if mode == "packed":
+        order = rng.permutation(len(lengths))
+        packs = [[int(order[i]) for i in p] for p in best_fit_packs(lengths[order], 512, 3)]
+        rng.shuffle(packs)
+        per = max(1, batch_tokens // 512)
+        for b in range(n):
+            chosen = [packs[(b * per + i) % len(packs)] for i in range(per)]
+            flat = [r for p in chosen for r in p]
+            local = {k: v[flat] for k, v in rows.items()}
+            at = np.cumsum([0] + [len(p) for p in chosen])
+            out.append((pack_rows(local, [list(range(at[i], at[i + 1])) for i in range(len(chosen))], 512), flat))
+        return out
+    by_bin = {b: np.flatnonzero((lengths > b - 128) & (lengths <= b)) for b in BIN_BOUNDS}
+    sizes = np.array([len(by_bin[b]) for b in BIN_BOUNDS], dtype=float)
+    for _ in range(n):
+        bound = int(rng.choice(BIN_BOUNDS, p=sizes / sizes.sum())) if mode == "binned" else 512
+        pool = by_bin[bound] if mode == "binned" else np.arange(len(lengths))
+        per = max(1, batch_tokens // bound)
+        idx = rng.choice(pool, per, replace=len(pool) < per)
+        arrays = {k: v[idx] for k, v in rows.items()}
+        for k in ("input_ids", "input_mask", "segment_ids"):
+            arrays[k] = arrays[k][:, :bound]
+        out.append((arrays, [int(i) for i in idx]))
+    return out
+
+
+def gpu_bench(args: argparse.Namespace) -> list[dict]:
+    import torch
+
+    from bench.gpu_bench import PEAK_BF16_TFLOPS, flops_per_sequence
+    from pretrain.config import model_config
+    from pretrain.model import BertForPreTraining
+    from pretrain.packing import sequence_lengths, valid_slots
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("no CUDA device visible (use --dry for the CPU run of this code)")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        name = torch.cuda.get_device_name()
+    else:
+        name = args.device
+    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS if k in name), 989.0)
+    cfg = model_config(args.model)
+    rows = load_rows(args.rows)
+    lengths = sequence_lengths(rows)
+    n_pred = valid_slots(rows["masked_lm_positions"]).sum(axis=1)
+    print(f"device {name}, torch {torch.__version__}, model {args.model}, bf16, peak {peak:g} TFLOP/s, "
+          f"{len(lengths)} rows (mean {lengths.mean():.0f} tokens) from "
+          f"{args.rows if args.rows.is_file() else 'synthetic lengths'}", flush=True)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    results = []
+    for mode in args.modes:
+        torch.manual_seed(0)
+        model = BertForPreTraining(cfg, static_mlm=not args.dynamic_mlm).to(device).to(torch.bfloat16)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
+        step_model = torch.compile(model) if args.compile else model
+        batches = gpu_batches(rows, mode, args.batch_tokens, args.warmup + args.steps)
+        on_device = [{k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in b.items()} for b, _ in batches]
+        useful = [sum(flops_per_sequence(cfg, int(lengths[r]), int(n_pred[r])) for r in idx) for _, idx in batches]
+        executed = [len(b["input_ids"]) * flops_per_sequence(cfg, b["input_ids"].shape[1], b["masked_lm_positions"].shape[1])
+                    for b, _ in batches]
+        tokens = [int(lengths[idx].sum()) for _, idx in batches]
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        elapsed = 0.0
+        for i, batch in enumerate(on_device):
+            if i == args.warmup:
+                sync()
+                t0 = time.perf_counter()
+            loss = step_model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        elapsed = time.perf_counter() - t0
+        timed = slice(args.warmup, None)
+        r = {"mode": mode, "rows_per_batch": len(batches[0][0]["input_ids"]), "steps": args.steps,
+             "tokens_per_s": sum(tokens[timed]) / elapsed,
+             "sequences_per_s": sum(len(idx) for _, idx in batches[timed]) / elapsed,
+             "mfu_real": sum(useful[timed]) / elapsed / (peak * 1e12),
+             "mfu_executed": sum(executed[timed]) / elapsed / (peak * 1e12),
+             "attention": model.packed_attention or "sdpa-key-padding-mask",
+             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+             "loss": float(loss.detach())}
+        results.append(r)
+        print(f"{mode:7s}: {r['tokens_per_s']:10.0f} real tokens/s  {r['sequences_per_s']:8.1f} real seq/s  "
+              f"MFU on real tokens {100 * r['mfu_real']:5.1f} %  (executed {100 * r['mfu_executed']:5.1f} %)  "
+              f"attention {r['attention']}  peak mem {r['peak_mem_gib']:.1f} GiB  loss {r['loss']:.3f}", flush=True)
+        del model, step_model, opt, on_device
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    base = next((r for r in results if r["mode"] == "padded"), None)
+    if base:
+        print("vs padded (real tokens/s): " + ", ".join(
+            f"{r['mode']} {r['tokens_per_s'] / base['tokens_per_s']:.2f}x" for r in results if r is not base))
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: padded, binned, packed")
+    p.add_argument("--rows", type=Path, default=DEFAULT_ROWS, help="padded HDF5 rows (default: the golden sample)")
+    p.add_argument("--bins", type=Path, default=DEFAULT_BINS, help="the same rows as 4 bins (CPU bench)")
+    p.add_argument("--steps", type=int, default=0, help="timed steps (default: CPU 12, GPU 20, --dry 2)")
+    p.add_argument("--nproc", type=int, default=2, help="CPU ranks")
+    p.add_argument("--rounds", type=int, default=2, help="CPU: runs per mode, modes interleaved")
+    p.add_argument("--model", default="", help="preset (default: CPU tiny, GPU large, --dry tiny)")
+    p.add_argument("--micro-batch", type=int, default=8, help="CPU: rows (packs) per rank and step")
+    p.add_argument("--gpu", action="store_true", help="the one-device BERT-Large bf16 bench (real-token MFU)")
+    p.add_argument("--dry", action="store_true", help="with --gpu: run its code on CPU, tiny model, 2 steps")
+    p.add_argument("--device", default="", help="GPU bench device (default cuda; --dry: cpu)")
+    p.add_argument("--batch-tokens", type=int, default=0, help="GPU: columns x rows per batch (default 32 x 512)")
+    p.add_argument("--warmup", type=int, default=-1, help="GPU: untimed steps first (default 5, --dry 1)")
+    p.add_argument("--dynamic-mlm", action="store_true",
+                   help="GPU: MLM/NSP heads on the valid slots only (a host sync); default: all slots (static shapes)")
+    p.add_argument("--compile", action="store_true", help="GPU: torch.compile the model")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="GPU: dense bf16 peak (default from the name)")
+    p.add_argument("--json-out", type=Path, help="also write the results here")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--one-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--one-out", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in args.modes if m not in MODES]:
+        p.error(f"--modes: unknown {', '.join(bad)}; choose from {', '.join(MODES)}")
+    if args.one:
+        args.model = args.model or "tiny"
+        print(json.dumps(one_cpu_run(args)))
+        return
+    if args.gpu:
+        args.model = args.model or ("tiny" if args.dry else "large")
+        args.device = args.device or ("cpu" if args.dry else "cuda")
+        args.steps = args.steps or (2 if args.dry else 20)
+        args.warmup = args.warmup if args.warmup >= 0 else (1 if args.dry else 5)
+        args.batch_tokens = args.batch_tokens or (4 * 512 if args.dry else 32 * 512)
+        results = gpu_bench(args)
+    else:
+        args.model = args.model or "tiny"
+        args.steps = args.steps or 12
+        results = cpu_bench(args)
+    print(f"bench peak RSS (this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                             "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
