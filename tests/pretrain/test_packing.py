@@ -391,3 +391,29 @@ def test_vendor_packed_files_are_the_golden_sequences_and_train_like_them(vendor
         b = m(**tensors({k: v[first] for k, v in got.items()}))
     assert rel(b.loss, a.loss) <= TOL and int(a.mlm_count) == int(b.mlm_count)
     torch.testing.assert_close(b.nsp_logits, a.nsp_logits, rtol=TOL, atol=1e-6)
+
+
+def test_bench_gpu_batches_hold_the_rows_they_count(rows):
+    """bench/bench_train_packed.py --gpu counts real tokens and FLOPs from the rows each batch holds."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_train_packed.py"
+    spec = importlib.util.spec_from_file_location("bench_train_packed", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lengths = sequence_lengths(rows)
+    for mode in ("padded", "binned", "packed"):
+        for arrays, idx in bench.gpu_batches(rows, mode, 4 * 512, 6):
+            assert real_counts(arrays) == (len(idx), int(lengths[idx].sum())), mode
+            width = arrays["input_ids"].shape[1]
+            if mode == "binned":
+                assert width in (128, 256, 384, 512) and (lengths[idx] > width - 128).all()
+                assert (lengths[idx] <= width).all() and len(idx) == 4 * 512 // width
+            else:
+                assert width == 512 and len(arrays["input_ids"]) == 4
+            if mode == "packed":  # the packs hold exactly those rows, in order
+                got = [arrays["input_ids"][p, s:s + lengths[r]] for p in range(4)
+                       for s, r in zip(arrays["next_sentence_positions"][p][arrays["next_sentence_weights"][p] != 0],
+                                       idx[sum(int(w.sum()) for w in arrays["next_sentence_weights"][:p]):], strict=False)]
+                assert all(np.array_equal(g, rows["input_ids"][r, :lengths[r]]) for g, r in zip(got, idx, strict=True))
