@@ -24,6 +24,13 @@ bin unread (they differ from epoch to epoch, as each rank's row order does).
 
 Position: (epoch, index of the next micro-batch in the epoch). Bin order and row order are pure
 functions of (seed, epoch[, bin, rank]), so this pair plus a digest of the plan is the whole state.
+
+Which bins a micro-batch's rows come from (``mix``, pretrain/batch_mix.py): ``one-bin`` (above), ``random``
+(rows of any length: a permutation per epoch of this rank's rows of all bins, the first N_b // W rows of its
+slice of each bin so that every rank runs the same number of batches) or ``split`` (``counts[i]`` rows of
+the i-th bin of 128, 256, 384, 512 in every batch: a permutation of each bin's rows taken in groups of its
+count, one group per bin per batch, for as many batches as the scarcest bin allows, as Samsung's
+``SplitRandomSampler``). A mixed batch holds one piece per bin (:attr:`Batch.pieces`), each sliced to its bound.
 """
 
 from __future__ import annotations
@@ -174,17 +181,24 @@ def rank_rows(shards: list[Shard], rank: int, world: int) -> tuple[np.ndarray, n
 
 @dataclass
 class Batch:
-    """One micro-batch as numpy arrays (int64), sliced to the bin's bound."""
+    """One micro-batch as numpy arrays (int64), sliced to the bin's bound; a mixed batch (rows of several bins)
+    has one piece per bin in ``pieces`` (bound, arrays), ``arrays`` then empty and ``bound`` the largest."""
 
     arrays: dict[str, np.ndarray]
     bound: int
     files: list[str]
     epoch: int
     index: int
+    pieces: list[tuple[int, dict[str, np.ndarray]]] | None = None
+
+    def parts(self) -> list[dict[str, np.ndarray]]:
+        """The arrays of each forward this batch takes: one, or one per bin of a mixed batch."""
+        return [a for _, a in self.pieces] if self.pieces is not None else [self.arrays]
 
     def describe(self) -> str:
         names = ", ".join(Path(f).name for f in self.files[:3]) + (" ..." if len(self.files) > 3 else "")
-        return f"epoch {self.epoch} batch {self.index} (bin {self.bound}, files {names})"
+        bins = "+".join(str(b) for b, _ in self.pieces) if self.pieces is not None else str(self.bound)
+        return f"epoch {self.epoch} batch {self.index} (bin {bins}, files {names})"
 
 
 def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound: int,
@@ -233,6 +247,10 @@ class BinnedSampler:
     """Reads (file, row) samples as a batch's arrays: :func:`read_rows`, or a packed layout's reader."""
     layout: str = ""
     """"" for padded rows; "packed-habana" / "packed-nvidia" (pretrain/packing.py), part of the digest."""
+    mix: str = "one-bin"
+    """"one-bin", "random" or "split" (module docstring; pretrain/batch_mix.py), part of the digest."""
+    counts: tuple[int, ...] | None = None
+    """split: rows of the bins 128, 256, 384, 512 in each batch (sum = micro_batch)."""
     _rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
     _handles: dict[int, dict[int, object]] = field(default_factory=dict, repr=False)
     _plan: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
@@ -241,22 +259,52 @@ class BinnedSampler:
     def __post_init__(self) -> None:
         self._rows = {b: rank_rows(s, self.rank, self.world) for b, s in self.bins.items()}
         per_rank = {b: sum(s.rows for s in ss) // self.world for b, ss in self.bins.items()}  # every rank has >= this
+        self.per_rank = per_rank
         self.batches_per_bin = {b: n // self.micro_batch for b, n in per_rank.items()}
+        self._mixed = 0  # batches per epoch of a random or split mix
+        if self.mix == "split":
+            self._split = self._split_plan(per_rank)
+            self._mixed = min(per_rank.get(b, 0) // c for b, c in self._split.items())
+        elif self.mix == "random":
+            self._mixed = sum(per_rank.values()) // self.micro_batch
+        elif self.mix != "one-bin":
+            raise ValueError(f"unknown batch mix {self.mix!r}")
         if self.steps_per_epoch == 0:
             raise InputError(f"not one micro-batch of {self.micro_batch} per rank ({self.world} ranks) in the "
-                             f"training data; rows per rank and bin: {per_rank}")
-        log.info("data: %s micro-batches per epoch per rank, by bin %s", self.steps_per_epoch,
-                 self.batches_per_bin)
+                             f"training data" + (f" with --split-batch-cnt {' '.join(map(str, self.counts))}"
+                                                 if self.mix == "split" else "") +
+                             f"; rows per rank and bin: {per_rank}")
+        if self.mix == "one-bin":
+            log.info("data: %s micro-batches per epoch per rank, by bin %s", self.steps_per_epoch,
+                     self.batches_per_bin)
+        else:
+            log.info("data: %s micro-batches per epoch per rank, rows %s (rows per rank and bin %s)",
+                     self.steps_per_epoch, "of any bin at random" if self.mix == "random" else
+                     "by bin " + str(self._split), per_rank)
+
+    def _split_plan(self, per_rank: dict[int, int]) -> dict[int, int]:
+        if self.counts is None or len(self.counts) != len(BIN_BOUNDS) or sum(self.counts) != self.micro_batch:
+            raise InputError(f"split batches need 4 counts (bins {', '.join(map(str, BIN_BOUNDS))}) summing to the "
+                             f"micro-batch {self.micro_batch}; got {self.counts}")
+        plan = {b: c for b, c in zip(BIN_BOUNDS, self.counts, strict=True) if c}
+        missing = [b for b in plan if b not in self.bins]
+        if missing or set(self.bins) - set(BIN_BOUNDS):
+            raise InputError(f"--split-batch-cnt {' '.join(map(str, self.counts))} draws from the bins "
+                             f"{', '.join(map(str, plan))}, but the training data has the bins "
+                             f"{', '.join(map(str, sorted(self.bins)))}: give a 4-bin folder (split-4bins) or 0 for "
+                             "the missing bins")
+        return plan
 
     @property
     def steps_per_epoch(self) -> int:
-        return sum(self.batches_per_bin.values())
+        return self._mixed if self.mix != "one-bin" else sum(self.batches_per_bin.values())
 
     def digest(self) -> str:
         """Fingerprint of everything the order depends on (checked on resume)."""
         key = repr((sorted((b, [(s.path.name, s.rows) for s in ss]) for b, ss in self.bins.items()),
                     self.micro_batch, self.world, self.seed, "balanced-slices")  # the sharding scheme too
-                   + ((self.layout,) if self.layout else ()))
+                   + ((self.layout,) if self.layout else ())
+                   + ((self.mix, self.counts) if self.mix != "one-bin" else ()))
         return hashlib.md5(key.encode()).hexdigest()
 
     def _epoch_plan(self) -> tuple[np.ndarray, np.ndarray]:
@@ -282,6 +330,8 @@ class BinnedSampler:
         """The micro-batch at the current position; advances the position."""
         if self.index >= self.steps_per_epoch:
             self.epoch, self.index = self.epoch + 1, 0
+        if self.mix != "one-bin":
+            return self._next_mixed()
         order, within = self._epoch_plan()
         b, j = int(order[self.index]), int(within[self.index])
         files, rows = self._rows[b]
@@ -293,6 +343,43 @@ class BinnedSampler:
         batch = Batch(arrays, b, sorted({str(shards[f].path) for f in files[pick]}), self.epoch, self.index)
         if self.vocab_size is not None:
             check_vocab(arrays, self.vocab_size, batch.describe())
+        self.index += 1
+        return batch
+
+    def _pool(self) -> tuple[np.ndarray, np.ndarray]:
+        """random: (bin, index in the rank's slice of that bin) of this epoch's rows, in their random order."""
+        key = (self.epoch, 0)  # (0: not a bin bound)
+        if key not in self._perms:
+            self._perms = {k: v for k, v in self._perms.items() if k[0] == self.epoch}
+            bins = sorted(self.per_rank)
+            which = np.concatenate([np.full(self.per_rank[b], b, dtype=np.int64) for b in bins])
+            where = np.concatenate([np.arange(self.per_rank[b], dtype=np.int64) for b in bins])
+            perm = np.random.default_rng([self.seed, self.epoch, 0, self.rank]).permutation(len(which))
+            self._perms[key] = np.stack([which[perm], where[perm]])
+        pool = self._perms[key]
+        return pool[0], pool[1]
+
+    def _next_mixed(self) -> Batch:
+        j = self.index
+        if self.mix == "split":
+            picks = {b: self._perm(b, len(self._rows[b][1]))[j * c:(j + 1) * c] for b, c in self._split.items()}
+        else:
+            which, where = self._pool()
+            lo, hi = j * self.micro_batch, (j + 1) * self.micro_batch
+            picks = {b: where[lo:hi][which[lo:hi] == b] for b in sorted(self.per_rank)}
+        pieces, names = [], set()
+        for b, pick in picks.items():
+            if not len(pick):
+                continue
+            files, rows = self._rows[b]
+            shards = self.bins[b]
+            arrays = self.read(shards, files[pick], rows[pick], b, self._handles.setdefault(b, {}))
+            pieces.append((b, arrays))
+            names.update(str(shards[f].path) for f in files[pick])
+        batch = Batch({}, max(b for b, _ in pieces), sorted(names), self.epoch, self.index, pieces)
+        if self.vocab_size is not None:
+            for _, arrays in pieces:
+                check_vocab(arrays, self.vocab_size, batch.describe())
         self.index += 1
         return batch
 

@@ -203,6 +203,9 @@ def preflight(cfg: TrainConfig):
     from pretrain.packing import preflight_bins
 
     bins = preflight_bins(cfg.train_dir, cfg.packed, mcfg.vocab_size)  # packed data: checked there, {} back
+    from pretrain.batch_mix import check_bins
+
+    check_bins(cfg, bins)  # --split-batch-cnt: the bins it draws from hold rows
     files = [next(s for s in shards if s.rows) for shards in bins.values() if any(s.rows for s in shards)]
     if cfg.eval_file:
         if not Path(cfg.eval_file).is_file():
@@ -283,6 +286,11 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
             on_output(text)
 
     start = preflight(cfg) if check else None
+    from pretrain.packing import packed_files
+    from pretrain.recipe import recipe_line
+
+    # what the run uses (lr schedule, clipping, batches' bins); contradicting flags are refused here, in one line
+    recipe = recipe_line(cfg, packed=bool(cfg.train_dir) and packed_files(cfg.train_dir) is not None)
     if start and start.note:  # `latest` is missing, damaged or names an incomplete checkpoint
         if not dry_run:
             ckpt.write_latest(cfg.output_dir, start.tag)  # so the ranks resume the verified one
@@ -293,6 +301,7 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
                         master_addr=master_addr, master_port=master_port)
     extra = launch_env(cfg, nproc)
     line = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd)
+    say(recipe)
     say(line)
     if dry_run:
         return 0

@@ -80,10 +80,18 @@ class MLPerfLog:
         self.start("init_start", time_ms=start_time_s * 1e3)
 
     def run_start(self, cfg, mcfg, world: int, device: str, global_batch: int, gas: int, optimizer,
-                  eval_samples: int, samples: int, epoch: int) -> None:
-        """Submission fields, hyper-parameters, init_stop, run_start and the first epoch."""
+                  eval_samples: int, samples: int, epoch: int, schedule=None) -> None:
+        """Submission fields, hyper-parameters, init_stop, run_start and the first epoch.
+
+        ``schedule``: the run's :class:`pretrain.recipe.ScheduleSpec` (default: the flags'): the warm-up steps and
+        start_warmup_step it runs (mlperf convention: MLPerf's integers; habana: the step where the warm-up ends,
+        start 0).
+        """
         if not self.enabled:
             return
+        from pretrain.recipe import schedule_spec
+
+        spec = schedule or schedule_spec(cfg)
         for key, value in (("submission_benchmark", "bert"), ("submission_division", cfg.mlperf_division),
                            ("submission_org", cfg.mlperf_org),
                            ("submission_platform", cfg.mlperf_platform or f"{world}x{device}"),
@@ -91,16 +99,17 @@ class MLPerfLog:
             self.event(key, value)
         group = optimizer_group(optimizer)
         betas = group.get("betas", (0.9, 0.999))
-        warmup = int(round(cfg.warmup_proportion * cfg.max_steps))
+        warmup = spec.warmup_steps
+        warmup = int(warmup) if float(warmup).is_integer() else float(warmup)
         for key, value in (("seed", cfg.seed), ("global_batch_size", global_batch),
                            ("gradient_accumulation_steps", gas), ("max_sequence_length", mcfg.max_position_embeddings),
                            ("opt_name", cfg.optimizer), ("opt_base_learning_rate", cfg.learning_rate),
                            ("opt_lamb_epsilon", group.get("eps", 1e-6)),
-                           ("opt_learning_rate_training_steps", cfg.max_steps),
+                           ("opt_learning_rate_training_steps", spec.total_steps),
                            ("opt_learning_rate_warmup_steps", warmup), ("num_warmup_steps", warmup),
-                           ("start_warmup_step", 0), ("opt_lamb_beta_1", betas[0]), ("opt_lamb_beta_2", betas[1]),
-                           ("opt_lamb_weight_decay_rate", cfg.weight_decay),
-                           ("opt_lamb_learning_rate_decay_poly_power", cfg.scheduler_degree),
+                           ("start_warmup_step", spec.start_warmup_step), ("opt_lamb_beta_1", betas[0]),
+                           ("opt_lamb_beta_2", betas[1]), ("opt_lamb_weight_decay_rate", cfg.weight_decay),
+                           ("opt_lamb_learning_rate_decay_poly_power", spec.degree),
                            ("eval_samples", eval_samples)):
             self.event(key, value)
         self.end("init_stop")

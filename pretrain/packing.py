@@ -263,16 +263,23 @@ def discover_packed(train: Path | str) -> tuple[str, dict[int, list]] | None:
 
 
 def training_sampler(train_dir: str, packed: bool, micro_batch: int, rank: int = 0, world: int = 1,
-                     seed: int = 12345, vocab_size: int | None = None):
+                     seed: int = 12345, vocab_size: int | None = None, mix: str = "one-bin",
+                     counts: tuple[int, ...] | None = None):
     """The :class:`pretrain.data.BinnedSampler` of a run: packed when the data is (detected from its files);
-    ``packed=True`` (``--packed``) on unpacked data is refused. Returns (sampler, layout or None)."""
+    ``packed=True`` (``--packed``) on unpacked data is refused. ``mix``/``counts``: the padded rows' batch mix
+    (pretrain/batch_mix.py); packed rows are of one width, so their batches are one-bin (``split`` is refused).
+    Returns (sampler, layout or None)."""
     from pretrain.data import BinnedSampler, discover_shards
 
     found = discover_packed(train_dir)
     if found is None:
         if packed:
             raise InputError(packed_refusal(train_dir))
-        return BinnedSampler(discover_shards(train_dir), micro_batch, rank, world, seed, vocab_size), None
+        return BinnedSampler(discover_shards(train_dir), micro_batch, rank, world, seed, vocab_size, mix=mix,
+                             counts=counts), None
+    if mix == "split":
+        raise InputError(f"--split-batch-cnt: {train_dir} holds packed rows, all of one width; split batches need the "
+                         "padded 4-bin folder")
     layout, bins = found
     if rank == 0:
         log.info("data: %s packed rows of %d tokens (%d files)", layout, next(iter(bins)), len(bins[next(iter(bins))]))

@@ -1,10 +1,13 @@
-"""The PolyWarmUp learning-rate schedule (spec §13) and the MLPerf eval interval (spec §12)."""
+"""The learning-rate schedules (spec §13; pretrain/recipe.py: the mlperf and habana conventions) and the MLPerf
+eval interval (spec §12)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from pretrain.recipe import ScheduleSpec, habana_factor
 
 
 def poly_warmup_factor(step: int, total_steps: int, warmup: float, constant: float = 0.0,
@@ -13,18 +16,10 @@ def poly_warmup_factor(step: int, total_steps: int, warmup: float, constant: flo
 
     progress = step / total_steps; linear warm-up ``progress / warmup`` while progress < warmup, then 1
     while progress < warmup + constant, then ``((1 - progress) / (1 - warmup - constant)) ** degree``
-    (clamped at 0 past the end). :class:`PolyWarmUpScheduler` gives step k the lr f(k), as the references
-    do (NVIDIA's trainer steps its scheduler before the optimizer), so the first step's lr is not 0.
+    (clamped at 0 past the end). :class:`PolyWarmUpScheduler` gives step k the lr f(k), as Habana's DeepSpeed
+    runs do (the ``habana`` convention of pretrain/recipe.py), so the first step's lr is not 0.
     """
-    if total_steps <= 0:
-        raise ValueError(f"total_steps must be positive, got {total_steps}")
-    progress = step / total_steps
-    if progress < warmup:
-        return progress / warmup
-    if progress < warmup + constant:
-        return 1.0
-    remaining = max(1.0 - progress, 0.0)
-    return (remaining / (1.0 - warmup - constant)) ** degree
+    return habana_factor(step, total_steps, warmup, constant, degree)
 
 
 class PolyWarmUpScheduler(torch.optim.lr_scheduler.LRScheduler):
@@ -51,6 +46,37 @@ class PolyWarmUpScheduler(torch.optim.lr_scheduler.LRScheduler):
     def get_lr(self) -> list[float]:
         f = poly_warmup_factor(self.last_epoch + 1, self.total_steps, self.warmup, self.constant, self.degree)
         return [base * f for base in self.base_lrs]
+
+
+class RecipeScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """The lr of a :class:`pretrain.recipe.ScheduleSpec` (mlperf or habana convention): the optimizer holds
+    ``base * spec.factor(k)`` for its k-th step (1-based), the scheduler being stepped after each optimizer step.
+
+    The spec is kept as plain attributes (checkpoints are read with ``weights_only``); a checkpoint of the
+    earlier :class:`PolyWarmUpScheduler` (warmup fraction, no convention) resumes as the habana convention.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, spec: ScheduleSpec, last_epoch: int = -1) -> None:
+        self.convention, self.total_steps, self.warmup_steps = spec.convention, spec.total_steps, spec.warmup_steps
+        self.start_warmup_step, self.constant, self.degree = spec.start_warmup_step, spec.constant, spec.degree
+        super().__init__(optimizer, last_epoch)
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        return ScheduleSpec(self.convention, self.total_steps, self.warmup_steps, self.start_warmup_step,
+                            self.constant, self.degree)
+
+    def get_lr(self) -> list[float]:
+        f = self.spec.factor(self.last_epoch + 1)
+        return [base * f for base in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if "convention" not in state_dict and "warmup" in state_dict:  # a PolyWarmUpScheduler's state
+            legacy = dict(state_dict)
+            warmup = legacy.pop("warmup")
+            legacy.update(convention="habana", warmup_steps=warmup * legacy["total_steps"], start_warmup_step=0)
+            state_dict = legacy
+        super().load_state_dict(state_dict)
 
 
 def mlperf_eval_interval_samples(global_batch_size: int) -> int:

@@ -62,6 +62,7 @@ checkpoint the run started from; every checkpoint's bertpipe_config.json keeps i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -124,24 +125,28 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
     """One optimizer step = ``gas`` micro-batches; returns this rank's mean losses and samples."""
     import torch
 
+    from pretrain.batch_mix import combined_losses
     from pretrain.packing import real_counts
 
     totals = [0.0, 0.0, 0.0]
     samples = sequences = tokens = 0
     for micro in range(gas):
         batch = sampler.next_batch()
-        n_seq, n_tok = real_counts(batch.arrays)  # (packed rows hold several sequences)
-        sequences, tokens = sequences + n_seq, tokens + n_tok
-        out = engine(**to_tensors(batch.arrays, device))
+        parts = batch.parts()  # one, or one per length bin of a mixed batch (pretrain/batch_mix.py)
+        for arrays in parts:
+            n_seq, n_tok = real_counts(arrays)  # (packed rows hold several sequences)
+            sequences, tokens = sequences + n_seq, tokens + n_tok
+        outs = [engine(**to_tensors(arrays, device)) for arrays in parts]
+        loss, mlm_loss, nsp_loss = combined_losses(outs, [len(a["input_ids"]) for a in parts])
         # one host sync per micro-batch: the three losses together
-        values = torch.stack([out.loss.detach(), out.mlm_loss.detach(), out.nsp_loss.detach()]).float().tolist()
+        values = torch.stack([loss.detach(), mlm_loss.detach(), nsp_loss.detach()]).float().tolist()
         check_finite(values[0], step, micro, gas, batch.describe())
-        engine.backward(out.loss)
+        engine.backward(loss)
         mark_step()
         engine.step()
         mark_step()
         totals = [t + v / gas for t, v in zip(totals, values, strict=True)]
-        samples += len(batch.arrays["input_ids"])
+        samples += sum(len(a["input_ids"]) for a in parts)
     return {"loss": totals[0], "mlm_loss": totals[1], "nsp_loss": totals[2], "samples": samples,
             "sequences": sequences, "tokens": tokens}
 
@@ -228,7 +233,8 @@ def setup(cfg: TrainConfig, tag: str | None):
     from pretrain.evaluate import EvalSet
     from pretrain.model import BertForPreTraining
     from pretrain.optim import attach_zero_partitions, build_optimizer
-    from pretrain.schedule import PolyWarmUpScheduler
+    from pretrain.recipe import schedule_spec
+    from pretrain.schedule import RecipeScheduler
 
     if "RANK" not in os.environ:  # `python pretrain/train.py ...` without a launcher: one process
         from pretrain.launch import free_port
@@ -259,7 +265,10 @@ def setup(cfg: TrainConfig, tag: str | None):
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
     from pretrain.packing import training_sampler
 
-    binned, _ = training_sampler(cfg.train_dir, cfg.packed, micro, rank, world, cfg.seed, mcfg.vocab_size)
+    from pretrain.batch_mix import split_counts
+
+    binned, _ = training_sampler(cfg.train_dir, cfg.packed, micro, rank, world, cfg.seed, mcfg.vocab_size,
+                                 mix=cfg.batch_mix, counts=split_counts(cfg))
     sampler = PrefetchingSampler(binned)  # packed rows when the data is packed (pretrain/packing.py)
     eval_set = None
     if cfg.eval_file:
@@ -275,8 +284,7 @@ def setup(cfg: TrainConfig, tag: str | None):
     init = init_weights(model, cfg.init_checkpoint, tag)  # before the engine: every rank, same weights
     opt = build_optimizer(cfg.optimizer, model.param_groups(cfg.weight_decay), cfg.learning_rate,
                           lamb_trust_ratio_no_decay=cfg.lamb_trust_ratio_no_decay)
-    sched = PolyWarmUpScheduler(opt, cfg.warmup_proportion, cfg.max_steps, cfg.scheduler_degree,
-                                cfg.constant_proportion)
+    sched = RecipeScheduler(opt, schedule_spec(cfg))  # mlperf f(k-1) or habana f(k): pretrain/recipe.py
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
     attach_zero_partitions(engine, opt, cfg.trust_ratio)  # ZeRO-1/2: per-tensor norms inside the flat partitions
     return choice, runtime, engine, sampler, eval_set, mcfg, ds_cfg, rank, world, init
@@ -329,11 +337,17 @@ class Run:
         self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard,
                                      start_step=self.step)
         self.interval = mlperf_eval_interval_samples(self.global_batch)
+        from pretrain.recipe import gradient_clipping, recipe_line
+
+        self.schedule = getattr(self.engine.lr_scheduler, "spec", None)  # (a resume: the checkpoint's schedule)
+        clip = (self.ds_cfg["gradient_clipping"], gradient_clipping(cfg)[1])
+        self.recipe = recipe_line(cfg, self.schedule, clip, packed=bool(getattr(self.sampler, "sampler",
+                                                                                 self.sampler).layout))
         if self.rank == 0:
             self._write_config()
         self.mllog.run_start(cfg, self.mcfg, self.world, self.choice.kind, self.global_batch, self.gas,
                              self.engine.optimizer, self.eval_set.total_rows if self.eval_set else 0,
-                             self.step * self.global_batch, self.sampler.epoch)
+                             self.step * self.global_batch, self.sampler.epoch, schedule=self.schedule)
 
     def _resume(self, tag: str) -> int:
         import torch
@@ -363,11 +377,13 @@ class Run:
         (self.out_dir / "config.json").write_text(json.dumps(
             {"train": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "deepspeed": self.ds_cfg,
              "world_size": self.world, "device": self.choice.kind, "init_checkpoint": self.init,
-             "weights_from": self.init_origin, "vocab": self.vocab}, indent=2))
+             "weights_from": self.init_origin, "vocab": self.vocab, "recipe": self.recipe,
+             "schedule": dataclasses.asdict(self.schedule) if self.schedule else None}, indent=2))
         every = f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else f"{self.interval} samples"
         log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
                  self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
                  self.world, self.gas, every)
+        log.info("%s", self.recipe)
 
     def save(self) -> None:
         """DeepSpeed checkpoint + per-rank RNG and data position + the model config (rank 0); then, once every

@@ -29,6 +29,13 @@ class TrainConfig:
     packed_data layout): refuse --train-dir unless it holds them. Packed data is detected without the flag too.
     Each token attends only within its sequence, positions restart per sequence, NSP per sequence;
     --micro-batch then counts packs."""
+    batch_mix: str = ""
+    """Length bins of a micro-batch's rows (pretrain/batch_mix.py): one-bin (each batch from one bin, bertpipe's,
+    fastest), random (rows of any length at random: NVIDIA's, MLCommons' and Habana's trainers) or split (fixed
+    rows per bin, --split-batch-cnt: Samsung's); not given: per --model (split when --split-batch-cnt is given)."""
+    split_batch_cnt: str = ""
+    """Rows of the bins 128, 256, 384, 512 in every micro-batch, e.g. 6 3 2 5 (Samsung's MLPerf trainer; the
+    micro-batch is their sum); implies --batch-mix split."""
     eval_file: str = ""
     """Eval HDF5 (eval_10k.hdf5); empty: no evaluation."""
     output_dir: str = "results/pretrain"
@@ -64,10 +71,23 @@ class TrainConfig:
     """Peak learning rate; not given: the --model preset's (MODEL_DEFAULTS)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases and LayerNorm)."""
+    clip_grad_norm: float = -1.0
+    """Clip the global gradient norm to this (0: no clipping); not given: the DeepSpeed config's
+    gradient_clipping, else 1.0 as apex FusedLAMB and NVIDIA's MLPerf runs (pretrain/recipe.py)."""
     warmup_proportion: float = -1.0
     """PolyWarmUp warm-up fraction; not given: the --model preset's (MODEL_DEFAULTS)."""
     constant_proportion: float = -1.0
-    """PolyWarmUp constant fraction after warm-up; not given: the --model preset's (MODEL_DEFAULTS)."""
+    """PolyWarmUp constant fraction after warm-up (habana convention only); not given: the --model preset's."""
+    warmup_steps: int = -1
+    """Warm-up in optimizer steps, an integer as MLPerf's configs set it (NVIDIA's WARMUP_STEPS); instead of
+    --warmup-proportion (not both). Not given: --warmup-proportion x --max-steps (truncated, as NVIDIA's trainer)."""
+    start_warmup_step: int = 0
+    """MLPerf's start_warmup_step (<= 0; NVIDIA's configs use e.g. -25): the warm-up counts from that step, so step
+    1 is already that far into it (--schedule-convention mlperf only; pretrain/recipe.py)."""
+    schedule_convention: str = ""
+    """Which lr step k runs at: mlperf (f(k-1): NVIDIA's MLPerf scheduler, MLCommons' TF reference; the first
+    warm-up step at lr 0, the last step at base/N) or habana (f(k): Habana's DeepSpeed BERT; the last step at lr
+    0); not given: per --model (pretrain/recipe.py)."""
     scheduler_degree: float = 1.0
     """PolyWarmUp decay degree."""
     seed: int = 12439
@@ -119,7 +139,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # fields left at their "unset" default take the model's values (flags given explicitly win)
+        if self.split_batch_cnt and not self.batch_mix:
+            object.__setattr__(self, "batch_mix", "split")
         for name, value in MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["tiny"]).items():
+            if name == "warmup_proportion" and self.warmup_steps >= 0:
+                continue  # an integer warm-up was given instead
             if getattr(self, name) == UNSET[name]:
                 object.__setattr__(self, name, value)
 
@@ -128,24 +152,35 @@ class TrainConfig:
 
 
 #: The "take the model's default" values of the fields in MODEL_DEFAULTS.
-UNSET: dict[str, Any] = {"optimizer": "", "learning_rate": 0.0, "warmup_proportion": -1.0, "constant_proportion": -1.0}
+UNSET: dict[str, Any] = {"optimizer": "", "learning_rate": 0.0, "warmup_proportion": -1.0, "constant_proportion": -1.0,
+                         "schedule_convention": "", "batch_mix": ""}
 
 #: Optimizer settings per model preset, used for the fields not given (TrainConfig.__post_init__).
 #: tiny: learns visibly in 60 steps on the golden sample (2 CPU ranks, micro-batch 8: loss 11.0 -> 8.1);
 #: base: Google's BERT-Base recipe (Adam with decoupled weight decay, lr 1e-4, warm-up 10,000 of 1,000,000 steps);
 #: large: the MLPerf BERT-Large reference (LAMB, lr 4e-4 at global batch 448, no warm-up, starting from
 #: MLPerf's checkpoint); 1.5b/5b: Habana's DeepSpeed BERT runs (LANS, lr 0.0015, warm-up 5 %, constant 25 %).
+#: The schedule convention follows the recipe copied (pretrain/recipe.py): MLPerf's (and Google's) f(k-1) for
+#: large and base, Habana's f(k) for 1.5b/5b; tiny keeps f(k), on which its 60-step defaults were tuned. The
+#: batches' bins (pretrain/batch_mix.py): rows of any length at random, as the references draw them, except tiny
+#: (one bin a batch: the fastest, for tests and smoke runs).
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"optimizer": "lans", "learning_rate": 0.05, "warmup_proportion": 0.05, "constant_proportion": 0.0},
-    "base": {"optimizer": "adamw", "learning_rate": 1e-4, "warmup_proportion": 0.01, "constant_proportion": 0.0},
-    "large": {"optimizer": "lamb", "learning_rate": 4e-4, "warmup_proportion": 0.0, "constant_proportion": 0.0},
-    "1.5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25},
-    "5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25},
+    "tiny": {"optimizer": "lans", "learning_rate": 0.05, "warmup_proportion": 0.05, "constant_proportion": 0.0,
+             "schedule_convention": "habana", "batch_mix": "one-bin"},
+    "base": {"optimizer": "adamw", "learning_rate": 1e-4, "warmup_proportion": 0.01, "constant_proportion": 0.0,
+             "schedule_convention": "mlperf", "batch_mix": "random"},
+    "large": {"optimizer": "lamb", "learning_rate": 4e-4, "warmup_proportion": 0.0, "constant_proportion": 0.0,
+              "schedule_convention": "mlperf", "batch_mix": "random"},
+    "1.5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25,
+             "schedule_convention": "habana", "batch_mix": "random"},
+    "5b": {"optimizer": "lans", "learning_rate": 0.0015, "warmup_proportion": 0.05, "constant_proportion": 0.25,
+           "schedule_convention": "habana", "batch_mix": "random"},
 }
 
 
 CHOICES = {"model": ("tiny", "base", "large", "1.5b", "5b"), "optimizer": ("lans", "lamb", "adamw"),
-           "trust_ratio": ("per-tensor", "per-group"),
+           "trust_ratio": ("per-tensor", "per-group"), "schedule_convention": ("mlperf", "habana"),
+           "batch_mix": ("one-bin", "random", "split"),
            "device": ("auto", "hpu", "cuda", "cpu"), "mlperf_division": ("closed", "open"),
            "mlperf_status": ("onprem", "cloud", "preview", "research")}
 
@@ -157,9 +192,15 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "vocab_size": (0, 1 << 24), "micro_batch": (0, 1 << 20), "global_batch": (0, 1 << 30), "zero_stage": (-1, 3),
     "max_steps": (1, _I), "steps_this_run": (-1, _I), "learning_rate": (1e-12, 10.0), "weight_decay": (0.0, 100.0),
     "warmup_proportion": (0.0, 1.0), "constant_proportion": (0.0, 1.0), "scheduler_degree": (1e-6, 100.0),
+    "warmup_steps": (0, _I), "start_warmup_step": (-_I, 0), "clip_grad_norm": (0.0, 1e6),
     "seed": (0, _I), "log_interval": (1, _I), "checkpoint_interval": (0, _I), "keep_checkpoints": (0, 1 << 20),
     "eval_interval_steps": (0, _I), "eval_batch_size": (1, 1 << 20), "max_eval_samples": (0, _I),
 }
+
+
+#: --help's "(default: ...)" of the fields whose default is a "not given" marker.
+DEFAULT_TEXT = {"clip_grad_norm": "the DeepSpeed config's gradient_clipping, else 1.0",
+                "warmup_steps": "from --warmup-proportion"}
 
 
 def _type_of(f: dataclasses.Field) -> type:
@@ -177,20 +218,28 @@ def add_train_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) 
         if typ is bool:
             p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                            help=docs.get(f.name, ""))
+        elif f.name == "split_batch_cnt":  # four integers, kept as one string ("6 3 2 5")
+            from core.numbers import number
+
+            p.add_argument(*names, dest=f.name, type=number(int, 0, 1 << 20), nargs=4, default=None,
+                           metavar=("C128", "C256", "C384", "C512"), help=docs.get(f.name, ""))
         else:
             if f.name in BOUNDS:
                 from core.numbers import number
 
                 typ = number(typ, *BOUNDS[f.name])  # type: ignore[assignment]
-            default = f"{f.default!r}" if f.name not in UNSET else "per --model: " + ", ".join(
-                f"{m} {d[f.name]}" for m, d in MODEL_DEFAULTS.items())
+            default = DEFAULT_TEXT.get(f.name) or (f"{f.default!r}" if f.name not in UNSET else "per --model: " + ", ".join(
+                f"{m} {d[f.name]}" for m, d in MODEL_DEFAULTS.items()))
             p.add_argument(*names, dest=f.name, type=typ, default=f.default, choices=CHOICES.get(f.name),
                            help=f"{docs.get(f.name, '')} (default: {default})")
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed flags (unknown attributes ignored)."""
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    if "split_batch_cnt" in values:  # (argparse: None or the 4 integers)
+        values["split_batch_cnt"] = " ".join(map(str, values["split_batch_cnt"] or []))
+    return TrainConfig(**values)
 
 
 def to_argv(cfg: TrainConfig) -> list[str]:
@@ -203,13 +252,16 @@ def to_argv(cfg: TrainConfig) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        elif f.name == "split_batch_cnt":
+            argv += [flag, *value.replace(",", " ").split()]
         else:
             argv += [flag, str(value)]
     return argv
 
 
 def load_ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed JSON with the flag overrides applied and consistent batch fields.
+    """The DeepSpeed JSON with the flag overrides applied, consistent batch fields and the gradient clipping
+    (pretrain/recipe.py: --clip-grad-norm, else the JSON's gradient_clipping, else 1.0).
 
     DeepSpeed requires train_batch_size = micro x gradient_accumulation_steps x world_size; the
     accumulation steps are derived (Habana: 12288 / (32 x 8 cards) = 48).
@@ -221,7 +273,10 @@ def load_ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         from core.errors import InputError
 
         raise InputError(f"cannot read DeepSpeed config {path}: {exc}") from exc
-    micro = cfg.micro_batch or int(ds.get("train_micro_batch_size_per_gpu", 8))
+    from pretrain.batch_mix import split_counts
+
+    counts = split_counts(cfg)  # --split-batch-cnt: the micro-batch is their sum
+    micro = sum(counts) if counts else cfg.micro_batch or int(ds.get("train_micro_batch_size_per_gpu", 8))
     gas = int(ds.get("gradient_accumulation_steps", 1))
     total = cfg.global_batch or int(ds.get("train_batch_size", micro * gas * world_size))
     if total % (micro * world_size):
@@ -231,6 +286,9 @@ def load_ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     ds.update(train_batch_size=total, train_micro_batch_size_per_gpu=micro,
               gradient_accumulation_steps=total // (micro * world_size))
     ds.setdefault("zero_allow_untested_optimizer", True)
+    from pretrain.recipe import gradient_clipping
+
+    ds["gradient_clipping"] = gradient_clipping(cfg, ds)[0]  # 1.0 unless the flag or the JSON says otherwise
     if cfg.zero_stage >= 0:
         ds.setdefault("zero_optimization", {})["stage"] = cfg.zero_stage
     ds.pop("optimizer", None)  # built in the script (our LAMB/LANS/AdamW) and passed to initialize
