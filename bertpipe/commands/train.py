@@ -10,6 +10,8 @@ Examples:
   bertpipe train ... --model large --init-checkpoint tf1_ckpt/model.ckpt-28252   # MLPerf's initial weights
   bertpipe train ... --model large --init-checkpoint init.safetensors    # from `bertpipe import-tf`
   bertpipe train ... --init-checkpoint hf/tiny          # a transformers directory (`bertpipe export-hf`)
+  bertpipe train ... --model large --warmup-steps 100 --start-warmup-step -25   # an NVIDIA MLPerf config's schedule
+  bertpipe train ... --model large --split-batch-cnt 6 3 2 5   # Samsung's batches: 6/3/2/5 rows of the 4 bins
 
 --init-checkpoint loads weights only (optimizer, step, LR schedule and data order start fresh), on every
 rank before the DeepSpeed engine is built; a tensor of another shape (vocab, hidden size, layers) stops the
@@ -17,6 +19,13 @@ run before the first step with a line naming it and both shapes (safetensors/tra
 before any rank starts). With --resume and a checkpoint of this run in OUTPUT_DIR it is ignored (logged):
 the run's own state wins, so one command line serves the first start and every restart. config.json and
 summary.json record it ("init_checkpoint").
+
+The first line says the run's recipe: the lr schedule (--schedule-convention mlperf: step k at f(k-1), NVIDIA's
+MLPerf scheduler, with MLPerf's integer --warmup-steps/--start-warmup-step; habana: f(k), Habana's DeepSpeed BERT;
+default per --model), the gradient clipping (1.0 unless the DeepSpeed config's gradient_clipping or
+--clip-grad-norm, 0 = off) and the batches' length bins (--batch-mix random: rows of any length, as the
+references; split: --split-batch-cnt 6 3 2 5, Samsung's; one-bin: bertpipe's fastest). pretrain/recipe.py and
+pretrain/batch_mix.py explain them.
 
 --packed (or a --train-dir of packed files, detected): train on packed rows, Habana's
 pack_pretraining_data_pytorch.py layout or NVIDIA's packed_data one (pretrain/packing.py); a token attends only
