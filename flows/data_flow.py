@@ -28,6 +28,7 @@ from core.lock import WorkDirLock
 from core.manifest import atomic_write_text
 from flows.dag import DataDag
 from preprocessing.params import DataParams
+from preprocessing.targets import folders as target_folders
 
 
 def run_data(p: DataParams) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def run_data(p: DataParams) -> dict[str, Any]:
         atomic_write_text(work / "run_config.json", json.dumps(p.to_dict(), indent=1, sort_keys=True) + "\n")
         dag = DataDag(p, get_run_logger())
         summary = dag.run()
+        summary["targets"] = target_folders(p.targets, summary["outputs"])  # each target's folder and eval file
         atomic_write_text(work / "last_run.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return summary
 

@@ -444,17 +444,19 @@ def _finish_chop(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any
     return finish_chop(plan.dir, layout, written, plan.cfg, [m for m in upstream if m is not None])
 
 
-def _stage(name: str, n: int, targets: tuple[str, ...]) -> Stage:
+def _stage(name: str, n: int, targets: tuple[str, ...], output: str) -> Stage:
     return Stage(name=name, title=f"chop_hdf5_files(_to_varlength): {n} of NVIDIA's variable-length shards",
                  reads=("hdf5",), run=run_nvidia_chop, version=STAGE_VERSION, config=ChopConfig,
                  configure=lambda p: ChopConfig(num_shards=dag_shards(p, n), varlength=True,
                                                 max_seq_length=p.max_seq_length,
                                                 max_predictions_per_seq=p.max_predictions_per_seq),
-                 key_params=stage_params, plan=_plan_chop, finish=_finish_chop,
+                 key_params=stage_params, plan=_plan_chop, finish=_finish_chop, outputs={output: ""},
                  when=lambda p: any(t in _targets(p) for t in targets))
 
 
-#: Not in preprocessing/registry.py yet (the lead wires ``bertpipe run --target``): the 4320-shard set (what
-#: ``nvidia-4320``, ``nvidia-varlength`` and ``nvidia-packed`` start from) and the 2048-shard one.
-DAG_STAGES = (_stage("nvidia_4320", 4320, ("nvidia-4320", "nvidia-varlength", "nvidia-packed")),
-              _stage("nvidia_2048", 2048, ("nvidia-2048",)))
+#: The 4320-shard set (NVIDIA's hdf5_4320_shards_varlength: what ``nvidia-varlength`` hands to the trainer and
+#: ``nvidia-4320`` shuffles) and the 2048-shard one (``nvidia-2048``). ``nvidia-packed`` does not need them: it
+#: packs the padded parts (preprocessing/pack_nvidia.py). The shards lie at the top of the stage folder (NVIDIA's
+#: trainer takes the files whose name holds ``part``; the manifest's name does not).
+DAG_STAGES = (_stage("nvidia_4320", 4320, ("nvidia-4320", "nvidia-varlength"), "nvidia_4320_varlength_dir"),
+              _stage("nvidia_2048", 2048, ("nvidia-2048",), "nvidia_2048_varlength_dir"))

@@ -146,11 +146,10 @@ def _configure(p: Any) -> PickVarlenConfig:
                             max_predictions_per_seq=p.max_predictions_per_seq)
 
 
-#: NVIDIA's eval file: bertpipe's eval_10k.hdf5 in the packed form, ``part_eval_10k.hdf5`` (for the targets that
-#: train NVIDIA's way). Not in preprocessing/registry.py yet.
+#: NVIDIA's eval file: bertpipe's eval_10k.hdf5 in the packed form, ``part_eval_10k.hdf5``, for every NVIDIA target
+#: (preprocessing/targets.py: their names start with ``nvidia-``).
 DAG_STAGES = (Stage(name="nvidia_eval", title="pick_eval_samples_varlength: the eval set in NVIDIA's packed form",
                     reads=("eval_hdf5",), run=run_pick_eval_varlength, version=STAGE_VERSION,
                     config=PickVarlenConfig, configure=_configure, key_params=stage_params, plan=_plan_eval,
-                    outputs={"nvidia_eval": "part_eval_10k.hdf5"},
-                    when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ())
-                                       for t in ("nvidia-4320", "nvidia-2048", "nvidia-varlength", "nvidia-packed"))),)
+                    outputs={"nvidia_eval_varlength": "part_eval_10k.hdf5"},
+                    when=lambda p: any(t.startswith("nvidia-") for t in tuple(getattr(p, "targets", ()) or ()))),)

@@ -488,14 +488,14 @@ def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig
                        bucket_shards=tuple(bounds), cfg=cfg)
 
 
-def _stage(name: str, reads: str, targets: tuple[str, ...]) -> Stage:
+def _stage(name: str, reads: str, targets: tuple[str, ...], output: str) -> Stage:
     return Stage(name=name, title=f"shuffle_samples: {reads}'s rows shuffled across its shards (random.Random(24))",
                  reads=(reads,), run=run_nvidia_shuffle, version=STAGE_VERSION, config=ShuffleConfig,
                  configure=lambda p: ShuffleConfig(), key_params=key_params, plan=_plan_stage(reads),
-                 finish=_finish_stage(reads), when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ())
-                                                                 for t in targets))
+                 finish=_finish_stage(reads), outputs={output: ""},
+                 when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ()) for t in targets))
 
 
-#: Not in preprocessing/registry.py yet (the lead wires ``bertpipe run --target``).
-DAG_STAGES = (_stage("nvidia_4320_shuffled", "nvidia_4320", ("nvidia-4320", "nvidia-packed")),
-              _stage("nvidia_2048_shuffled", "nvidia_2048", ("nvidia-2048",)))
+#: NVIDIA's v3.x training sets (hdf5_<N>_shards_varlength_shuffled: the shards at the top of the stage folder).
+DAG_STAGES = (_stage("nvidia_4320_shuffled", "nvidia_4320", ("nvidia-4320",), "nvidia_4320_shuffled_dir"),
+              _stage("nvidia_2048_shuffled", "nvidia_2048", ("nvidia-2048",), "nvidia_2048_shuffled_dir"))

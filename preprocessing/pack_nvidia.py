@@ -942,9 +942,12 @@ def _finish_dag(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]
 
 
 def configure(p: Any) -> PackNvidiaConfig:
+    """The run's parameters (preprocessing.params.DataParams) -> the stage's config; 4,320 shards (on the built-in
+    sample: its shards per bin)."""
+    resolved = getattr(p, "resolved_nvidia_packed_shards", None)
     return PackNvidiaConfig(max_seq_length=getattr(p, "max_seq_length", 512),
-                            max_seq_per_sample=getattr(p, "max_seq_per_sample", 3),
-                            shards_num=getattr(p, "nvidia_packed_shards", None) or 4320,
+                            max_seq_per_sample=getattr(p, "max_sequences_per_pack", 3),
+                            shards_num=resolved() if resolved else getattr(p, "nvidia_packed_shards", None) or 4320,
                             seed=getattr(p, "pack_seed", DEFAULT_SEED))
 
 

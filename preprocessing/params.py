@@ -25,6 +25,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from core.errors import InputError
+from preprocessing.targets import DEFAULT as DEFAULT_TARGET
+from preprocessing.targets import TARGETS
 
 SAMPLE = "sample"
 MLCOMMONS = "mlcommons"
@@ -33,15 +35,17 @@ SAMPLE_SHARDS = 8  # shards per bin for the sample (the reference's 2048 would b
 SAMPLE_VOCAB_SIZE = 8000  # the sample supports a few thousand WordPiece tokens
 SAMPLE_TIME = "2026-01-01T00:00:00"  # {{CURRENTYEAR}} & co. in the sample: the same bytes on every run
 MLPERF_SHARDS = 2048  # shards per length bin (Samsung's default)
+NVIDIA_SHARDS = 4320  # shards of NVIDIA's sets (chop_hdf5_files.py, generate_packing_strategy.py --shards_num)
 MLPERF_VOCAB_SIZE = 30522
 
 
 def param(default: Any = MISSING, help: str = "", *, flags: tuple[str, ...] = (), group: str = "data",
           ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-          cli: bool = True, factory: Any = MISSING) -> Any:
+          cli: bool = True, factory: Any = MISSING, metavar: str | None = None) -> Any:
     """A DataParams field: default, one-line help, the CLI flags (default ``--dashed`` and ``--under_scored``),
-    the --help group, and numeric bounds checked on construction."""
-    meta = {"help": help, "flags": flags, "group": group, "ge": ge, "gt": gt, "le": le, "lt": lt, "cli": cli}
+    the --help group, numeric bounds checked on construction, and (lists) the CLI's name for one value."""
+    meta = {"help": help, "flags": flags, "group": group, "ge": ge, "gt": gt, "le": le, "lt": lt, "cli": cli,
+            "metavar": metavar}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -84,6 +88,23 @@ class DataParams:
                                           "--num-eval-examples"))
     n_output_shards: int | None = param(None, f"shards per length bin (default {MLPERF_SHARDS}; sample "
                                         f"{SAMPLE_SHARDS})", ge=1, le=1 << 20)
+    targets: list[str] = param(help="what the run builds (several share their upstream stages): "
+                               + "; ".join(f"{t.name}: {t.help}" for t in TARGETS) + f" (default {DEFAULT_TARGET})",
+                               flags=("--target", "--targets"), group="target", metavar="TARGET",
+                               factory=lambda: [DEFAULT_TARGET])
+    nvidia_packed_shards: int | None = param(None, f"shards of the nvidia-packed set (generate_packing_strategy.py "
+                                             f"--shards_num; default {NVIDIA_SHARDS}; sample: its shards per bin)",
+                                             flags=("--nvidia-packed-shards", "--nvidia_packed_shards", "--shards_num"),
+                                             ge=1, le=1 << 20, group="target")
+    max_sequences_per_pack: int = param(3, "sequences a pack holds at most (nvidia-packed: --max_seq_per_sample; "
+                                        "habana-packed: --max_sequences_per_pack)",
+                                        flags=("--max-sequences-per-pack", "--max_sequences_per_pack",
+                                               "--max_seq_per_sample"), ge=2, le=3, group="target")
+    pack_seed: int = param(12345, "seed of NVIDIA's packing (its generate_packing_strategy.py is unseeded; bertpipe "
+                           "draws from random.Random(seed))", ge=-(2**63), le=2**63 - 1, group="target")
+    habana_pack_seed: int = param(42, "seed of Habana's packing (pack_pretraining_data_pytorch.py --seed; with its "
+                                  "--local_rank -1 it seeds random and NumPy with seed - 1)", ge=1, le=2**32,
+                                  group="target")
     keep: Literal["all", "training"] = param("all", "'training' deletes TFRecords and padded HDF5 once the "
                                              "stages that read them are done and verified (bins, eval HDF5, vocab "
                                              "and every manifest stay; a later run rebuilds what it needs)",
@@ -111,6 +132,17 @@ class DataParams:
         object.__setattr__(self, "stages", None if self.stages is None else
                            [normalize_stage(s, "stages") for s in self.stages])
         object.__setattr__(self, "force", [normalize_stage(s, "force") for s in self.force or []])
+        from preprocessing.targets import normalize as normalize_targets
+
+        object.__setattr__(self, "targets", normalize_targets(self.targets, spell("targets")))
+        from preprocessing.registry import targets_adding
+
+        for what in ("stages", "force"):
+            for s in getattr(self, what) or []:
+                if adding := targets_adding(s, self):
+                    raise InputError(f"{spell(what)}: stage '{s}' is built only for {spell('targets')} "
+                                     f"{' or '.join(adding)}, and this run's targets are {', '.join(self.targets)}; "
+                                     f"add {spell('targets')} {adding[0]}")
         if self.text_dir and self.source not in (SAMPLE, ""):
             raise InputError(f"give either {spell('text_dir')} or {spell('source')}, not both")
         if self.runner not in ("local", "prefect-process", "dask"):
@@ -142,6 +174,14 @@ class DataParams:
 
     def resolved_current_time(self) -> str | None:
         return self.current_time or (SAMPLE_TIME if self.is_sample else None)
+
+    def resolved_nvidia_shards(self, n: int = NVIDIA_SHARDS) -> int:
+        """Shards of an NVIDIA set of ``n`` shards: ``n``, or on the built-in sample its shards per bin (NVIDIA's
+        4,320 shards of a few thousand rows would be nearly all empty, and chop_hdf5_files.py refuses that)."""
+        return self.resolved_shards() if self.is_sample else n
+
+    def resolved_nvidia_packed_shards(self) -> int:
+        return self.nvidia_packed_shards or self.resolved_nvidia_shards()
 
     def resolved_runner(self) -> str:
         return "dask" if self.dask_address else self.runner

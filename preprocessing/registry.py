@@ -1,7 +1,14 @@
 """The stages of the data DAG, in order: each module's own declaration (``DAG_STAGES``, beside its run function).
 
     download -> extract -> text -> vocab -> tfrecord -> hdf5 -> bins          (per part file to hdf5)
-                              (or imported text)     \\-> eval_tfrecord -> eval_10k -> eval_hdf5
+                              (or imported text)     |       |-> nvidia_4320 -> nvidia_4320_shuffled
+                                                     |       |-> nvidia_2048 -> nvidia_2048_shuffled
+                                                     |       |-> nvidia_packed, habana_packed
+                                                     \\-> eval_tfrecord -> eval_10k -> eval_hdf5 -> nvidia_eval
+
+Which of the stages after ``hdf5`` a run builds follows from its targets (``bertpipe run --target``,
+preprocessing/targets.py): each declaration says, in its ``when``, which targets need it; ``eval_hdf5`` is built
+for every target.
 
 Everything that needs the list of stages derives it from :data:`STAGES`: the DAG walk, the Prefect
 tasks, ``--only``/``--force``/``stages`` names, ``status`` rows and the summary table. To add a stage,
@@ -14,10 +21,16 @@ from typing import Any
 
 from core.errors import InputError
 from core.stage import Stage
+from preprocessing import targets
 from preprocessing import (
     create_pretraining_data,
     download,
     extract,
+    nvidia_chop,
+    nvidia_eval,
+    nvidia_shuffle,
+    pack_habana,
+    pack_nvidia,
     pick_eval_samples,
     split_4bins,
     text_import,
@@ -36,10 +49,47 @@ STAGES: tuple[Stage, ...] = (
     *create_pretraining_data.DAG_STAGES[:1],  # tfrecord
     *tfrecord_to_hdf5.DAG_STAGES[:1],  # hdf5
     *split_4bins.DAG_STAGES,
+    nvidia_chop.DAG_STAGES[0],  # nvidia_4320
+    nvidia_shuffle.DAG_STAGES[0],  # nvidia_4320_shuffled
+    nvidia_chop.DAG_STAGES[1],  # nvidia_2048
+    nvidia_shuffle.DAG_STAGES[1],  # nvidia_2048_shuffled
+    *pack_nvidia.DAG_STAGES,
+    *pack_habana.DAG_STAGES,
     *create_pretraining_data.DAG_STAGES[1:],  # eval_tfrecord
     *pick_eval_samples.DAG_STAGES,
     *tfrecord_to_hdf5.DAG_STAGES[1:],  # eval_hdf5
+    *nvidia_eval.DAG_STAGES,
 )
+
+
+def for_target(target: str, params: Any = None) -> list[str]:
+    """The stages a run of ``target`` alone builds, beyond those every run builds (text ... hdf5, the eval chain)."""
+    from dataclasses import replace
+
+    from preprocessing.params import DataParams
+
+    base = params if params is not None else DataParams()
+    every = set.intersection(*({s.name for s in active(replace(base, targets=[t]))} for t in targets.names()))
+    return [s.name for s in active(replace(base, targets=[target])) if s.name not in every]
+
+
+class _WithTargets:
+    """``params`` as a run of other targets would see them (for asking a declaration's ``when``)."""
+
+    def __init__(self, params: Any, chosen: list[str]) -> None:
+        self._params, self.targets = params, chosen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._params, name)
+
+
+def targets_adding(name: str, params: Any) -> list[str]:
+    """The targets that would put stage ``name`` into a run with these parameters ([] when it is in the run
+    already, or when no target adds it: a stage of another source)."""
+    decls = [s for s in STAGES if s.name == name]
+    if any(s.when(params) for s in decls):
+        return []
+    return [t for t in targets.names() if any(s.when(_WithTargets(params, [t])) for s in decls)]
 
 
 def names() -> list[str]:

@@ -82,6 +82,7 @@ from preprocessing.hdf5_io import (
     stage_params,
     verify_inputs,
 )
+from preprocessing.targets import chosen as chosen_targets
 
 log = logging.getLogger(__name__)
 
@@ -584,4 +585,4 @@ DAG_STAGES = (Stage(name="bins", title="split_4bins: 4 length bins x N shards, w
                     configure=lambda p: Split4BinsConfig(n_output_shards=p.resolved_shards(),
                                                          max_predictions_per_seq=p.max_predictions_per_seq),
                     key_params=stage_params, plan=_plan_bins, finish=_finish_bins, outputs={"train_dir": DAG_DATA_DIR},
-                    aliases=("split_4bins", "4bins")),)
+                    when=lambda p: "samsung-4bins" in chosen_targets(p), aliases=("split_4bins", "4bins")),)

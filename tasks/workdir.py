@@ -35,6 +35,7 @@ from core.manifest import (
     verify_manifest,
 )
 from preprocessing import registry
+from preprocessing.targets import TARGETS
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,9 @@ def check_dir(d: Path, check_md5: bool, trust_stat: bool = False, stage: str = "
     return "done", files, nbytes, ""
 
 
-#: last_run.json outputs that trainers read as whole folders (a trainer globs train_dir; the eval file's folder)
-TRAINER_OUTPUTS = ("train_dir", "eval_hdf5")
+#: last_run.json outputs that trainers read as whole folders: each target's input dir (a trainer globs train_dir,
+#: nvidia_packed_dir, ...) and its eval file's folder (preprocessing/targets.py)
+TRAINER_OUTPUTS = tuple(dict.fromkeys(n for t in TARGETS for n in (t.train, t.eval)))
 
 
 def trainer_folders(stage: str, m: Manifest) -> list[str]:
@@ -245,7 +247,11 @@ def last_run(work: Path) -> dict:
         log.warning("%s is not a bertpipe run summary (%s); ignoring it (the next `bertpipe run` rewrites it)",
                     path, why)
         return {}
-    return {**summary, "outputs": outputs}
+    from preprocessing.targets import folders
+
+    built = summary.get("targets")
+    built = [t for t in built if isinstance(t, str)] if isinstance(built, (dict, list)) else []
+    return {**summary, "outputs": outputs, "targets": folders(built, outputs)}  # paths: the checked outputs
 
 
 def _folder_name(x: object) -> bool:

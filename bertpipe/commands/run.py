@@ -28,7 +28,7 @@ from typing import Any
 from bertpipe.commands._common import bool_flag, number, positive_int
 
 GROUPS = {"source": "source (default: the built-in sample)", "data": "reference flags (MLPerf defaults)",
-          "run": "execution"}
+          "target": "what to build (--target, repeatable) and NVIDIA's and Habana's sets", "run": "execution"}
 
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,8 +56,9 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
             else:
                 bool_flag(g, f.name, default, text)
         elif typing.get_origin(hint) is list or list in {typing.get_origin(a) for a in args}:
-            g.add_argument(*opts, dest=f.name, action="append", default=None if default is None else list(default),
-                           metavar="STAGE", help=text + " (repeatable)")
+            # default None: a given flag replaces the default list (append would add to it); DataParams fills it in
+            g.add_argument(*opts, dest=f.name, action="append", default=None, metavar=meta.get("metavar") or "STAGE",
+                           help=text + " (repeatable)")
         elif typing.get_origin(hint) is typing.Literal:
             g.add_argument(*opts, dest=f.name, choices=args, default=default, help=text + shown)
         else:
@@ -241,17 +242,19 @@ def start_reaper() -> None:
 
 def print_summary(summary: dict, out=None) -> None:
     out = out or sys.stdout  # looked up per call, so a redirected/captured stdout is honoured
-    print(f"{'stage':<14} {'calls':>5} {'cached':>6} {'files':>6} {'bytes':>14} {'seconds':>8}  dir", file=out)
+    w = max([14, *map(len, summary["stages"])])  # nvidia_4320_shuffled and the like are longer
+    print(f"{'stage':<{w}} {'calls':>5} {'cached':>6} {'files':>6} {'bytes':>14} {'seconds':>8}  dir", file=out)
     for name, s in summary["stages"].items():
-        print(f"{name:<14} {s['calls']:>5} {s['cached']:>6} {s['files']:>6} {s['bytes']:>14,} {s['seconds']:>8.2f}  "
+        print(f"{name:<{w}} {s['calls']:>5} {s['cached']:>6} {s['files']:>6} {s['bytes']:>14,} {s['seconds']:>8.2f}  "
               f"{s['dir']}", file=out)
     for name, s in summary["stages"].items():
         for line in s.get("redone", []):  # why a stage that existed ran again
             print(f"  redone {name} {line}", file=out)
     done = sum(s["calls"] - s["cached"] for s in summary["stages"].values())
     print(f"{'all stages cached' if not done else f'{done} call(s) ran'}; outputs:", file=out)
+    w = max([10, *map(len, summary.get("outputs", {}))])
     for k, v in summary.get("outputs", {}).items():
-        print(f"  {k:<10} {v}", file=out)
+        print(f"  {k:<{w}} {v}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     groups: dict[tuple[str, str], list] = {}
     for e in entries:  # scan() lists stages in the registry's (DAG) order
         groups.setdefault((e.stage, e.key), []).append(e)
-    print(f"{'stage':<14} {'key':<16} {'state':<22} {'files':>6} {'bytes':>14}  run")
+    w = max([14, *(len(e.stage) for e in entries)])  # nvidia_4320_shuffled and the like are longer
+    print(f"{'stage':<{w}} {'key':<16} {'state':<22} {'files':>6} {'bytes':>14}  run")
     bad = stale = 0
     for (stage, key), es in groups.items():
         states = Counter(e.state for e in es)
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         stale += n_bad if not is_current else 0
         label = ", ".join(f"{n} {st}" if len(es) > 1 else st for st, n in sorted(states.items()))
         mark = "current" if current and is_current else ("old" if current else "")
-        print(f"{stage:<14} {key:<16} {label:<22} {sum(e.files for e in es):>6} {sum(e.bytes for e in es):>14,}  "
+        print(f"{stage:<{w}} {key:<16} {label:<22} {sum(e.files for e in es):>6} {sum(e.bytes for e in es):>14,}  "
               f"{mark}")
         for e in es:
             if args.shards or e.state not in ("done", "dropped"):

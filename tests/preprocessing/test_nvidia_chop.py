@@ -173,6 +173,7 @@ def test_dag_declaration_runs_as_pieces(parts, tmp_path):
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
     assert m.counters["rows_dropped"] == 3
     assert [s.name for s in DAG_STAGES] == ["nvidia_4320", "nvidia_2048"]
-    assert DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-packed",)})())
+    assert DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-varlength",)})())
+    assert not DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-packed",)})())  # it packs the padded parts
     assert not DAG_STAGES[0].when(type("P", (), {"targets": ("samsung-4bins",)})())
     assert not DAG_STAGES[1].when(type("P", (), {})())

@@ -1,0 +1,95 @@
+"""What a data run builds: its targets (``bertpipe run --target``, the flow's and the deployments' ``targets``).
+
+A target is a data set some trainer reads: the folder its input dir is, and the eval file beside it. Several
+targets in one run share their upstream stages (text, vocab, TFRecords, the padded HDF5 parts, the eval chain):
+each is built once. Which stages a target needs is said by each stage's declaration (``Stage.when``, beside its
+library function); here are only the targets' names, what they are, and which ``last_run.json`` outputs name
+their folders. This module is light (no NumPy): the CLI's --help and DataParams read it.
+
+    samsung-4bins      the 4 length bins (bins stage)                            Samsung's MLPerf trainer, bertpipe train
+    nvidia-4320        4,320 variable-length shards, shuffled across shards      NVIDIA's MLPerf trainer v3.x (DATADIR_PHASE2)
+    nvidia-2048        the same with 2,048 shards
+    nvidia-varlength   4,320 variable-length shards in part order                NVIDIA's MLPerf trainer v1.1-v2.x
+    nvidia-packed      NVIDIA's packed set (<= 3 sequences a sample)             NVIDIA's trainer --packed_samples
+    habana-packed      Habana's packed set (<= 3 sequences a pack) + metadata   Habana's trainer, packed mode (its default)
+
+Every NVIDIA target comes with NVIDIA's variable-length eval file (``nvidia_eval``); every run builds the padded
+eval file (``eval_hdf5``: Samsung's, Habana's and bertpipe's eval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target: its name, one line of help, and the ``last_run.json`` outputs naming its trainer's input dir
+    (``train``) and its eval file (``eval``)."""
+
+    name: str
+    help: str
+    train: str
+    eval: str
+
+
+#: Every target, in the order runs list them (the first is the default).
+TARGETS: tuple[Target, ...] = (
+    Target("samsung-4bins", "4 length bins x N shards of padded rows (Samsung's MLPerf trainer, bertpipe train)",
+           train="train_dir", eval="eval_hdf5"),
+    Target("nvidia-4320", "NVIDIA's 4,320 variable-length shards shuffled across shards "
+           "(hdf5_4320_shards_varlength_shuffled: its MLPerf trainer v3.x) and its variable-length eval",
+           train="nvidia_4320_shuffled_dir", eval="nvidia_eval_varlength"),
+    Target("nvidia-2048", "the same with 2,048 shards (hdf5_2048_shards_varlength, then shuffled)",
+           train="nvidia_2048_shuffled_dir", eval="nvidia_eval_varlength"),
+    Target("nvidia-varlength", "NVIDIA's 4,320 variable-length shards in part order (hdf5_4320_shards_varlength: "
+           "its MLPerf trainer v1.1-v2.x) and its variable-length eval",
+           train="nvidia_4320_varlength_dir", eval="nvidia_eval_varlength"),
+    Target("nvidia-packed", "NVIDIA's packed set, <= 3 sequences a sample (packed_data: its trainer's "
+           "--packed_samples) and its variable-length eval", train="nvidia_packed_dir", eval="nvidia_eval_varlength"),
+    Target("habana-packed", "Habana's packed set, <= 3 sequences a pack, and its metadata (its trainer's packed mode, "
+           "the default)", train="habana_packed_dir", eval="eval_hdf5"),
+)
+DEFAULT = TARGETS[0].name
+BY_NAME: dict[str, Target] = {t.name: t for t in TARGETS}
+
+
+def names() -> list[str]:
+    return [t.name for t in TARGETS]
+
+
+def chosen(params: Any) -> tuple[str, ...]:
+    """The targets of a run's parameters (anything with a ``targets`` attribute; none: the default)."""
+    got = getattr(params, "targets", None)
+    return tuple(got) if got else (DEFAULT,)
+
+
+def normalize(values: Iterable[str] | str | None, flag: str = "targets") -> list[str]:
+    """The targets as given (``None``: the default), checked, each once, in :data:`TARGETS` order;
+    ``nvidia_4320`` and ``NVIDIA-4320`` are ``nvidia-4320``. InputError (one line naming ``flag`` and every valid
+    target) for an unknown or empty choice."""
+    if values is None:
+        return [DEFAULT]
+    if isinstance(values, str):
+        values = [values]
+    given = []
+    for v in values:
+        if not isinstance(v, str):
+            raise InputError(f"{flag}: {v!r} is not a target name; choose from {', '.join(names())}")
+        n = v.strip().lower().replace("_", "-")
+        if n not in BY_NAME:
+            raise InputError(f"{flag}: unknown target {v!r}; choose from {', '.join(names())}")
+        given.append(n)
+    if not given:
+        raise InputError(f"{flag} is empty; give at least one of {', '.join(names())}")
+    return [t for t in names() if t in given]
+
+
+def folders(targets: Iterable[str], outputs: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
+    """``{target: {"train": folder, "eval": file}}`` for ``last_run.json``, from a run's outputs (None: not built)."""
+    return {t: {"train": outputs.get(BY_NAME[t].train), "eval": outputs.get(BY_NAME[t].eval)}
+            for t in targets if t in BY_NAME}
