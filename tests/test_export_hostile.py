@@ -33,7 +33,7 @@ import pytest
 from bertpipe.commands import export_dataset as ed
 from tests.loader_rules import flat_training_files, mlperf_eval_files, samsung_bins
 
-LAYOUTS = ("samsung", "nvidia", "habana")
+LAYOUTS = ("samsung", "nvidia-dle", "habana")
 FLAGS = {"noflag": (), "overwrite": ("--overwrite",), "replace-copies": ("--replace-copies",)}
 N = 4  # shards per bin
 MANAGED = ("train", "eval", "vocab.txt", ed.MARKER)
@@ -195,7 +195,7 @@ def ok_with_copies_in_samsung(refuse_plain: str, refuse_other_layout: str) -> Ca
 
 @state
 def own_export_again(s):  # the happy path inside the matrix: a previous export of any layout is replaced
-    own_export(s, s / "out", "nvidia")
+    own_export(s, s / "out", "nvidia-dle")
     (s / "out/notes.txt").write_text("mine")
     return s / "out", s / "work", lambda layout, flags: None
 
@@ -318,7 +318,7 @@ def foreign_link_folder_no_marker(s):
 
 @state
 def foreign_eval_folder_with_marker(s):
-    own_export(s, s / "out", "nvidia")
+    own_export(s, s / "out", "nvidia-dle")
     shutil.rmtree(s / "out/eval")
     (s / "out/eval").mkdir()
     (s / "out/eval/my_eval.hdf5").write_bytes(_h5_bytes())
@@ -574,7 +574,7 @@ def test_re_export_over_its_own_export_in_every_layout(template: Path, tmp_path:
     s = sandbox(template, tmp_path)
     out = s / "ds"
     outside = snapshot(s)
-    for layout in ("samsung", "nvidia", "habana", "samsung", "samsung", "habana"):
+    for layout in ("samsung", "nvidia-dle", "habana", "samsung", "samsung", "habana"):
         rc, err = export(s / "work", out, layout)
         assert rc == 0, err
         check_export(out, s / "work", layout)
@@ -607,14 +607,14 @@ def test_a_kill_at_any_step_is_recovered_by_the_next_export(template: Path, tmp_
 
     steps: list[str] = []
     monkeypatch.setattr(ed, "_step", lambda what, rel: steps.append(what))
-    own_export(s, out, "nvidia")
+    own_export(s, out, "nvidia-dle")
     own_export(s, out, "samsung")
     n_steps = len(steps) // 2
     assert {"marker", "unlink", "rmdir", "mkdir", "symlink"} <= set(steps) and n_steps > 30
 
     layout, tried = "samsung", 0
     for stop in range(1, n_steps + 1, 2):
-        target = "nvidia" if layout == "samsung" else "samsung"
+        target = "nvidia-dle" if layout == "samsung" else "samsung"
         monkeypatch.setattr(ed, "_step", stop_at(stop, Killed))
         with pytest.raises(Killed):
             export(s / "work", out, target)
@@ -686,15 +686,15 @@ def test_a_link_swapped_before_its_removal_is_kept(template: Path, tmp_path: Pat
             victim.write_text("mine now")
 
     monkeypatch.setattr(ed, "_step", swap)
-    rc, err = export(s / "work", out, "nvidia")
+    rc, err = export(s / "work", out, "nvidia-dle")
     assert rc == 2 and "changed while exporting" in err and len(err.strip().splitlines()) == 1, err
     assert victim.read_text() == "mine now"
     monkeypatch.setattr(ed, "_step", lambda what, rel: None)
-    rc, err = export(s / "work", out, "nvidia")  # the next export refuses to touch it, naming it
+    rc, err = export(s / "work", out, "nvidia-dle")  # the next export refuses to touch it, naming it
     assert rc == 2 and "part_0_of_4.hdf5 is a file" in err
     victim.unlink()
-    assert export(s / "work", out, "nvidia")[0] == 0
-    check_export(out, s / "work", "nvidia")
+    assert export(s / "work", out, "nvidia-dle")[0] == 0
+    check_export(out, s / "work", "nvidia-dle")
 
 
 def test_a_second_export_into_the_same_out_refuses(template: Path, tmp_path: Path) -> None:
@@ -705,7 +705,7 @@ def test_a_second_export_into_the_same_out_refuses(template: Path, tmp_path: Pat
     fd = os.open(out, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        rc, err = export(s / "work", out, "nvidia")
+        rc, err = export(s / "work", out, "nvidia-dle")
     finally:
         os.close(fd)
     assert rc == 2 and "another export-dataset is writing" in err and snapshot(s) == before

@@ -97,7 +97,7 @@ def test_export_samsung(split_out: Path, golden: Path, shared_data: Path, tmp_pa
     assert json.loads((out / "bertpipe_export.json").read_text())["complete"] is True
 
 
-@pytest.mark.parametrize("layout", ["nvidia", "habana"])
+@pytest.mark.parametrize("layout", ["nvidia-dle", "habana"])
 def test_export_flat_layouts(layout: str, split_out: Path, golden: Path, shared_data: Path, tmp_path: Path) -> None:
     from pretrain.data import discover_shards
 
@@ -130,9 +130,9 @@ def test_export_refuses_a_foreign_folder_and_replaces_a_previous_export(split_ou
     assert _export("--layout", "samsung", "--work-dir", work, out, "--overwrite") == 0
     assert (out / "notes.txt").read_text() == "mine" and len(samsung_bins(out / "train")) == 4
 
-    assert _export("--layout", "nvidia", "--work-dir", work, out) == 0  # a previous export: replaced, no flag
+    assert _export("--layout", "nvidia-dle", "--work-dir", work, out) == 0  # a previous export: replaced, no flag
     assert flat_training_files(out / "train") and not any((out / "train" / str(b)).exists() for b in (128, 512))
-    assert json.loads((out / "bertpipe_export.json").read_text())["layout"] == "nvidia"
+    assert json.loads((out / "bertpipe_export.json").read_text())["layout"] == "nvidia-dle"
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-export-")]
 
 
@@ -152,7 +152,7 @@ def test_export_errors_are_one_line(split_out: Path, golden: Path, shared_data: 
         assert len(err.splitlines()) == 1 and "OUT" in err
     assert sorted(os.listdir(work / "bins/k1/data")) == ["128", "256", "384", "512"]
     (work / "bins/k1/data/256" / f"part_3_of_{N}.hdf5").unlink()
-    assert _export("--layout", "nvidia", "--work-dir", work, tmp_path / "o2") == 2
+    assert _export("--layout", "nvidia-dle", "--work-dir", work, tmp_path / "o2") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "256" in err and not (tmp_path / "o2").exists()
 
@@ -169,3 +169,20 @@ def test_export_help_and_default_work_dir() -> None:
     text = p.format_help()
     assert all(w in text for w in ("samsung", "nvidia", "habana", "--work-dir", "--overwrite", "OUT"))
     assert p.parse_args(["--layout", "samsung", "x"]).work_dir == Path(DataParams().work_dir)
+
+
+def test_no_layout_hands_padded_rows_to_a_variable_length_reader(split_out: Path, golden: Path, shared_data: Path,
+                                                                  tmp_path: Path, capsys) -> None:
+    """A run that built the 4-bin set only: the NVIDIA MLPerf and packed layouts refuse in one line naming the
+    --target to build, and make nothing (NVIDIA's MLPerf reader would give padded rows an all-ones mask)."""
+    work = _work_dir(tmp_path, split_out, golden, shared_data)
+    for layout, target in (("nvidia", "--target nvidia-varlength"), ("nvidia-packed", "--target nvidia-packed"),
+                           ("habana-packed", "--target habana-packed")):
+        capsys.readouterr()
+        assert _export("--layout", layout, "--work-dir", work, tmp_path / layout) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and target in err and "samsung-4bins" in err, err
+        assert not (tmp_path / layout).exists()
+    assert _export("--layout", "nvidia", "--target", "samsung-4bins", "--work-dir", work, tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nvidia-4320 or nvidia-varlength or nvidia-2048" in err

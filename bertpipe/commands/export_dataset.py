@@ -1,17 +1,29 @@
 """Lay a data set out for another project's trainer: a tree of symlinks (no data is copied).
 
-  bertpipe export-dataset --layout samsung OUT     # Samsung MLPerf: OUT/train/{128,256,384,512}/part_<k>_of_<N>.hdf5
-  bertpipe export-dataset --layout nvidia OUT      # NVIDIA DeepLearningExamples: OUT/train/training_<bin>_part_<k>_of_<N>.hdf5
-  bertpipe export-dataset --layout habana OUT      # Habana Model-References bert / deepspeed-bert: as nvidia
+  bertpipe export-dataset --layout samsung OUT        # Samsung MLPerf: OUT/train/{128,256,384,512}/part_<k>_of_<N>.hdf5
+  bertpipe export-dataset --layout habana OUT         # Habana bert / deepspeed-bert, unpacked: OUT/train/training_*.hdf5
+  bertpipe export-dataset --layout nvidia-dle OUT     # NVIDIA DeepLearningExamples' HDF5 trainer: as habana
+  bertpipe export-dataset --layout nvidia OUT         # NVIDIA's MLPerf trainer v1.1+: variable-length part_*.hdf5
+  bertpipe export-dataset --layout nvidia-packed OUT  # NVIDIA's MLPerf trainer --packed_samples: part_*.hdf5 packs
+  bertpipe export-dataset --layout habana-packed OUT  # Habana's trainer, packed mode: OUT/train + train_metadata.json
 
-The data set is the one `bertpipe run` last built in --work-dir (its last_run.json: train_dir, eval_hdf5,
-vocab). Every layout gets OUT/train (the trainer's --input_dir), OUT/eval/part_eval_10k.hdf5 (--eval_dir: the
-MLPerf trainers take the files whose name contains "part"), OUT/vocab.txt, and OUT/bertpipe_export.json
-(what was exported, from where). Samsung's trainer sorts the entries of its input dir by int(name), so
-OUT/train holds the four bin folders and nothing else. NVIDIA's and Habana's read every file of one flat
-folder whose name contains "training"; shards without rows are left out there (their RandomSampler refuses
-an empty file), and every other shard of the four bins is linked. Links are absolute: OUT can live anywhere,
-and shows the data set as it was when exported (export again after a new `bertpipe run`).
+The data set is the one `bertpipe run` last built in --work-dir (its last_run.json outputs). Each layout lays
+out the folder of one target of that run (`bertpipe run --target`): samsung, habana and nvidia-dle the 4-bin set
+(samsung-4bins, padded rows); nvidia NVIDIA's variable-length shards (nvidia-4320, else nvidia-varlength, else
+nvidia-2048; --target picks one); nvidia-packed and habana-packed their packed sets. A layout whose target the
+run did not build is refused in one line naming the --target to build: no layout hands padded rows to a reader
+that expects variable-length ones (NVIDIA's MLPerf trainer sets its attention mask from the row's length).
+
+Every layout gets OUT/train (the trainer's --input_dir), OUT/eval/part_eval_10k.hdf5 (--eval_dir: the MLPerf
+trainers take the files whose name contains "part"; the variable-length eval file for the NVIDIA layouts, the
+padded one otherwise), OUT/vocab.txt, and OUT/bertpipe_export.json (what was exported, from where);
+habana-packed also OUT/train_metadata.json (Habana's trainer reads <input_dir>_metadata.json). Samsung's trainer
+sorts the entries of its input dir by int(name), so OUT/train holds the four bin folders and nothing else.
+Habana's and DeepLearningExamples' unpacked readers take every file of one flat folder whose name contains
+"training"; NVIDIA's MLPerf trainer the files whose name contains "part"; Habana's packed mode every file. Shards
+without rows are left out of the flat layouts (the trainers' RandomSampler refuses an empty file). Links are
+absolute: OUT can live anywhere, and shows the data set as it was when exported (export again after a new
+`bertpipe run`).
 
 It deletes only links it made. The marker (format "bertpipe-export", version 2) records every link with its
 target, the folders it made, and the folder it was written for. Before changing anything, every entry of
@@ -52,15 +64,46 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-LAYOUTS = ("samsung", "nvidia", "habana")
 MARKER = "bertpipe_export.json"
 FORMAT = "bertpipe-export"
 VERSION = 2  # 1: no "format"/"version", no record of the links
 EVAL_NAME = "part_eval_10k.hdf5"  # NVIDIA's published name; contains "part" as the MLPerf eval readers want
 #: The top-level names an export owns in OUT (folders: with all below them); nothing else of OUT is touched.
-ROOTS = {"train": "dir", "eval": "dir", "vocab.txt": "file"}
+ROOTS = {"train": "dir", "eval": "dir", "vocab.txt": "file", "train_metadata.json": "file"}
+METADATA = "train_metadata.json"  # habana-packed: Habana's trainer reads <input_dir>_metadata.json beside OUT/train
 _BINS = ("128", "256", "384", "512")
 _PART = re.compile(r"^part_(\d+)_of_(\d+)\.hdf5$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A trainer's layout: the targets (preprocessing/targets.py) whose folder it lays out, preferred first; how
+    (``bins``: Samsung's int-named bin folders; ``flat``: the bins' shards in one folder as training_*; ``files``: the
+    target folder's files matching ``files``, under their own names); and the metadata file linked beside train/."""
+
+    name: str
+    targets: tuple[str, ...]
+    kind: str
+    help: str
+    files: str = ""
+    metadata: str = ""  # the last_run.json output folder's sibling file: <folder>_metadata.json
+
+
+LAYOUT_SPECS: tuple[Layout, ...] = (
+    Layout("samsung", ("samsung-4bins",), "bins", "Samsung's MLPerf trainer: the int-named bin folders"),
+    Layout("habana", ("samsung-4bins",), "flat", "Habana Model-References bert, unpacked (--enable_packed_data_mode "
+           "False): one flat folder of *training* files, padded rows"),
+    Layout("nvidia-dle", ("samsung-4bins",), "flat", "NVIDIA DeepLearningExamples' HDF5 trainer: as habana"),
+    Layout("nvidia", ("nvidia-4320", "nvidia-varlength", "nvidia-2048"), "files",
+           "NVIDIA's MLPerf trainer (training_results v1.1 and later): its variable-length part_* shards",
+           files=r"^part_\d+_of_\d+\.hdf5$"),
+    Layout("nvidia-packed", ("nvidia-packed",), "files", "NVIDIA's MLPerf trainer with --packed_samples: its packed "
+           "part_* shards", files=r"^part_\d+\.hdf5$"),
+    Layout("habana-packed", ("habana-packed",), "files", "Habana's trainer in packed mode (its default): the packed "
+           "files and train_metadata.json", files=r"^mixed_strategies_part_\d+\.hdf5$", metadata="_metadata.json"),
+)
+LAYOUT_BY_NAME = {lay.name: lay for lay in LAYOUT_SPECS}
+LAYOUTS = tuple(LAYOUT_BY_NAME)
 _MARKER_TMP = re.compile(r"^\.bertpipe_export\.json\.tmp-\d+$")  # a killed marker write's temp file
 
 
@@ -68,7 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", metavar="OUT", help="folder to build the symlink tree in (created if missing; not a "
                    "symlink, not in a work dir)")
     p.add_argument("--layout", required=True, choices=LAYOUTS,
-                   help="samsung: int-named bin folders; nvidia/habana: one flat folder of *training* files")
+                   help="; ".join(f"{lay.name}: {lay.help}" for lay in LAYOUT_SPECS).replace("%", "%%"))
+    p.add_argument("--target", help="which of the run's targets the layout lays out, where it lays out more than one "
+                   "(nvidia: nvidia-4320, nvidia-varlength or nvidia-2048; default: the first of those the run built)")
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"),
                    help="the work dir of the `bertpipe run` whose data set to export (default: work, as bertpipe run)")
     p.add_argument("--overwrite", action="store_true",
@@ -84,14 +129,21 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out.strip():
         raise InputError("OUT is an empty string; give the folder to build the symlink tree in")
-    train_dir, eval_file, vocab = _dataset(args.work_dir)
-    shards = _shards(train_dir)
+    layout = LAYOUT_BY_NAME[args.layout]
+    target, train_dir, eval_file, vocab = _dataset(args.work_dir, layout, getattr(args, "target", None))
+    metadata = _metadata(train_dir, layout)
     out = _out_folder(args.out)
-    _refuse_work_dirs(out, args.work_dir.resolve(), train_dir, [eval_file, vocab])
-    links, skipped = _plan(args.layout, shards, eval_file, vocab)
+    _refuse_work_dirs(out, args.work_dir.resolve(), train_dir, [eval_file, vocab, metadata])
+    if layout.kind == "files":
+        links, skipped = _plan_files(_listed(train_dir, layout), eval_file, vocab)
+    else:
+        links, skipped = _plan(args.layout, _shards(train_dir), eval_file, vocab)
+    if metadata is not None:
+        links[METADATA] = metadata
     planned = {name: str(target) for name, target in links.items()}
-    info = {"layout": args.layout, "work_dir": str(args.work_dir.resolve()), "train_dir": str(train_dir),
-            "eval_hdf5": str(eval_file) if eval_file else None, "vocab": str(vocab) if vocab else None,
+    info = {"layout": args.layout, "target": target, "work_dir": str(args.work_dir.resolve()),
+            "train_dir": str(train_dir), "eval_hdf5": str(eval_file) if eval_file else None,
+            "vocab": str(vocab) if vocab else None,
             "train_files": sum(1 for name in links if name.startswith("train/")), "empty_shards_left_out": skipped,
             "exported": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with _locked(out) as (fd, out_id):
@@ -110,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         head = {"format": FORMAT, "version": VERSION, "out": str(out), "out_id": out_id, **info}
         copies = _apply(out, fd, planned, todo, head)
     n = info["train_files"]
-    print(f"{out}/train: {n} shard links ({args.layout} layout{f', {skipped} empty shards left out' if skipped else ''})"
-          " -> the trainer's input dir")
+    print(f"{out}/train: {n} shard links ({args.layout} layout of {target}"
+          f"{f', {skipped} empty shards left out' if skipped else ''}) -> the trainer's input dir")
+    if metadata is not None:
+        print(f"{out}/{METADATA} (avg_seq_per_sample, beside the input dir)")
     print(f"{out}/eval/{EVAL_NAME} -> the trainer's eval dir" if eval_file else
           f"no eval file: {args.work_dir}'s last run made none (run its eval stages to get one)")
     if vocab:
@@ -143,9 +197,13 @@ def _locked(out: Path):
 
 
 # -- what to export -----------------------------------------------------------------------------------
-def _dataset(work: Path) -> tuple[Path, Path | None, Path | None]:
-    """(train_dir, eval file or None, vocab or None) of the work dir's last run, checked to exist."""
+def _dataset(work: Path, layout: Layout, target: str | None = None) -> tuple[str, Path, Path | None, Path | None]:
+    """(target, its folder, its eval file or None, vocab or None) of the work dir's last run, checked to exist.
+
+    The target is ``target`` (one of the layout's), else the first of the layout's targets the run built; a layout
+    none of whose targets the run built is refused naming the ``--target`` to build."""
     from core.errors import InputError
+    from preprocessing.targets import BY_NAME
     from tasks.workdir import last_run
 
     if not work.is_dir():
@@ -154,19 +212,73 @@ def _dataset(work: Path) -> tuple[Path, Path | None, Path | None]:
     if not out:
         raise InputError(f"--work-dir {work} has no run summary ({work}/last_run.json); run `bertpipe run --work-dir "
                          f"{work}` first")
-    if "train_dir" not in out:
-        raise InputError(f"{work}/last_run.json names no train_dir (its last run made no 4-bin output); run "
-                         f"`bertpipe run --work-dir {work}` to finish the data set")
-    train = Path(out["train_dir"])
+    built = [t for t in layout.targets if BY_NAME[t].train in out]
+    if target is not None:
+        if target not in layout.targets:
+            raise InputError(f"--target {target}: the {layout.name} layout lays out {' or '.join(layout.targets)}; "
+                             "choose one of those (or another --layout)")
+        if target not in built:
+            raise InputError(f"--target {target}: the last run of {work} did not build it ({work}/last_run.json names "
+                             f"no {BY_NAME[target].train}); run `bertpipe run --work-dir {work} --target {target}` "
+                             "(with the run's other --target flags) first")
+        built = [target]
+    if not built:
+        others = [t for t, spec in BY_NAME.items() if spec.train in out]
+        want = layout.targets[1] if layout.name == "nvidia" else layout.targets[0]  # nvidia-varlength: v1.1's set
+        raise InputError(f"--layout {layout.name} needs the folder of --target {' or '.join(layout.targets)}, which "
+                         f"the last run of {work} did not build (it built {', '.join(others) or 'no target folder'}); "
+                         f"run `bertpipe run --work-dir {work} --target {want}` (with the run's other --target flags), "
+                         "then export again")
+    spec = BY_NAME[built[0]]
+    train = Path(out[spec.train])
     if not train.is_dir():
-        raise InputError(f"train_dir {train} (from {work}/last_run.json) does not exist; run `bertpipe run "
+        raise InputError(f"{spec.train} {train} (from {work}/last_run.json) does not exist; run `bertpipe run "
                          f"--work-dir {work}` again to rebuild it")
-    eval_file = Path(out["eval_hdf5"]) if out.get("eval_hdf5") else None
+    eval_file = Path(out[spec.eval]) if out.get(spec.eval) else None
     if eval_file is not None and not eval_file.is_file():
-        raise InputError(f"eval_hdf5 {eval_file} (from {work}/last_run.json) does not exist; run `bertpipe run "
+        raise InputError(f"{spec.eval} {eval_file} (from {work}/last_run.json) does not exist; run `bertpipe run "
                          f"--work-dir {work}` again to rebuild it")
     vocab = Path(out["vocab"]) if out.get("vocab") and Path(out["vocab"]).is_file() else None
-    return train.resolve(), eval_file.resolve() if eval_file else None, vocab.resolve() if vocab else None
+    return built[0], train.resolve(), eval_file.resolve() if eval_file else None, vocab.resolve() if vocab else None
+
+
+def _metadata(train: Path, layout: Layout) -> Path | None:
+    """The metadata file the layout links beside OUT/train (``<folder>_metadata.json`` beside the target folder)."""
+    from core.errors import InputError
+
+    if not layout.metadata:
+        return None
+    path = train.parent / f"{train.name}{layout.metadata}"
+    if not path.is_file():
+        raise InputError(f"{path} (the metadata beside {train}) does not exist; run `bertpipe run` on the work dir "
+                         "again to rebuild it")
+    return path
+
+
+def _manifest_of(folder: Path):  # -> (Manifest, the folder its names are relative to)
+    """The manifest of the stage that wrote ``folder`` (in it, or one level up), every file there of its size."""
+    from core.errors import InputError
+    from core.manifest import MANIFEST_NAME, verify_manifest
+
+    for d in (folder, folder.parent):
+        if (d / MANIFEST_NAME).is_file():
+            return verify_manifest(d, check_md5=False), d  # every file there, of its size (`bertpipe verify` re-hashes)
+    raise InputError(f"{folder} has no stage manifest (in it or beside it); run `bertpipe run` on the work dir again")
+
+
+def _listed(folder: Path, layout: Layout) -> list[Path]:
+    """The files of ``folder`` its manifest lists whose names match the layout's pattern, sorted by name."""
+    from core.errors import InputError
+
+    m, base = _manifest_of(folder)
+    rel = folder.relative_to(base).as_posix()
+    pattern = re.compile(layout.files)
+    names = sorted(PurePosixPath(f.name).name for f in m.files if str(PurePosixPath(f.name).parent) == rel
+                   and pattern.match(PurePosixPath(f.name).name))
+    if not names:
+        raise InputError(f"{folder} holds no files of the {layout.name} layout; run `bertpipe run` on the work dir "
+                         "again to rebuild it")
+    return [folder / n for n in names]
 
 
 def _shards(train: Path) -> dict[int, list[Path]]:
@@ -223,6 +335,22 @@ def _plan(layout: str, shards: dict[int, list[Path]], eval_file: Path | None,
                 links[f"train/training_{b}_part_{k:05d}_of_{n:05d}.hdf5"] = f
             else:
                 skipped += 1
+    if eval_file is not None:
+        links[f"eval/{EVAL_NAME}"] = eval_file
+    if vocab is not None:
+        links["vocab.txt"] = vocab
+    return links, skipped
+
+
+def _plan_files(files: list[Path], eval_file: Path | None, vocab: Path | None) -> tuple[dict[str, Path], int]:
+    """(name under OUT -> absolute target, empty files left out): each file under its own name in train/."""
+    links: dict[str, Path] = {}
+    skipped = 0
+    for f in files:
+        if _rows(f):
+            links[f"train/{f.name}"] = f
+        else:
+            skipped += 1
     if eval_file is not None:
         links[f"eval/{EVAL_NAME}"] = eval_file
     if vocab is not None:
