@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,24 @@ def export_to_hf(model_or_state: torch.nn.Module | dict[str, Tensor], out_dir: s
         if bar:
             hf_logging.enable_progress_bar()
     (out_dir / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    make_readable(out_dir / n for n in ("config.json", "model.safetensors", CONFIG_NAME))
     log.info("exported %d tensors to %s", len(hf_state), out_dir)
     return out_dir
+
+
+def file_mode() -> int:
+    """The mode a plain new file gets here (0o666 less the umask: 0644 under the usual umask 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def make_readable(paths) -> None:  # noqa: ANN001 - an iterable of Paths
+    """Give exported files the mode of any other new file (safetensors writes model.safetensors 0600)."""
+    mode = file_mode()
+    for p in paths:
+        if Path(p).is_file():
+            os.chmod(p, mode)
 
 
 def _tag_order(tag: str) -> tuple:
@@ -272,8 +289,32 @@ def export_tokenizer(vocab: str | Path, hf_dir: str | Path, config: BertConfig, 
     Raises:
         InputError: the vocab lacks a special token, or has more entries than the model's vocab_size.
     """
-    data = Path(vocab).read_bytes()
-    tokens = data.decode("utf-8").splitlines()
+    hf_dir = Path(hf_dir)
+    for name, content in tokenizer_files(vocab, config, do_lower_case).items():
+        tmp = hf_dir / f".{name}.tmp"
+        tmp.write_bytes(content)
+        tmp.replace(hf_dir / name)
+    make_readable(hf_dir / n for n in TOKENIZER_FILES)
+    return hf_dir
+
+
+def tokenizer_files(vocab: str | Path, config: BertConfig, do_lower_case: bool = True) -> dict[str, bytes]:
+    """The tokenizer's files (name -> bytes) for ``vocab``, checked against the model (call it before any work).
+
+    Raises:
+        InputError: the vocab cannot be read, lacks a special token, or has more entries than the model's
+            vocab_size (one line naming the file and the flag, --vocab).
+    """
+    try:
+        data = Path(vocab).read_bytes()
+    except OSError as exc:
+        raise InputError(f"--vocab {vocab}: cannot read it ({exc.strerror or exc}); pass the vocab.txt the "
+                         "model was trained with") from exc
+    try:
+        tokens = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"vocab {vocab} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a BERT WordPiece "
+                         "vocab; pass --vocab FILE with the vocab.txt the model was trained with") from exc
     missing = [t for t in SPECIAL_TOKENS.values() if t not in tokens]
     if missing:
         raise InputError(f"vocab {vocab} has no {', '.join(missing)} entry: not a BERT WordPiece vocab; pass "
@@ -284,16 +325,11 @@ def export_tokenizer(vocab: str | Path, hf_dir: str | Path, config: BertConfig, 
     if len(tokens) < config.vocab_size:
         log.warning("vocab %s has %d entries, the model %d: ids %d.. have no token", vocab, len(tokens),
                     config.vocab_size, len(tokens))
-    hf_dir = Path(hf_dir)
     tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "do_basic_tokenize": True,
                   "tokenize_chinese_chars": True, "strip_accents": None, **SPECIAL_TOKENS,
                   "model_max_length": config.max_position_embeddings, "clean_up_tokenization_spaces": True}
-    for name, content in (("vocab.txt", data), ("tokenizer_config.json", _json_bytes(tok_config)),
-                          ("special_tokens_map.json", _json_bytes(SPECIAL_TOKENS))):
-        tmp = hf_dir / f".{name}.tmp"
-        tmp.write_bytes(content)
-        tmp.replace(hf_dir / name)
-    return hf_dir
+    return {"vocab.txt": data, "tokenizer_config.json": _json_bytes(tok_config),
+            "special_tokens_map.json": _json_bytes(SPECIAL_TOKENS)}
 
 
 def _json_bytes(doc: dict) -> bytes:

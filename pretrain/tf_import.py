@@ -10,7 +10,7 @@ MLPerf's initial checkpoint (`model.ckpt-28252`, BERT-Large, its bert_config.jso
 
     # command line: to our weights (safetensors, our names) and/or a transformers directory
     bertpipe import-tf tf1_ckpt/model.ckpt-28252 --config bert_config.json \
-        --out-safetensors init.safetensors --out-hf hf_init/      # (python -m pretrain.tf_import: the same)
+        --out-safetensors init.safetensors --out-hf hf_init/ --vocab vocab.txt   # (python -m pretrain.tf_import: the same)
     bertpipe train --init-checkpoint init.safetensors ...         # or the TF prefix itself
 
 The checkpoint may be given as its prefix, as one of its files (.index, .data-00000-of-00001) or as its
@@ -277,27 +277,40 @@ def save_safetensors(model: torch.nn.Module, path: str | Path, source: str = "")
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata={"bert_config": model.config.to_json(), "source": source,
                                          "format": "bertpipe"})
+    from pretrain.hf_export import make_readable
+
+    make_readable([tmp])  # (safetensors writes 0600)
     tmp.replace(path)
     return path
 
 
 def convert_tf_checkpoint(tf_checkpoint: str | Path, config: BertConfig, *, out_safetensors: str | Path | None = None,
-                          out_hf: str | Path | None = None) -> torch.nn.Module:
+                          out_hf: str | Path | None = None, vocab: str | Path | None = None,
+                          do_lower_case: bool = True) -> torch.nn.Module:
     """TF1 checkpoint -> our model, written as safetensors (our names) and/or a transformers directory.
 
-    The shapes are checked from the checkpoint's index before the model is built or any tensor read.
+    ``out_hf`` gets the tokenizer of ``vocab`` too (vocab.txt, tokenizer_config.json, special_tokens_map.json,
+    as `bertpipe export-hf` writes them), so ``transformers.pipeline("fill-mask", model=out_hf)`` works; the
+    vocab is required with ``out_hf`` (without it transformers would build a 5-token tokenizer). The shapes
+    and the vocab are checked before the model is built or any tensor read.
 
     Raises:
-        InputError: no output asked for, missing checkpoint, or a checkpoint that does not fit `config`.
+        InputError: no output asked for, ``out_hf`` without ``vocab``, a vocab that does not fit, a missing
+            checkpoint, or a checkpoint that does not fit `config`.
     """
     from pretrain.model import BertForPreTraining
 
     if not (out_safetensors or out_hf):
         raise InputError("give --out-safetensors FILE and/or --out-hf DIR")
     if out_hf:
-        from pretrain.hf_export import hf_config
+        from pretrain.hf_export import hf_config, tokenizer_files
 
+        if not vocab:
+            from pretrain.vocab_file import out_hf_needs_vocab
+
+            raise InputError(out_hf_needs_vocab(out_hf))
         hf_config(config)  # refuses the pre-LN variant before any work
+        tokenizer_files(vocab, config, do_lower_case)  # a vocab that does not fit: refused now
     check_tf_shapes(tf_checkpoint_shapes(tf_checkpoint), config, str(tf_checkpoint))  # fail fast
     model = BertForPreTraining(config)
     load_tf_checkpoint(model, tf_checkpoint)
@@ -305,10 +318,12 @@ def convert_tf_checkpoint(tf_checkpoint: str | Path, config: BertConfig, *, out_
         save_safetensors(model, out_safetensors, source=str(tf_checkpoint))
         log.info("wrote %s", out_safetensors)
     if out_hf:
-        from pretrain.hf_export import export_to_hf
+        from pretrain.hf_export import export_to_hf, export_tokenizer
 
         export_to_hf(model, out_hf)
+        export_tokenizer(vocab, out_hf, config, do_lower_case)
     return model
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,14 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("tf_checkpoint", help="checkpoint prefix (model.ckpt-28252) or its directory")
     p.add_argument("--config", help="bert_config.json (default: the BERT-Large preset)")
     p.add_argument("--out-safetensors", help="write our state dict here (load with safetensors.torch.load_file)")
-    p.add_argument("--out-hf", help="write a transformers BertForPreTraining directory here")
+    p.add_argument("--out-hf", help="write a transformers BertForPreTraining directory here (needs --vocab)")
+    p.add_argument("--vocab", help="the checkpoint's vocab.txt: the tokenizer written into --out-hf")
+    p.add_argument("--do-lower-case", action=argparse.BooleanOptionalAction, default=True,
+                   help="the tokenizer lower-cases (an uncased vocab, as MLPerf's) (default: true)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not (args.out_safetensors or args.out_hf):
         p.error("give --out-safetensors and/or --out-hf")
     try:
         config = BertConfig.from_json_file(args.config) if args.config else model_config("large")
-        convert_tf_checkpoint(args.tf_checkpoint, config, out_safetensors=args.out_safetensors, out_hf=args.out_hf)
+        convert_tf_checkpoint(args.tf_checkpoint, config, out_safetensors=args.out_safetensors, out_hf=args.out_hf,
+                              vocab=args.vocab, do_lower_case=args.do_lower_case)
     except ValueError as e:
         print(f"tf_import: error: {e}", file=sys.stderr)
         return 2

@@ -38,3 +38,10 @@ def vocab_record(path: str | Path | None) -> dict[str, Any] | None:
         return None
     data = _read(path)
     return {"path": str(Path(path).resolve()), "md5": hashlib.md5(data).hexdigest(), "entries": count_entries(data)}
+
+
+def out_hf_needs_vocab(out_hf: str | Path) -> str:
+    """import-tf's refusal of --out-hf without --vocab (one line)."""
+    return (f"--out-hf {out_hf} needs --vocab FILE, the vocab.txt the checkpoint was trained with (MLPerf's vocab.txt "
+            "beside model.ckpt-28252): without it transformers builds a 5-token tokenizer and fill-mask returns empty "
+            "strings")

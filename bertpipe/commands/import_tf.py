@@ -3,7 +3,7 @@
 Examples:
   # MLPerf's initial checkpoint (BERT-Large) and its bert_config.json
   bertpipe import-tf tf1_ckpt/model.ckpt-28252 --config tf1_ckpt/bert_config.json \\
-      --out-safetensors init.safetensors --out-hf hf/mlperf-init
+      --out-safetensors init.safetensors --out-hf hf/mlperf-init --vocab tf1_ckpt/vocab.txt
   bertpipe train --model large --init-checkpoint init.safetensors ...    # start pre-training from it
   bertpipe import-tf tf1_ckpt --model tiny --out-safetensors tiny.safetensors  # directory; a preset config
 
@@ -12,7 +12,10 @@ files, or their directory. The model config is --config (a bert_config.json) or 
 large). Every variable's shape is checked against it before anything is read or built; a mismatch is one
 line naming the TF variable, our tensor and both shapes. Optimizer slots (adam_m/adam_v) and global_step
 are skipped. --out-safetensors holds our tensor names (vocab padded, float32; the config in its metadata);
---out-hf is a transformers BertForPreTraining directory. Needs TensorFlow (the `tf` extra).
+--out-hf is a transformers BertForPreTraining directory with the tokenizer of --vocab (the checkpoint's
+vocab.txt: vocab.txt, tokenizer_config.json with do_lower_case, special_tokens_map.json, as export-hf writes
+them), so `transformers.pipeline("fill-mask", model=DIR)` works; --out-hf without --vocab is refused. Every
+file written gets the mode of a new file (0644 under umask 022). Needs TensorFlow (the `tf` extra).
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(g, "model", choices=PRESETS, default=None, help="a preset config instead (default: large)")
     flag(p, "out_safetensors", default=None, metavar="FILE",
          help="write our state dict here (for `bertpipe train --init-checkpoint FILE`)")
-    flag(p, "out_hf", default=None, metavar="DIR", help="write a transformers BertForPreTraining directory here")
+    flag(p, "out_hf", default=None, metavar="DIR",
+         help="write a transformers BertForPreTraining directory here, with the tokenizer of --vocab")
+    flag(p, "vocab", default=None, metavar="FILE",
+         help="the checkpoint's vocab.txt (MLPerf's, beside model.ckpt-28252): the tokenizer of --out-hf (required "
+         "with --out-hf)")
+    p.add_argument("--do-lower-case", dest="do_lower_case", action=argparse.BooleanOptionalAction, default=True,
+                   help="the --out-hf tokenizer lower-cases text (an uncased vocab, as MLPerf's) (default: true)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from core.paths import PathCheck
+    from pretrain.vocab_file import out_hf_needs_vocab
+
+    if args.out_hf and not args.vocab:
+        raise InputError(out_hf_needs_vocab(args.out_hf))
 
     pc = PathCheck()
     src = Path(args.tf_checkpoint)
@@ -63,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
         pc.input_dir_files("TF_CHECKPOINT", src, [p.name for p in src.iterdir()])
     if args.config is not None:
         pc.input_file("--config", args.config, "bert_config.json")
+    if args.vocab:
+        pc.input_file("--vocab", args.vocab, "vocab.txt")
     if args.out_safetensors:
         pc.output_file("--out-safetensors", args.out_safetensors)
     if args.out_hf:
-        pc.output_dir("--out-hf", args.out_hf, ["config.json", "model.safetensors", "bertpipe_config.json"])
+        pc.output_dir("--out-hf", args.out_hf, ["config.json", "model.safetensors", "bertpipe_config.json", "vocab.txt",
+                                                "tokenizer_config.json", "special_tokens_map.json"])
     from pretrain.config import BertConfig, model_config
     from pretrain.tf_import import convert_tf_checkpoint
 
@@ -75,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise InputError(f"--config: {e}") from e
     try:
-        convert_tf_checkpoint(args.tf_checkpoint, config, out_safetensors=args.out_safetensors, out_hf=args.out_hf)
+        convert_tf_checkpoint(args.tf_checkpoint, config, out_safetensors=args.out_safetensors, out_hf=args.out_hf,
+                              vocab=args.vocab, do_lower_case=args.do_lower_case)
     except ImportError as e:
         raise BertpipeError(str(e)) from e
     for out in (args.out_safetensors, args.out_hf):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -219,8 +220,10 @@ def test_tf_import_command_writes_safetensors_and_hf(tf1_checkpoint, tmp_path):
     cfg_path = tmp_path / "bert_config.json"
     cfg_path.write_text(json.dumps(source.config.to_dict()))
     out = tmp_path / "init.safetensors"
+    vocab = fake_vocab(tmp_path / "vocab.txt")
     assert main([str(prefix), "--config", str(cfg_path), "--out-safetensors", str(out),
-                 "--out-hf", str(tmp_path / "hf")]) == 0
+                 "--out-hf", str(tmp_path / "hf"), "--vocab", str(vocab)]) == 0
+    assert (tmp_path / "hf" / "vocab.txt").read_bytes() == vocab.read_bytes()
     target = BertForPreTraining(source.config).eval()
     target.load_state_dict(load_file(out))
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
@@ -230,7 +233,9 @@ def test_tf_import_command_writes_safetensors_and_hf(tf1_checkpoint, tmp_path):
         torch.testing.assert_close(target(**b).nsp_logits, want, rtol=0, atol=ATOL)
         got = hf(input_ids=b["input_ids"], token_type_ids=b["segment_ids"], attention_mask=b["input_mask"])
     torch.testing.assert_close(got.seq_relationship_logits, want, rtol=0, atol=ATOL)
-    assert main([str(tmp_path / "missing"), "--out-hf", str(tmp_path / "x")]) == 2
+    assert main([str(tmp_path / "missing"), "--out-hf", str(tmp_path / "x"), "--vocab", str(vocab)]) == 2
+    assert main([str(prefix), "--out-hf", str(tmp_path / "x")]) == 2  # no --vocab: refused
+    assert not (tmp_path / "x").exists()
 
 
 # --- the commands: bertpipe export-hf / import-tf ------------------------------------------------------------
@@ -413,9 +418,61 @@ def test_cli_import_tf_errors_are_one_line(tf1_checkpoint, tmp_path, capsys):
     for argv, message in cases:
         assert message in cli_error(capsys, ["import-tf", *argv, "--out-safetensors", str(out)])
     assert "give --out-safetensors FILE and/or --out-hf DIR" in cli_error(capsys, ["import-tf", str(prefix)])
+    vocab = fake_vocab(tmp_path / "vocab.txt")
     assert "layer_norm_large_model" in cli_error(capsys, ["import-tf", str(prefix), "--model", "1.5b", "--out-hf",
-                                                          str(tmp_path / "hf")])
+                                                          str(tmp_path / "hf"), "--vocab", str(vocab)])
+    err = cli_error(capsys, ["import-tf", str(prefix), "--model", "tiny", "--out-hf", str(tmp_path / "hf")])
+    assert f"--out-hf {tmp_path / 'hf'} needs --vocab FILE" in err
+    bad = tmp_path / "bad_vocab.txt"
+    bad.write_text("a\nb\n")
+    assert "has no [UNK], [SEP], [PAD], [CLS], [MASK] entry" in cli_error(
+        capsys, ["import-tf", str(prefix), "--model", "tiny", "--out-hf", str(tmp_path / "hf"), "--vocab", str(bad)])
+    assert "no.txt: no such vocab.txt" in cli_error(capsys, ["import-tf", str(prefix), "--model", "tiny", "--out-hf",
+                                                             str(tmp_path / "hf"), "--vocab", str(tmp_path / "no.txt")])
     assert not out.exists() and not (tmp_path / "hf").exists()
+
+
+def test_cli_import_tf_to_hf_writes_the_tokenizer_and_fill_mask_gives_real_tokens(tf1_checkpoint, tmp_path, capsys,
+                                                                                   shared_data):
+    """import-tf --out-hf --vocab (MLPerf's vocab.txt): export-hf's tokenizer files, every file 0644, and
+    transformers' fill-mask on the imported checkpoint returns real tokens, our model's prediction."""
+    pytest.importorskip("transformers")
+    from bertpipe.cli import main
+
+    source, prefix = tf1_checkpoint
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes((shared_data / "vocab.txt").read_bytes())
+    hf = tmp_path / "hf"
+    old = os.umask(0o022)
+    try:
+        assert main(["import-tf", str(prefix), "--model", "tiny", "--out-hf", str(hf), "--vocab", str(vocab),
+                     "--out-safetensors", str(tmp_path / "init.safetensors")]) == 0
+    finally:
+        os.umask(old)
+    names = {p.name for p in hf.iterdir()}
+    assert {"config.json", "model.safetensors", "bertpipe_config.json", "vocab.txt", "tokenizer_config.json",
+            "special_tokens_map.json"} == names
+    assert (hf / "vocab.txt").read_bytes() == vocab.read_bytes()
+    assert json.loads((hf / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [*hf.iterdir(), tmp_path / "init.safetensors"]}
+    assert set(modes.values()) == {"0o644"}, modes  # safetensors writes 0600 by itself
+    for text in ("The capital of France is [MASK] .", "He went to the [MASK] yesterday ."):
+        top = fill_mask_matches_ours(hf, source, text)
+        assert top["token_str"].strip() and top["token_str"] not in ("[UNK]", "[PAD]"), top
+
+
+def test_export_hf_files_are_0644(tmp_path):
+    from pretrain.hf_export import export_to_hf, export_tokenizer
+
+    model = perturbed_tiny(seed=3)
+    old = os.umask(0o022)
+    try:
+        export_to_hf(model, tmp_path / "hf")
+        export_tokenizer(fake_vocab(tmp_path / "vocab.txt"), tmp_path / "hf", model.config)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert len(modes) == 6 and set(modes.values()) == {0o644}, modes
 
 
 # --- the vocab a run trains on: recorded, sets vocab_size, and becomes the export's tokenizer --------------
