@@ -11,7 +11,10 @@
 A second run over the same inputs finds every stage done (its manifests verify) and runs nothing.
 With --dask-address the work dir must be on a file system that every Dask worker mounts at the same path.
 Only one run at a time per work dir: a second one refuses at once (or waits: --wait-lock SECONDS).
-Prefect: with no PREFECT_API_URL a temporary local server is started for the run.
+Prefect: with no PREFECT_API_URL a temporary local server is started for the run (120 s to start unless
+PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set). A PREFECT_API_URL that does not answer, or a PREFECT_HOME
+that cannot be written, is one line before any work; a server that stops answering during the run stops it (one
+line, exit 2); the next run marks that run's flow and task runs Crashed.
 """
 
 from __future__ import annotations
