@@ -420,9 +420,17 @@ def record_run(folder: str | os.PathLike) -> str:
 
 
 def recorded_tag(folder: str | os.PathLike) -> str | None:
-    """The tag of the run recorded in ``folder`` (an earlier command's), or None."""
+    """The tag of the run recorded in ``folder`` (an earlier command's), or None. Only a plain file of bertpipe's
+    form counts: a link (to a file outside the folder) is not followed, anything else is ignored."""
     try:
-        run_id = json.loads((Path(folder) / RECORD_NAME).read_text(encoding="utf-8")).get("run")
+        fd = os.open(Path(folder) / RECORD_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            run_id = json.loads(f.read(4096).decode("utf-8")).get("run")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > 64:

@@ -382,3 +382,29 @@ def test_prefects_reports_of_the_unreachable_api_leave_the_console(dead_url: str
     assert f.filter(rec("preprocessing.download", "Connection refused"))
     assert f.filter(rec("prefect.flow_runs", "Finished in state Completed()", logging.INFO))
     assert f.filter(rec("prefect.task_runs", "a warning of the run"))
+
+
+# -- the run record of a locked folder ----------------------------------------------------------------------
+def test_the_run_record_is_read_only_from_a_plain_file_of_its_form(tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "victim"
+    work.mkdir()
+    outside.mkdir()
+    tag = prefect_server.record_run(work)
+    assert tag.startswith(prefect_server.TAG_PREFIX) and prefect_server.recorded_tag(work) == tag
+    assert tag != prefect_server.record_run(work)  # each command its own id
+    record = work / prefect_server.RECORD_NAME
+    (outside / "r.json").write_text('{"run": "abc"}')
+    record.unlink()
+    record.symlink_to(outside / "r.json")  # planted: a link out of the work dir is not followed
+    assert prefect_server.recorded_tag(work) is None
+    for text in ('{"run": "../x"}', '{"run": 5}', "[]", "not json", '{"run": "' + "a" * 65 + '"}'):
+        record.unlink()
+        record.write_text(text)
+        assert prefect_server.recorded_tag(work) is None, text
+    record.unlink()
+    record.mkdir()
+    assert prefect_server.recorded_tag(work) is None
+    assert prefect_server.crash_orphans(work) == 0  # no record: no server asked
+    record.rmdir()
+    prefect_server.record_run(work)
+    assert (outside / "r.json").read_text() == '{"run": "abc"}'
