@@ -10,8 +10,12 @@ comes from :func:`worker_pool`, which
   alone turns it into KeyboardInterrupt and stops the pool, so no worker prints a traceback) and SIGTERM
   has its default action (the worker dies at once, mid-write if need be: the caller's temporary files
   are swept by the stage's debris rule, and nothing without a manifest counts as done);
-* makes each worker exit when the process that created the pool dies (``kill -9`` of a run), so no
-  orphan goes on writing;
+* makes each worker exit when the process that created the pool (its *owner*) dies, ``kill -9`` and the OOM
+  killer included, so no orphan goes on writing or holds the run's stdout: each worker watches the owner's pid
+  and start time (not its parent: a forkserver child's parent is the forkserver, which every worker keeps
+  alive), and has ``PR_SET_PDEATHSIG`` towards the forkserver; :func:`start_forkserver`, called from a main
+  thread (the deployments' flows do), starts a forkserver that has it towards the owner (core/deathsig.py), so
+  the kernel ends the whole tree even when a worker is stuck in native code;
 * on an exception in the ``with`` block (an error, Ctrl-C, SIGTERM turned into an exception) cancels
   queued work and terminates the workers instead of waiting for them.
 """
@@ -46,24 +50,78 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def _watch_parent() -> None:
-    parent = os.getppid()
+def _start_time(pid: int) -> str | None:
+    """/proc/PID/stat's start time (field 22), None without /proc or when ``pid`` is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[19]
+
+
+def _owner_alive(pid: int, start: str | None) -> bool:
+    """``pid`` runs, is no zombie and (with /proc) is the process that started at ``start``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return fields[0] not in ("Z", "X", "x") and (start is None or fields[19] == start)
+
+
+def _watch_owner(owner: tuple[int, str | None]) -> None:
+    from core.deathsig import set_parent_death_signal
+
+    set_parent_death_signal()  # the kernel's signal when our parent (the forkserver) dies
+    pid, start = owner
 
     def loop() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
+        while _owner_alive(pid, start):
             time.sleep(_WATCH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    threading.Thread(target=loop, daemon=True, name="bertpipe-parent-watch").start()
+    threading.Thread(target=loop, daemon=True, name="bertpipe-owner-watch").start()
 
 
-def _init_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+def _init_worker(initializer: Callable[..., None] | None, initargs: tuple,
+                 owner: tuple[int, str | None] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _watch_parent()
+    _watch_owner(owner or (os.getppid(), None))
     if initializer is not None:
         initializer(*initargs)
+
+
+def start_forkserver() -> None:
+    """Start this process's forkserver now, tied to it by ``PR_SET_PDEATHSIG`` (core/deathsig.py, Linux): the
+    kernel sends the parent-death signal when the *thread* that started a process ends, so only a main thread
+    may do this (elsewhere nothing happens: the forkserver starts on first use, and the workers' own watch
+    covers them). Idempotent."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import forkserver
+
+    from core.deathsig import OWNER_ENV
+
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"])
+    if "core.deathsig" not in preload:
+        forkserver.set_forkserver_preload([*preload, "core.deathsig"])
+    os.environ[OWNER_ENV] = str(os.getpid())  # core.deathsig acts only in a forkserver started here, now
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(OWNER_ENV, None)
 
 
 def terminate(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
@@ -84,8 +142,9 @@ def terminate(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
 def make_pool(workers: int, *, initializer: Callable[..., None] | None = None,
               initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes started as described in the module docstring (close it yourself)."""
+    owner = (os.getpid(), _start_time(os.getpid()))
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=_context(), initializer=_init_worker,
-                               initargs=(initializer, initargs))
+                               initargs=(initializer, initargs, owner))
 
 
 @contextmanager
