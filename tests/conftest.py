@@ -38,6 +38,29 @@ def pytest_configure(config: pytest.Config) -> None:
     if REQUIRE_SHARED and not SHARED_DATA.is_dir():
         raise pytest.UsageError(f"BERTPIPE_REQUIRE_SHARED is set but {SHARED_DATA} is absent: put the shared "
                                 "reference data beside the checkout (../shared) or point BERTPIPE_SHARED at it")
+    absl_handler_on_the_real_stderr()
+
+
+def absl_handler_on_the_real_stderr() -> None:
+    """Import absl's logging (TensorFlow's) once, on the process's real stderr.
+
+    absl makes its handler when first imported, on the sys.stderr of that moment, and its close() closes that
+    stream unless it is the current sys.stderr/stdout. A later ``logging.config.dictConfig`` (Prefect's logging
+    set-up in the next flow of the session) closes every handler ever made: imported inside a test (TensorFlow in
+    tests/pretrain), absl's stream was pytest's capture file, which then got closed, and tests/flows/test_demo.py
+    died after tests/pretrain ("lost sys.stderr", pytest's own "I/O operation on closed file").
+    """
+    import importlib.util
+    import sys
+
+    if "absl.logging" in sys.modules or importlib.util.find_spec("absl") is None:
+        return
+    captured = sys.stderr
+    sys.stderr = sys.__stderr__  # (absl never closes sys.__stderr__)
+    try:
+        import absl.logging  # noqa: F401
+    finally:
+        sys.stderr = captured
 
 
 def _shared_only(what: str) -> None:
