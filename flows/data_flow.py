@@ -27,14 +27,19 @@ from prefect import flow, get_run_logger
 from core.lock import WorkDirLock
 from core.manifest import atomic_write_text
 from flows.dag import DataDag
-from preprocessing.params import DataParams
+from flows.guard import check_data, flow_start
+from preprocessing.params import DataParams, spell
 from preprocessing.targets import folders as target_folders
+from tasks.artifacts import artifact_scope
 
 
 def run_data(p: DataParams) -> dict[str, Any]:
-    """The body of the data flow (call it inside a flow run): lock the work dir, run the DAG."""
+    """The body of the data flow (call it inside a flow run): lock the work dir, run the DAG. Artifact keys name
+    the work dir (tasks.artifacts.artifact_scope)."""
     work = Path(p.work_dir).resolve()
-    with WorkDirLock(work, wait_s=p.wait_lock_s):
+    advice = (f"wait for that run to finish (or pass {spell('wait_lock_s')} SECONDS), or use another "
+              f"{spell('work_dir')}")
+    with WorkDirLock(work, wait_s=p.wait_lock_s, advice=advice), artifact_scope(work):
         atomic_write_text(work / "run_config.json", json.dumps(p.to_dict(), indent=1, sort_keys=True) + "\n")
         dag = DataDag(p, get_run_logger())
         summary = dag.run()
@@ -44,7 +49,8 @@ def run_data(p: DataParams) -> dict[str, Any]:
 
 
 def _data_flow(**params: Any) -> dict[str, Any]:
-    return run_data(DataParams(**params))
+    flow_start()  # the pools' forkserver dies with this run; bertpipe's errors without Prefect's tracebacks
+    return run_data(check_data(params))  # every parameter checked before any task (as `bertpipe run`)
 
 
 def _signature() -> inspect.Signature:
@@ -65,7 +71,7 @@ def _docstring() -> str:
 
 _data_flow.__signature__ = _signature()  # type: ignore[attr-defined]
 _data_flow.__doc__ = _docstring()
-data_flow = flow(_data_flow, name="bertpipe-data",
+data_flow = flow(_data_flow, name="bertpipe-data", persist_result=True, result_serializer="json",
                  description="MLPerf BERT data: text -> TFRecords -> HDF5 -> 4 bins, and eval_10k")
 
 

@@ -1,24 +1,50 @@
 """Prefect artifacts of a data run: a table per stage, a progress bar while shards run, a dataset summary.
 
 Artifacts are a view for the Prefect UI; nothing reads them back. Outside a flow run (plain tests) they
-are skipped.
+are skipped. Their keys end with the work dir's id (:func:`artifact_scope`): two work dirs never share a key.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import logging
+import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 COUNTERS = ("documents", "instances", "records", "picked", "rows", "articles", "tokens", "parts")
 
 
+#: the short id of the work dir whose run makes artifacts now (see :func:`artifact_scope`)
+_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("bertpipe_artifact_scope", default="")
+
+
+def scope_id(path: str | os.PathLike) -> str:
+    """A work dir's identity in artifact keys: the first 8 hex digits of the md5 of its resolved path."""
+    return hashlib.md5(str(Path(path).resolve()).encode()).hexdigest()[:8]
+
+
+@contextmanager
+def artifact_scope(path: str | os.PathLike) -> Iterator[str]:
+    """Artifact keys made within the block end with ``path``'s :func:`scope_id` (``stage-hdf5-1a2b3c4d``): the
+    latest artifact of a key is that of the latest run on this work dir, not of whichever run finished last."""
+    token = _SCOPE.set(scope_id(path))
+    try:
+        yield _SCOPE.get()
+    finally:
+        _SCOPE.reset(token)
+
+
 def _key(*parts: str) -> str:
-    """Artifact keys: lowercase letters, digits and dashes."""
-    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+    """Artifact keys: lowercase letters, digits and dashes; the work dir's id last (:func:`artifact_scope`)."""
+    scope = _SCOPE.get()
+    return re.sub(r"[^a-z0-9]+", "-", "-".join((*parts, scope) if scope else parts).lower()).strip("-")
 
 
 def _in_flow() -> bool:
@@ -104,7 +130,7 @@ def dataset_summary(source: str, stages: dict[str, dict[str, Any]], results: dic
         return
     from prefect.artifacts import create_markdown_artifact
 
-    create_markdown_artifact(dataset_markdown(source, stages, results), key="dataset-summary",
+    create_markdown_artifact(dataset_markdown(source, stages, results), key=_key("dataset-summary"),
                              description="bertpipe data set: source, stages, md5s, sizes")
 
 

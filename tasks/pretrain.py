@@ -53,8 +53,9 @@ def launch_pretraining(train_dir: str, eval_file: str, output_dir: str, *, model
     from pretrain.train_config import TrainConfig
 
     logger = get_run_logger()
-    cfg = TrainConfig(train_dir=train_dir, eval_file=eval_file, output_dir=output_dir, model=model,
-                      max_steps=max_steps, vocab_size=vocab_size, resume=resume, **(options or {}))
+    # options (more TrainConfig fields) may set vocab_size; the named parameters are the flow's (checked there)
+    cfg = TrainConfig(**{"vocab_size": vocab_size, **(options or {}), "train_dir": train_dir, "eval_file": eval_file,
+                         "output_dir": output_dir, "model": model, "max_steps": max_steps, "resume": resume})
     output = LauncherOutput(logger)
     rc = launch(cfg, nproc=nproc, on_output=output)
     if rc != 0:
