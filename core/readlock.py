@@ -27,11 +27,11 @@ def data_work_dir(path: str | os.PathLike, levels: int = 8) -> Path | None:
     links resolved: the nearest folder at or above it holding ``last_run.json``; None when there is none."""
     try:
         p = Path(path).resolve()
-    except OSError:
+        for q in [p, *p.parents][:levels]:
+            if (q / RUN_SUMMARY).is_file():
+                return q
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte: no data set to hold
         return None
-    for q in [p, *p.parents][:levels]:
-        if (q / RUN_SUMMARY).is_file():
-            return q
     return None
 
 

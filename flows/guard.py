@@ -85,7 +85,7 @@ def unknown_names(given: typing.Iterable[str], known: typing.Iterable[str], pref
     k = bad[0]
     close = difflib.get_close_matches(k, known, n=1)
     hint = f"did you mean {prefix}{close[0]}? " if close else ""
-    raise InputError(f"{prefix}{k} is not {what}; {hint}{what}s are: {', '.join(known)}")
+    raise InputError(f"{prefix}{k} is not {what}; {hint}the {what.split(' ', 1)[1]}s are: {', '.join(known)}")
 
 
 def _type_name(t: Any) -> str:

@@ -3,11 +3,16 @@
 Accuracy is a micro-average: correctly predicted masked tokens / all masked tokens, summed over every
 eval sample on every rank (as TF's ``tf.metrics.accuracy`` with ``masked_lm_weights``), never a mean of
 per-batch accuracies. The eval file is small (eval_10k: 10,000 rows, ~30 MB padded), so each rank loads
-its rows (``r, r+W, ...``) once and groups them by length bin, padding each batch only to its bin bound.
+its rows (``r, r+W, ...``) once and groups them by length bin, padding each batch only to its bin bound. A long
+eval logs its progress every tenth of its batches on rank 0 (``eval: 63/625 batches (10%)``), so a run's logs
+never go quiet for the whole of it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +22,9 @@ from core.schema import BIN_BOUNDS, HDF5_FIELDS, SEQ_FEATURES
 from pretrain.data import _open_h5, check_vocab, inspect_shard
 
 MLPERF_TARGET_ACCURACY = 0.720
+#: an eval of at least this many batches (on a rank) logs its progress ten times (rank 0)
+PROGRESS_MIN_BATCHES = 20
+log = logging.getLogger(__name__)
 
 
 class EvalSet:
@@ -73,12 +81,18 @@ def evaluate(forward: Callable[[dict[str, np.ndarray]], tuple[float, float, floa
     every rank, which then returns ``{"eval_interrupted": True}`` instead of a (partial) result.
     """
     totals = np.zeros(4, dtype=np.float64)  # correct, count, loss sum, ranks interrupted
-    for batch in eval_set.batches():
+    n = len(eval_set)
+    every = -(-n // 10) if n >= PROGRESS_MIN_BATCHES and os.environ.get("RANK", "0") == "0" else 0
+    t0 = time.perf_counter()
+    for i, batch in enumerate(eval_set.batches(), 1):
         if should_stop is not None and should_stop():
             totals[3] = 1.0
             break
         correct, count, loss = forward(batch)
         totals[:3] += (correct, count, loss * count)
+        if every and i % every == 0 and i < n:  # a long eval says how far it is (rank 0: the run's logs)
+            log.info("eval: %d/%d batches (%.0f%%), %.0f s; masked-LM accuracy so far (rank 0) %.4f", i, n,
+                     100 * i / n, time.perf_counter() - t0, totals[0] / totals[1] if totals[1] else float("nan"))
     if all_reduce is not None:
         totals = all_reduce(totals)
     if totals[3] > 0:

@@ -45,8 +45,8 @@ class ManifestCachePolicy(CachePolicy):
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str | None:
         batch = inputs.get("batch")
-        if not isinstance(batch, Batch) or any(c.force for c in batch.calls):
-            return None  # forced: run, and leave the existing record alone
+        if not isinstance(batch, Batch) or any(u.stage in c.force for c in batch.calls for u in c.units):
+            return None  # a forced stage: run, and leave the existing record alone (other stages' batches: Cached)
         if any(u.piece for c in batch.calls for u in c.units):
             return None  # pieces of a stage (counts, shard groups) are never taken from Prefect's records
         key = cache_key(batch)

@@ -39,7 +39,8 @@ matching tokenizer.
 --resume takes the newest complete checkpoint when checkpoints/latest is missing, empty, damaged or names an
 incomplete one (one line says so); without --resume, an OUTPUT_DIR holding a run's checkpoints is refused
 unless --overwrite. OUTPUT_DIR is locked (OUTPUT_DIR/.bertpipe.lock): a second training there is refused,
-naming the holder. The launcher and the ranks die with this command, even on kill -9.
+naming the holder. The launcher and the ranks die with this command, even on kill -9. The data set's work dir (when
+--train-dir lies in one, e.g. datasets/latest) is read-locked meanwhile: the refresh never prunes it.
 
 Outputs: OUTPUT_DIR/metrics.jsonl, summary.json, config.json, tensorboard/, checkpoints/, and mllog.txt
 (MLPerf `:::MLLOG` lines, when mlperf_logging is installed: the `mlperf` extra; --mlperf-division closed|open,
@@ -116,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
     from pretrain.launch import launch
     from pretrain.train_config import from_args
 
+    from core.readlock import reading
+
     from_work_dir(args)
     check_paths(args)
-    return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
-                  num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
-                  dry_run=args.dry_run)
+    with reading(args.train_dir, "--train-dir"):  # a refresh never prunes the data set a training reads
+        return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
+                      num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
+                      dry_run=args.dry_run)
