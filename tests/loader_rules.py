@@ -10,6 +10,11 @@ not theirs), for tests/test_loader_layouts.py and tests/flows/test_loader_layout
 * Every one of them opens a file with h5py and reads the six datasets by name into arrays; the data set's
   length is ``len(input_ids)``; ``masked_lm_labels`` are ``masked_lm_ids`` at ``masked_lm_positions`` up to
   the first 0 position (-1 elsewhere).
+* NVIDIA's MLPerf trainer (training_results v1.1 and later, ``run_pretraining.py``): the files of its input dir
+  whose name contains ``part`` (``part_`` from v2.x), five datasets of variable-length rows (the attention mask is
+  made from each row's length), or in packed mode (``--packed_samples``) seven.
+* Habana Model-References BERT in packed mode (its default): every file of the input dir, nine datasets, and
+  ``<input_dir>_metadata.json`` beside the folder.
 """
 
 from __future__ import annotations
@@ -74,6 +79,59 @@ def rows_of(path: Path | str) -> int:
     shapes = {len(x) for x in ds.inputs}
     assert shapes == {len(ds)}, (path, shapes)
     return len(ds)
+
+
+# -- NVIDIA's MLPerf trainer, variable-length rows (training_results v1.1 and later, run_pretraining.py) ------------
+#: The datasets its ``pretraining_dataset`` reads when not packed (no input_mask: it is made from each row's length).
+NVIDIA_VARLEN_KEYS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+
+
+def nvidia_v11_training_files(input_dir: str | os.PathLike) -> list[str]:
+    """NVIDIA's MLPerf trainer v1.1: the files of the input dir whose name contains ``part``, sorted (then shuffled
+    per epoch); later versions ask for ``part_`` (:func:`nvidia_mlperf_training_files`)."""
+    return sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir)
+                  if os.path.isfile(os.path.join(input_dir, f)) and "part" in f)
+
+
+class NvidiaVarlenDataset:
+    """A shard read as NVIDIA's MLPerf ``pretraining_dataset`` does without ``--packed_samples``: the five datasets
+    above by name; a sample's ``input_ids``/``segment_ids`` are the row zero-padded to ``max_seq_length``, its
+    ``input_mask`` is 1 over ``len(row input_ids)`` (the row's length is the sequence: given a padded row it is all
+    ones), ``masked_lm_labels`` hold masked_lm_ids at masked_lm_positions (0 elsewhere), and the NSP label."""
+
+    def __init__(self, path: str | os.PathLike, max_seq_length: int = 512) -> None:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            self.inputs = [np.asarray(f[key][:]) for key in NVIDIA_VARLEN_KEYS]  # KeyError on another layout
+        self.max_seq_length = max_seq_length
+
+    def __len__(self) -> int:
+        return len(self.inputs[0])
+
+    def __getitem__(self, i: int) -> list[np.ndarray]:
+        s = self.max_seq_length
+        ids, seg, pos, lm_ids, nsp = (np.asarray(x[i]).astype(np.int64) for x in self.inputs)
+        input_ids, input_mask, segment_ids = (np.zeros(s, np.int64) for _ in range(3))
+        n = ids.shape[-1]
+        input_ids[:n], input_mask[:n], segment_ids[:n] = ids, 1, seg
+        labels = np.zeros(s, np.int64)
+        labels[pos] = lm_ids
+        return [input_ids, segment_ids, input_mask, labels, nsp]
+
+
+def wrong_masks(ds: NvidiaVarlenDataset) -> int:
+    """Rows whose attention mask (as the trainer makes it) is not exactly the sequence's tokens. A sequence ends with
+    [SEP] (never masked, never id 0), so its length is the index of its last non-zero id + 1 (id 0, [PAD], may occur
+    inside it: the reference's random replacement of a masked token can draw it). A padded row read this way gets an
+    all-ones mask: wrong unless the sequence fills the row."""
+    bad = 0
+    for i in range(len(ds)):
+        ids, _, mask, _, _ = ds[i]
+        nz = np.flatnonzero(ids)
+        n = int(nz[-1]) + 1 if nz.size else 0
+        bad += int(mask.sum()) != n or not bool(mask[:n].all())
+    return bad
 
 
 # -- NVIDIA's MLPerf trainer, packed mode (training_results v2.1-v3.1 run_pretraining.py --packed_samples) ---------
