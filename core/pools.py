@@ -18,6 +18,12 @@ comes from :func:`worker_pool`, which
   the kernel ends the whole tree even when a worker is stuck in native code;
 * on an exception in the ``with`` block (an error, Ctrl-C, SIGTERM turned into an exception) cancels
   queued work and terminates the workers instead of waiting for them.
+
+A daemonic process may not start processes (Python refuses: "daemonic processes are not allowed to have
+children"); a Dask worker under its nanny is one. There :func:`ordered_map` and :func:`run_all` run their work in
+the calling process, one item after the other (the output never depends on the number of workers), and say so once
+(:func:`can_fork`); ``dask worker --no-nanny``, or ``DASK_DISTRIBUTED__WORKER__DAEMON=False`` in the workers'
+environment, gives the stages their pools back.
 """
 
 from __future__ import annotations
@@ -43,6 +49,27 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+_SAID_INLINE = False
+
+
+def can_fork(workers: int = 2) -> bool:
+    """Whether this process may start a pool of ``workers`` processes: not in a daemonic process (a Dask worker
+    under its nanny); the first refusal is logged once (INFO) with what to change."""
+    global _SAID_INLINE
+    if workers <= 1 or not multiprocessing.current_process().daemon:
+        return True
+    if not _SAID_INLINE:
+        _SAID_INLINE = True
+        import logging
+
+        logging.getLogger("core.pools").info(
+            "%s: a daemonic process (a Dask worker under its nanny) cannot start worker processes: the work of %d "
+            "workers runs in this process, same output (start the workers with `dask worker --no-nanny` or "
+            "DASK_DISTRIBUTED__WORKER__DAEMON=False to let a call use processes)", multiprocessing.current_process().name,
+            workers)
+    return False
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -168,7 +195,7 @@ def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int, *,
     earlier item cannot pile up in memory (a 20 GB dump streams through). Closing the generator early
     or an error anywhere terminates the pool.
     """
-    if workers <= 1:
+    if workers <= 1 or not can_fork(workers):
         if initializer is not None:
             initializer(*initargs)
         yield from map(fn, items)
@@ -184,7 +211,7 @@ def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int, *,
 
 def run_all(fn: Callable[..., Any], arg_lists: Sequence[tuple], workers: int) -> list[Any]:
     """``[fn(*args) for args in arg_lists]`` on ``workers`` processes (here when ``workers <= 1``), in order."""
-    if workers <= 1 or len(arg_lists) <= 1:
+    if workers <= 1 or len(arg_lists) <= 1 or not can_fork(workers):
         return [fn(*args) for args in arg_lists]
     with worker_pool(min(workers, len(arg_lists))) as pool:
         futures = [pool.submit(fn, *args) for args in arg_lists]

@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from itertools import chain
 from pathlib import Path
@@ -39,7 +39,7 @@ from typing import Any
 
 from core.errors import InputError
 from core.manifest import Manifest, StageOutput, verify_file
-from core.pools import ordered_map
+from core.pools import can_fork, ordered_map
 from core.stage import Stage
 from preprocessing.extract_streams import open_lines
 from preprocessing.textio import check_output_dir
@@ -88,6 +88,8 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
     """
     dump, out_dir = Path(dump), Path(out_dir)
     _check_dump(dump, upstream)
+    if not can_fork(cfg.processes):  # a daemonic process (a Dask worker under its nanny): the work runs here
+        cfg = replace(cfg, processes=1)
     clock = clock_values(cfg.current_time)
     check_output_dir(out_dir)
     t0 = time.perf_counter()
