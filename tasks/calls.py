@@ -8,19 +8,29 @@ done, and nothing runs; otherwise the unit runs, and the log says why ("md5 mism
 FILE", "never done"). A :class:`Batch` of calls is one Prefect task: its calls run in this process, or
 side by side in the local worker pool.
 
+A call of a DAG run carries the run's token (tasks/runtoken.py): it first checks that it sees the run's work dir
+(else it fails in one line naming its host and the path, before writing anything), and commits no manifest once
+the run has ended. The records our libraries log while a call runs are captured and returned with its results
+(:func:`capture_records`), wherever it ran, unless they already reach Prefect (``PREFECT_LOGGING_EXTRA_LOGGERS``
+in the flow's own process): the task re-logs them, so they show in the flow run's logs.
+
 Prefect-free on purpose: ``bertpipe status`` / ``verify``, pool workers and Dask workers import this module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from core.errors import ChecksumError, ManifestError
@@ -36,6 +46,7 @@ from core.manifest import (
 )
 from core.pools import make_pool, terminate
 from core.stage import Unit
+from tasks.runtoken import RunToken, entered
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +65,7 @@ class Call:
     #: units whose files are deleted (``--keep training``, manifest kept) once every later unit of the call is
     #: done: part i's TFRecord, as soon as part i's HDF5 is written, so the TFRecords never all sit on disk
     drop: tuple[int, ...] = ()
+    run: RunToken | None = None  # the DAG run's token: the work dir must be seen, commits stop when the run ends
 
     @property
     def label(self) -> str:
@@ -126,14 +138,50 @@ def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: s
     """What a task returns per unit (JSON types only: Prefect stores it with the json serializer)."""
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir,
             "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3), "why": why,
-            "dropped": cached and dropped_info(unit.out_dir, m) is not None}
+            "dropped": cached and dropped_info(unit.out_dir, m) is not None, "host": socket.gethostname()}
+
+
+def accept(row: dict[str, Any]) -> None:
+    """The flow's check of a call's result: the output it names is here, on the flow's side: the manifest in
+    ``row["dir"]`` is the one the call returned (same digest: stage, key, every file's name, size and md5) and
+    every file it lists is a plain file of the recorded size (a dropped unit: its drop record matches). The md5s
+    are not re-hashed here (the digest match stands for them; ``bertpipe verify`` re-hashes).
+
+    Raises WorkDirNotSeen (one line: the unit, the host it ran on, what is missing here, what to do)."""
+    from tasks.runtoken import WorkDirNotSeen
+
+    if row.get("manifest") is None:  # a piece of a stage: no manifest of its own (its stage's finish checks)
+        return
+    d = Path(row["dir"])
+    label = f"{row['stage']}[{row['shard']}]" if row.get("shard") else row["stage"]
+
+    def refuse(problem: str) -> None:
+        ran = f" ran on host {row['host']}, but" if row.get("host") else ""
+        raise WorkDirNotSeen(f"{label}{ran} this machine ({socket.gethostname()}) {problem}; does every Dask worker "
+                             f"mount the work dir at the same path? Nothing is trusted that the flow cannot see: "
+                             "run again once it can")
+
+    try:
+        m = load_manifest(d)
+    except ManifestError as exc:
+        refuse(f"finds its manifest damaged ({str(exc)[:120]})")
+    if m is None:
+        refuse(f"does not find its manifest {d / '_manifest.json'}")
+    if m.digest != Manifest.from_dict(row["manifest"]).digest:
+        refuse(f"finds another manifest in {d} than the call wrote (digest {m.digest[:12]})")
+    if dropped_info(d, m) is not None:
+        return
+    try:
+        verify_manifest(d, check_md5=False)
+    except (ManifestError, ChecksumError) as exc:
+        refuse(f"does not find its files as listed: {str(exc).split(';')[0]}")
 
 
 def execute(call: Call) -> list[dict[str, Any]]:
     """Do what ``call``'s units need, in order; one result per unit."""
     from preprocessing.params import surface
 
-    with surface(call.surface), recording_stats():
+    with entered(call.run), surface(call.surface), recording_stats():
         return _execute(call)
 
 
@@ -193,26 +241,97 @@ def _log_redo(unit: Unit, why: str) -> None:
     log.log(level, "%s: running (%s)", unit.label, why)
 
 
-# -- batches: here, or in the local worker pool ----------------------------------------------------------
-class _ListHandler(logging.Handler):
+# -- the records a call logs -------------------------------------------------------------------------------
+Record = tuple[int, str, str]  # (level, logger name, message)
+#: loggers whose records are the infrastructure's, not the call's (they stay where they are)
+_NOT_CAPTURED = ("distributed", "prefect", "httpx", "httpcore", "asyncio", "tornado", "urllib3", "fsspec", "bokeh")
+_LIBRARIES = ("preprocessing", "pretrain", "tasks", "flows", "core")
+
+
+class _Capture(logging.Handler):
+    """Installed once per process on the root logger: each record goes to the capture of the thread that logged
+    it (a thread of its own, such as a reader thread, to the only capture running, if there is just one)."""
+
     def __init__(self) -> None:
         super().__init__(logging.INFO)
-        self.records: list[tuple[int, str, str]] = []
+        self.by_thread: dict[int, list[Record]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelno, record.name, record.getMessage()))
+        if record.name.startswith(_NOT_CAPTURED):
+            return
+        sinks = self.by_thread
+        sink = sinks.get(record.thread)
+        if sink is None and len(sinks) == 1:
+            sink = next(iter(sinks.values()), None)
+        if sink is not None:
+            try:
+                sink.append((record.levelno, record.name, record.getMessage()))
+            except Exception:  # noqa: BLE001 - a record that cannot be formatted is dropped, as logging would
+                self.handleError(record)
 
 
-def _execute_captured(call: Call) -> tuple[str, list[tuple[int, str, str]]]:
-    """Pool worker entry: run the call, return its results (JSON) and the records it logged."""
-    handler = _ListHandler()
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+_CAPTURE: _Capture | None = None
+_CAPTURE_LOCK = threading.Lock()
+
+
+def forwarded() -> bool:
+    """Whether our libraries' records reach Prefect's API by themselves in this process: Prefect put its API
+    handler on them (``PREFECT_LOGGING_EXTRA_LOGGERS``, set by ``bertpipe run`` before Prefect set up its logging:
+    the flow's own process). Not in local pool workers, nor on Dask workers (their Prefect logging is their own)."""
+    lg: logging.Logger | None = logging.getLogger("preprocessing")
+    while lg is not None:
+        if any(type(h).__name__ == "APILogHandler" for h in lg.handlers):
+            return True
+        lg = lg.parent if lg.propagate else None
+    return False
+
+
+def _capture_handler() -> _Capture:
+    global _CAPTURE
+    with _CAPTURE_LOCK:
+        if _CAPTURE is None:
+            _CAPTURE = _Capture()
+            logging.getLogger().addHandler(_CAPTURE)
+            logging.captureWarnings(True)  # warnings.warn(...) as records of "py.warnings", captured too
+        for name in _LIBRARIES:  # INFO lines of ours are made even where the root logger says WARNING
+            lg = logging.getLogger(name)
+            if lg.getEffectiveLevel() > logging.INFO:
+                lg.setLevel(logging.INFO)
+        return _CAPTURE
+
+
+@contextmanager
+def capture_records(sink: list[Record]) -> Iterator[None]:
+    """Append to ``sink`` the records (INFO and above) this thread logs while the block runs, except the
+    infrastructure's (Dask, Prefect, HTTP). Nothing is captured where the records reach Prefect by themselves
+    (:func:`forwarded`): the flow's own process."""
+    if forwarded():
+        yield
+        return
+    handler = _capture_handler()
+    tid = threading.get_ident()
+    before = handler.by_thread.get(tid)
+    handler.by_thread[tid] = sink
     try:
-        return json.dumps(execute(call)), handler.records
+        yield
     finally:
-        root.removeHandler(handler)
+        if before is None:
+            handler.by_thread.pop(tid, None)
+        else:
+            handler.by_thread[tid] = before
+
+
+def _execute_captured(call: Call) -> tuple[str, list[Record]]:
+    """Pool worker entry: run the call, return its results (JSON) and the records it logged. When the call
+    fails, its records go with the exception (``bertpipe_records``), to be logged all the same."""
+    records: list[Record] = []
+    try:
+        with capture_records(records):
+            return json.dumps(execute(call)), records
+    except BaseException as exc:
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.bertpipe_records = records  # type: ignore[attr-defined]
+        raise
 
 
 _POOL: ProcessPoolExecutor | None = None
@@ -249,16 +368,31 @@ def progress_hook(progress_id: str, step: Callable[[int], None] | None) -> None:
 @dataclass
 class BatchResult:
     results: list[dict[str, Any]] = field(default_factory=list)
-    records: list[tuple[int, str, str]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
 
 
-def execute_batch(batch: Batch, workers: int = 1) -> BatchResult:
-    """Run a batch's calls: in order here (``inline``), or all at once on the local pool."""
+def execute_batch(batch: Batch, workers: int = 1, on_records: Callable[[list[Record]], None] | None = None
+                  ) -> BatchResult:
+    """Run a batch's calls: in order here (``inline``), or all at once on the local pool.
+
+    The records each call logs (see :func:`capture_records`) are in the result's ``records``; ``on_records``
+    gets them as each call ends, a failed call's included, before its error is raised."""
     out = BatchResult()
     step = _PROGRESS.get(batch.progress_id)
+
+    def deliver(records: list[Record]) -> None:
+        out.records.extend(records)
+        if on_records is not None and records:
+            on_records(records)
+
     if batch.inline:
         for call in batch.calls:
-            out.results += execute(call)
+            records: list[Record] = []
+            try:
+                with capture_records(records):
+                    out.results += execute(call)
+            finally:
+                deliver(records)
             if step:
                 step(1)
         return out
@@ -266,9 +400,13 @@ def execute_batch(batch: Batch, workers: int = 1) -> BatchResult:
     futures = [pool.submit(_execute_captured, call) for call in batch.calls]
     try:
         for fut in futures:
-            text, records = fut.result()
+            try:
+                text, records = fut.result()
+            except BaseException as exc:
+                deliver(list(getattr(exc, "bertpipe_records", None) or ()))
+                raise
             out.results += json.loads(text)
-            out.records += records
+            deliver(records)
             if step:
                 step(1)
     except BaseException:

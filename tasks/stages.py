@@ -12,8 +12,14 @@ so the record is not trusted and the task runs. The task body checks the manifes
 any Prefect record (new PREFECT_HOME, another machine) still skips finished work.
 
 Library loggers (``preprocessing``, ``pretrain``) reach the run logger through Prefect's
-``PREFECT_LOGGING_EXTRA_LOGGERS`` (set by ``bertpipe run`` and the deployments); records logged in a local
-worker process come back with the result and are re-logged here.
+``PREFECT_LOGGING_EXTRA_LOGGERS`` (set by ``bertpipe run`` and the deployments) in the flow's own process;
+records logged in a local worker process or on a Dask worker are captured there, come back with the result
+(or the error) and are re-logged here (tasks.calls.capture_records).
+
+On a Dask cluster (``persist=False``) no Prefect result record is written: the workers would write it under the
+launching machine's ``PREFECT_HOME`` path on their own disks (an ERROR per task where that path cannot be made),
+and the manifests in the shared work dir decide what is done anyway. A call that fails because its worker does not
+see the work dir, or because the run has ended, is not retried.
 """
 
 from __future__ import annotations
@@ -62,9 +68,12 @@ class ManifestCachePolicy(CachePolicy):
 
 def _run(batch: Batch, workers: int = 1) -> list[dict[str, Any]]:
     logger = get_run_logger()
-    out = execute_batch(batch, workers)
-    for level, name, message in out.records:
-        logger.log(level, "%s: %s", name, message)
+
+    def relog(records: list[tuple[int, str, str]]) -> None:
+        for level, name, message in records:
+            logger.log(level, "%s: %s", name, message)
+
+    out = execute_batch(batch, workers, on_records=relog)
     ran = [r for r in out.results if not r["cached"]]  # pieces (no manifest) always run
     logger.info("%s: %d of %d unit(s) ran, %.2f s", batch.label, len(ran), len(out.results),
                 sum(r["seconds"] for r in out.results))
@@ -75,10 +84,28 @@ _stage_batch = task(_run, name="stage", cache_policy=ManifestCachePolicy(), pers
                     result_serializer="json", task_run_name="{batch.label}")
 
 
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: not when the worker does not see the work dir, nor once the run has ended."""
+    from tasks.runtoken import RunEnded, WorkDirNotSeen
+
+    try:
+        state.result(raise_on_failure=True)
+    except (WorkDirNotSeen, RunEnded):
+        return False
+    except BaseException:  # noqa: BLE001 - any other failure: retried as declared
+        return True
+    return True
+
+
 @cache
-def task_for(stages: str, retries: int = 0) -> Any:
-    """The Prefect task of a group of stages ("tfrecord+hdf5"): the one task, named after them."""
+def task_for(stages: str, retries: int = 0, persist: bool = True) -> Any:
+    """The Prefect task of a group of stages ("tfrecord+hdf5"): the one task, named after them. ``persist=False``
+    (a Dask cluster): no result record, no Prefect cache (the manifests decide, see the module docstring)."""
+    from prefect.cache_policies import NO_CACHE
+
     opts: dict[str, Any] = {"name": stages}
     if retries:
-        opts.update(retries=retries, retry_delay_seconds=[10, 60])
+        opts.update(retries=retries, retry_delay_seconds=[10, 60], retry_condition_fn=_worth_retrying)
+    if not persist:
+        opts.update(persist_result=False, cache_policy=NO_CACHE)
     return _stage_batch.with_options(**opts)
