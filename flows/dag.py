@@ -11,6 +11,12 @@ parameters are unchanged; the manifests on disk, not Prefect's records, decide w
 ``--only``/``stages`` names the stages wanted: what they read is run too when it is not done (and the log
 says so). Stages outside the selection that are already done are reported as well, so ``last_run.json``
 always names the whole data set (train_dir, eval_hdf5, vocab).
+
+The flow trusts only what it sees (issue 21): the run writes a token into the work dir that every call checks
+first (tasks/runtoken.py; a worker without the work dir fails in one line), a call's result is accepted only when
+its manifest and files are found here (tasks.calls.accept), and when the run stops, however it stops, the token
+goes first (no call commits a manifest after that), then outstanding futures are cancelled. On Dask the workers
+are checked before any work, and a lost scheduler ends the run in one line (flows/cluster.py).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import queue
+import re
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -34,6 +42,7 @@ from tasks.artifacts import ShardProgress, dataset_summary, stage_table, summari
 from tasks.calls import (
     Batch,
     Call,
+    accept,
     check_done,
     manifest_of,
     progress_hook,
@@ -41,6 +50,7 @@ from tasks.calls import (
     shutdown_pool,
     why_not_done,
 )
+from tasks.runtoken import RunToken, WorkDirNotSeen, end_run, start_run
 
 #: A batch (one Prefect task) holds at most this many calls; fewer when that leaves workers idle.
 MAX_BATCH = 64
@@ -70,6 +80,31 @@ def identity(result: Result) -> str:
     return hashlib.md5(joined.encode()).hexdigest()
 
 
+def _signal_behind(exc: BaseException) -> BaseException | None:
+    """SIGTERM or Ctrl-C that arrived inside a library and came out as another error (pydantic wraps what a
+    serializer raised into PydanticSerializationError, naming it only in its text): the signal's own exception,
+    so the command stops with its one line and exit code. None when ``exc`` is one already, or no signal."""
+    if not isinstance(exc, Exception):
+        return None
+    seen, e = [], exc
+    while e is not None and len(seen) < 10:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    for e in seen:
+        if not isinstance(e, Exception):
+            return e
+    text = " ".join(str(e) for e in seen)
+    if re.search(r"\bTerminationSignal\b", text):
+        import signal
+
+        from prefect.exceptions import TerminationSignal
+
+        return TerminationSignal(signal.SIGTERM)
+    if re.search(r"\bKeyboardInterrupt\b", text):
+        return KeyboardInterrupt()
+    return None
+
+
 class DataDag:
     """One run of the data DAG for :class:`DataParams` (used inside a flow run)."""
 
@@ -93,6 +128,8 @@ class DataDag:
         self.runner: Any = None
         self.plans: dict[str, Plan] = {}
         self._pending: dict[Any, tuple[_Group, Batch]] = {}
+        self.token: RunToken | None = None
+        self._done: queue.Queue = queue.Queue()  # futures of _pending, as they finish
 
     # -- selection ---------------------------------------------------------------------------------
     def _check_selection(self) -> None:
@@ -150,7 +187,8 @@ class DataDag:
         drop = (0,) if (self.p.keep == "training" and s.droppable and chained
                         and readers <= {c.name for c in chained}) else ()
         calls = [Call(units=(u, *(e[u.shard] for e in extra)), force=force, check_md5=self.p.verify_md5,
-                      root=str(self.work), surface=current_surface(), fused=fused, drop=drop) for u in units]
+                      root=str(self.work), surface=current_surface(), fused=fused, drop=drop, run=self.token)
+                 for u in units]
         return [s.name, *(c.name for c in chained)], calls
 
     def _batches(self, calls: list[Call], progress_id: str) -> list[Batch]:
@@ -174,14 +212,23 @@ class DataDag:
         import time
 
         self.t0 = time.perf_counter()
-        with self._make_runner() as runner:
-            self.runner = runner
-            try:
-                self._walk()
-            except BaseException:
-                shutdown_pool(failed=True)
-                raise
-            shutdown_pool()
+        self.token = start_run(self.work)
+        try:
+            with self._make_runner() as runner:
+                self.runner = runner
+                try:
+                    self._check_cluster()
+                    self._walk()
+                except BaseException as exc:
+                    end_run(self.token)  # first: a call still running anywhere commits nothing from now on
+                    self._cancel_pending()
+                    shutdown_pool(failed=True)
+                    if (stop := _signal_behind(exc)) is not None:
+                        raise stop from None
+                    raise
+                shutdown_pool()
+        finally:
+            end_run(self.token)
         self._find_done_rest()
         self._sweep_trainer_folders()
         self._say_what_ran_too()
@@ -189,13 +236,60 @@ class DataDag:
             self._drop_intermediates()
         return self._finish()
 
+    # -- the cluster (flows/cluster.py) ------------------------------------------------------------------
+    def _client(self) -> Any:
+        return getattr(self.runner, "_client", None) if self.kind == "dask" else None
+
+    def _check_cluster(self) -> None:
+        """On Dask, before any work: every worker reaches this run's Prefect API and sees the work dir."""
+        if self.kind != "dask":
+            return
+        from prefect.settings import PREFECT_API_URL
+
+        from flows.cluster import ClusterGone, check_workers, gone_line
+
+        try:
+            client = self.runner.client  # connects
+        except OSError as exc:
+            raise ClusterGone(gone_line(self.p.dask_address, exc)) from None
+        inputs = tuple(str(Path(x).resolve()) for x in (self.p.text_dir, self.p.vocab, self.p.source)
+                       if x and "://" not in x and Path(x).exists())  # (source: a dump file; not a preset)
+        n = check_workers(client, self.p.dask_address, PREFECT_API_URL.value() or "", self.token, inputs)
+        self.log.info("Dask: %d worker(s) at %s reach this run's Prefect API and see the work dir", n,
+                      self.p.dask_address)
+
+    def _cancel_pending(self) -> None:
+        from flows.cluster import cancel
+
+        cancel(list(self._pending), self._client())
+        self._pending.clear()
+
+    def _next_done(self) -> Any:
+        """The next finished future of ``_pending`` (each reports itself once, see ``_submit``); on Dask, a
+        scheduler lost for GONE_AFTER_S raises ClusterGone."""
+        from flows.cluster import GONE_AFTER_S, disconnected, scheduler_gone
+
+        lost_since = None
+        while True:
+            try:
+                fut = self._done.get(timeout=1.0)
+            except queue.Empty:
+                client = self._client()
+                if client is None or not disconnected(client):
+                    lost_since = None
+                    continue
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since >= GONE_AFTER_S:
+                    raise scheduler_gone(None, client, self.p.dask_address) or RuntimeError("scheduler gone")
+                continue
+            if fut in self._pending:
+                return fut
+
     def _ready(self) -> list[Stage]:
         return [s for s in self.stages if s.name in self.targets and not s.chain and s.name not in self.keys
                 and all(r in self.results for r in s.reads)]
 
     def _walk(self) -> None:
-        from prefect.futures import as_completed
-
         pending = self._pending
         failed: list[BaseException] = []
         while True:
@@ -206,7 +300,7 @@ class DataDag:
                 continue
             if not pending:
                 break
-            fut = next(iter(as_completed(list(pending))))
+            fut = self._next_done()
             group, batch = pending.pop(fut)
             try:
                 rows = fut.result()
@@ -214,11 +308,15 @@ class DataDag:
                     rows = self._cached_rows(batch)
                 self._collect(group, batch, rows)
             except Exception as exc:  # noqa: BLE001 - let the other batches finish, then re-raise
+                from flows.cluster import scheduler_gone
+
+                if gone := scheduler_gone(exc, self._client(), self.p.dask_address):
+                    raise gone from None
                 self.log.error("%s failed: %s: %s", batch.label, type(exc).__name__, exc)
                 failed.append(exc)
                 continue
-        if failed:
-            raise failed[0]
+        if failed:  # a worker without the work dir says so first: the other failures follow from it
+            raise next((e for e in failed if isinstance(e, WorkDirNotSeen)), failed[0])
 
     def _start(self, s: Stage) -> None:
         if any(self.results[r].dropped for r in s.reads) and self._done_without_running(s):
@@ -246,9 +344,11 @@ class DataDag:
         retries = max(self.by_name[n].retries for n in group.stages)
         batches = self._batches(calls, pid)
         self.task_runs[label] = self.task_runs.get(label, 0) + len(batches)
+        task = task_for(label, retries, persist=self.kind != "dask")
         for b in batches:
-            fut = self.runner.submit(task_for(label, retries), {"batch": b, "workers": self.workers})
+            fut = self.runner.submit(task, {"batch": b, "workers": self.workers})
             self._pending[fut] = (group, b)
+            fut.add_done_callback(self._done.put)
 
     # -- a stage written as pieces (core/stage.py: Unit.piece, Stage.finish) --------------------------------
     def _start_pieces(self, s: Stage) -> None:
@@ -269,7 +369,7 @@ class DataDag:
             self._complete(group)
             return
         calls = [Call(units=(u,), force=frozenset(self.p.force), check_md5=self.p.verify_md5, root=str(self.work),
-                      surface=current_surface()) for u in units]
+                      surface=current_surface(), run=self.token) for u in units]
         self._submit(group, calls)
 
     def _finish_pieces(self, group: _Group) -> None:
@@ -325,10 +425,16 @@ class DataDag:
                           s.name)
             batches = self._batches(calls, "")
             self.task_runs["+".join(names)] = self.task_runs.get("+".join(names), 0) + len(batches)
-            futures = [self.runner.submit(task_for("+".join(names)), {"batch": b, "workers": self.workers})
-                       for b in batches]
+            futures = [self.runner.submit(task_for("+".join(names), persist=self.kind != "dask"),
+                                          {"batch": b, "workers": self.workers}) for b in batches]
+            for f in futures:
+                self._pending[f] = (None, None)  # cancelled if the run stops meanwhile
             wait(futures)
+            for f in futures:
+                self._pending.pop(f, None)
             rows = [r for f in futures for r in f.result()]
+            for r in rows:
+                accept(r)
             for name in names:
                 kept = [r for r in self.rows.get(name, []) if r["shard"] not in {x["shard"] for x in rows}]
                 self._record(name, sorted(kept + [r for r in rows if r["stage"] == name], key=lambda r: r["shard"]))
@@ -351,6 +457,8 @@ class DataDag:
             self.log.info("--keep training: deleted %.2f GB of intermediate files (manifests kept)", freed / 1e9)
 
     def _collect(self, group: _Group, batch: Batch, rows: list[dict[str, Any]]) -> None:
+        for r in rows:  # the flow trusts only what it sees: each output is here, as the call says
+            accept(r)
         if group.pieces is not None:
             rows = [r for r in rows if "value" in r]
         for r in rows:
@@ -395,7 +503,7 @@ class DataDag:
                 raise ManifestError(f"{u.out_dir}/_manifest.json disappeared during the run; run again to redo "
                                     f"{u.label}")
             rows.append(result_dict(u, m, cached=True, seconds=0.0))
-        return rows
+        return rows  # (checked by _collect, as every call's rows)
 
     # -- after the walk ----------------------------------------------------------------------------------
     def _find_done_rest(self) -> None:
