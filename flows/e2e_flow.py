@@ -34,6 +34,13 @@ def e2e_flow(data: DataParameters | None = None, output_dir: str | None = None, 
     ``wait_lock_s``: wait this long for an output dir another training holds."""
     flow_start()
     p = check_data(data.to_dict() if isinstance(data, DataParams) else data, "data.")
+    if "samsung-4bins" not in p.targets:  # bertpipe's trainer reads the 4-bin set: refused before any task
+        from core.errors import InputError
+        from preprocessing.params import current_surface
+
+        flag = "--target" if current_surface() == "cli" else "data.targets"
+        raise InputError(f"{flag} {', '.join(p.targets)}: e2e trains bertpipe on the 4-bin set; add {flag} "
+                         "samsung-4bins (or build the other targets with the data flow alone)")
     opts = check_training(model=model, max_steps=max_steps, nproc=nproc, options=options)  # before any task
     out_dir = output_dir or str(Path(p.work_dir) / "pretrain")
     PathCheck().output_dir("output_dir" if output_dir else "data.work_dir", out_dir)
