@@ -115,7 +115,8 @@ class DataParams:
         "local", "local: threads + worker processes; prefect-process: Prefect's ProcessPoolTaskRunner; dask: "
         "prefect-dask on dask_address", group="run")
     dask_address: str | None = param(None, "tcp://scheduler:8786: run shard tasks on that Dask cluster (needs a "
-                                     "standing Prefect server: PREFECT_API_URL)", group="run")
+                                     "standing Prefect server: PREFECT_API_URL; every worker must reach it and see "
+                                     "the work dir at the same path: checked before any work)", group="run")
     stages: list[str] | None = param(None, "run only these stages (and whatever they need that is not done)",
                                      flags=("--only",), group="run")
     force: list[str] = param(help="redo these stages even if their manifests verify", group="run", factory=list)
