@@ -254,7 +254,9 @@ def check_training(*, model: str, max_steps: int, nproc: int, options: dict[str,
     if not 1 <= nproc <= 1024:
         raise InputError(f"{prefix}nproc must be between 1 and 1024 (ranks on this node), got {nproc}")
     check_type(f"{prefix}resume", resume, bool)
-    if resume and out.get("overwrite"):
+    from preprocessing.params import current_surface
+
+    if resume and out.get("overwrite") and current_surface() != "cli":  # (the CLI's own line names its flags)
         raise InputError(f"{prefix}resume and {prefix}options.overwrite contradict each other: resume continues the "
                          "run in output_dir, overwrite discards it and starts at step 1; give one")
     return out

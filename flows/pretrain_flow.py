@@ -97,7 +97,11 @@ def _resume_on_retry(output_dir: str, resume: bool, options: dict[str, Any], log
                         "checkpoint", count - 1, run_id, output_dir)
         return True, {k: v for k, v in options.items() if k != "overwrite"}
     from core.manifest import atomic_write_text
+    from pretrain.checkpoint import start_point
 
+    # only a run that will train here records itself (one refused over another run's checkpoints must not
+    # take the record from the run whose retry should resume them)
+    start_point(output_dir, resume=resume, overwrite=bool(options.get("overwrite")))
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_text(record, json.dumps({"flow_run": run_id}) + "\n")
     return resume, options

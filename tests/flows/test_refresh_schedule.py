@@ -1,8 +1,10 @@
-"""The weekly refresh really fires: deployments/prefect.yaml deployed (--all) to a real `prefect server` with its
-scheduler, the scheduler creates the refresh's scheduled runs with no error in the server log (with SQLAlchemy
-2.1 it logged "Can't evaluate bulk DML statement" every loop and created none), and a real process worker runs
-one of those runs to completion: the run taken from the schedule is pointed at a small local file:// dump with
-an md5sums file and made due now."""
+"""The weekly refresh really fires, once enabled: deployments/prefect.yaml deployed (--all) as shipped to a real
+`prefect server` with its scheduler creates no refresh run (its schedule ships paused: deploying arms nothing);
+enabled as the README says (the schedule's datasets_dir and `active: true`, then `prefect deploy --name refresh`),
+the scheduler creates the refresh's scheduled runs with no error in the server log (with SQLAlchemy 2.1 it logged
+"Can't evaluate bulk DML statement" every loop and created none), and a real process worker runs one of those
+runs to completion: the run taken from the schedule is pointed at a small local file:// dump with an md5sums file
+and made due now."""
 
 from __future__ import annotations
 
@@ -103,7 +105,24 @@ def test_the_scheduler_creates_refresh_runs_and_a_worker_runs_one(tmp_path: Path
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         dep = api.call("GET", "/deployments/name/bertpipe-refresh/refresh")
         assert dep["schedules"] and dep["schedules"][0]["schedule"]["cron"] == "0 3 * * 1"
+        assert not dep["schedules"][0]["active"]
+        time.sleep(10)  # a few scheduler loops (3 s each): a paused schedule makes no run
+        assert not api.scheduled_runs(dep["id"])
+
+        # enabled as the README says: the schedule's datasets_dir and active: true, then deploy the refresh again
+        shipped = (ROOT / "deployments" / "prefect.yaml").read_text()
+        paused = "        active: false   # enable: see the README (\"The Prefect deployments\", Refresh)\n"
+        assert paused in shipped
+        enabled = shipped.replace(paused, "        active: true\n        parameters: {datasets_dir: "
+                                  f"{tmp_path / 'scheduled-datasets'}}}\n")
+        (tmp_path / "prefect.yaml").write_text(enabled)
+        r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--prefect-file", str(tmp_path / "prefect.yaml"),
+                            "--name", "refresh"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        dep = api.call("GET", "/deployments/name/bertpipe-refresh/refresh")
+        assert dep["schedules"][0]["active"]
         runs = _wait("scheduled refresh runs", lambda: api.scheduled_runs(dep["id"]), 120)
+        assert runs[0]["parameters"]["datasets_dir"] == str(tmp_path / "scheduled-datasets")
         first = dt.datetime.fromisoformat(runs[0]["expected_start_time"])
         assert first.weekday() == 0 and first.hour == 3  # Mondays 03:00 UTC
         time.sleep(8)  # a few more scheduler loops: any failure would be logged by now
