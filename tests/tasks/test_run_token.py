@@ -266,3 +266,23 @@ def test_the_worker_probe_names_what_it_cannot_reach(work, tmp_path: Path) -> No
     assert got["work"] == f"{tmp_path / 'x' / ('.bertpipe-run-' + '3' * 32)} is not there"
     assert got["inputs"] == f"{tmp_path / 'text'} is not there"
 
+
+
+def test_a_signal_wrapped_by_a_serializer_comes_out_as_the_signal() -> None:
+    """SIGTERM inside pydantic's serializer (Prefect serializing a task's context on submit) arrives as a
+    PydanticSerializationError naming TerminationSignal: the run must still stop as on SIGTERM (one line, 143)."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows.dag import _signal_behind
+
+    got = _signal_behind(RuntimeError("Error calling function `_ser_model`: TerminationSignal: "))
+    assert isinstance(got, TerminationSignal)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError("cleanup failed") from None
+    except OSError as exc:
+        assert isinstance(_signal_behind(exc), KeyboardInterrupt)  # the interrupt behind an error while stopping
+    assert _signal_behind(ValueError("a bad input")) is None
+    assert _signal_behind(KeyboardInterrupt()) is None  # already the signal
