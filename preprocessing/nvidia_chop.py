@@ -286,7 +286,8 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
                      inputs: _Inputs) -> None:
     import h5py
 
-    from preprocessing.pack_varlength import VARLEN_DATASETS, _check_lengths, _ragged
+    from preprocessing.hdf5_io import write_vlen
+    from preprocessing.pack_varlength import VARLEN_DATASETS, _check_lengths, ragged_flat
 
     out = {name: f.create_dataset(name, (size,), dtype=h5py.vlen_dtype(np.dtype(dt))) for name, dt, _ in VARLEN_DATASETS}
     nsl = f.create_dataset("next_sentence_labels", data=np.zeros(size, dtype="i1"), dtype="i1")
@@ -299,8 +300,9 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
                        "pred": (rows["masked_lm_positions"] != 0).sum(axis=1, dtype=np.int64)}
             _check_lengths(lengths["seq"], cfg.max_seq_length, Path(path), first)
             m = c1 - c0
-            for name, dt, kind in VARLEN_DATASETS:
-                out[name][o:o + m] = _ragged(rows[name], lengths[kind], dt, name, Path(path), first)
+            for name, dt, kind in VARLEN_DATASETS:  # one HDF5 write per dataset and chunk, no object per row
+                write_vlen(out[name], ragged_flat(rows[name], lengths[kind], dt, name, Path(path), first),
+                           lengths[kind], o)
             nsl[o:o + m] = _cast(rows["next_sentence_labels"], "i1", "next_sentence_labels", path, first)
             o += m
 

@@ -60,7 +60,7 @@ from core.manifest import (
 from core.pools import default_workers, run_all
 from core.schema import H5_ERRORS
 from core.stage import Stage
-from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs
+from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs, write_vlen
 
 log = logging.getLogger(__name__)
 
@@ -291,15 +291,6 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return shift + np.arange(total, dtype=np.int64)
 
 
-def _split(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per-row arrays (views) as an object array, what h5py writes into a vlen dataset."""
-    out = np.empty(len(lengths), dtype=object)
-    cut = np.cumsum(lengths)[:-1] if len(lengths) else []
-    for i, piece in enumerate(np.split(values, cut)):
-        out[i] = piece
-    return out
-
-
 def _index_list(perm: np.ndarray, file_starts: np.ndarray) -> str:
     """NVIDIA's ``json.dumps`` of the (file, row) pairs of source rows ``perm``."""
     f = np.searchsorted(file_starts, perm, side="right") - 1
@@ -344,7 +335,7 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                     r0, r1 = a + c0, a + c1
                     for name, _ in VLEN:
                         lens, cum = (seq, t_cum) if name in ("input_ids", "segment_ids") else (pred, p_cum)
-                        dsets[name][c0:c1] = _split(cols[name][cum[r0]:cum[r1]], lens[r0:r1])
+                        write_vlen(dsets[name], cols[name][cum[r0]:cum[r1]], lens[r0:r1], c0)  # one HDF5 write
                     labels[c0:c1] = nsl[r0:r1]
             os.replace(tmp, final)
         except BaseException as exc:

@@ -68,13 +68,25 @@ class PackConfig:
     chunk_rows: int = 4096  # rows read, converted and written at once
 
 
-def _ragged(values: np.ndarray, lengths: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
-    """An object array of per-row truncated arrays, refusing values that do not fit ``dtype``."""
+def _fits(values: np.ndarray, dtype: str, name: str, path: Path, first: int) -> None:
     info = np.iinfo(dtype)
     if values.size and (values.min() < info.min or values.max() > info.max):
         row = int(np.flatnonzero(((values < info.min) | (values > info.max)).any(axis=1))[0])
         raise InputError(f"{path}: row {first + row}: {name} holds a value outside {dtype}, which NVIDIA's packed "
                          "format stores (a vocabulary over 32,767 entries does not fit)")
+
+
+def ragged_flat(values: np.ndarray, lengths: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
+    """The rows' first ``lengths[i]`` values, back to back, as ``dtype`` (for hdf5_io.write_vlen), refusing values
+    that do not fit ``dtype``."""
+    _fits(values, dtype, name, path, first)
+    keep = np.arange(values.shape[1]) < np.asarray(lengths)[:, None]
+    return values[keep].astype(dtype)
+
+
+def _ragged(values: np.ndarray, lengths: np.ndarray, dtype: str, name: str, path: Path, first: int) -> np.ndarray:
+    """An object array of per-row truncated arrays, refusing values that do not fit ``dtype``."""
+    _fits(values, dtype, name, path, first)
     cast = values.astype(dtype)
     if len(lengths) and (lengths == lengths[0]).all():
         # Rows of one length (a chunk of 512-token rows, a last chunk of one row): h5py would turn the
