@@ -13,7 +13,8 @@ Those per-parameter sums of squares stay in float32 (Gaudi has no float64 tensor
 fragment is summed in blocks of :data:`BLOCK` elements, the block sums are added pairwise keeping every
 addition's rounding error (TwoSum, :func:`compensated_sum`), and the ranks' partial sums are gathered and added
 the same way, in rank order, so every rank gets the same bits. The result is within 1e-6 (relative) of the
-float64 sum (tests/pretrain/test_optim_fp32_sums.py); no tensor of this module is ever float64.
+float64 sum (tests/pretrain/test_optim_fp32_sums.py); no tensor of this module is float64 unless the parameters
+are (a float64 partition, as in the CPU unit tests, is summed in float64).
 
 Formulas (g: gradient, w: weight, t: step, wd: weight decay, b1/b2: betas):
 
@@ -57,12 +58,13 @@ def _two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def compensated_sum(x: Tensor) -> Tensor:
-    """The sum over the last dimension of a float32 tensor, accurate to about one float32 rounding.
+    """The sum over the last dimension of a float32 tensor (bf16/fp16 upcast; float64 kept), accurate to about one
+    rounding of that dtype.
 
     Pairwise: the columns are added two by two (log2(n) rounds); each addition's rounding error (TwoSum) is
     carried in a second tensor, added up the same way and folded in at the end. No wider dtype is used.
     """
-    hi = x.float()
+    hi = _f32(x)
     lo = torch.zeros_like(hi)
     while hi.shape[-1] > 1:
         if hi.shape[-1] % 2:
@@ -130,11 +132,12 @@ class PartitionLayout:
     def sum_squares(self, tensors: list[Tensor]) -> Tensor:
         """Per-parameter sums of squares of ``tensors`` (each a flat float32 partition), summed over the ranks:
         (len, num_params) float32, compensated (module docstring: no float64, within 1e-6 of it)."""
-        out = torch.zeros(len(tensors), self.num_params, dtype=torch.float32, device=tensors[0].device)
+        dtype = torch.promote_types(tensors[0].dtype, torch.float32)  # float32 (float64 only if given float64)
+        out = torch.zeros(len(tensors), self.num_params, dtype=dtype, device=tensors[0].device)
         if self.segments:
             index = torch.tensor([j for j, _, _ in self.segments], device=out.device)
             for k, t in enumerate(tensors):
-                out[k].index_copy_(0, index, fragment_sums_of_squares(t.float(), self.segments))
+                out[k].index_copy_(0, index, fragment_sums_of_squares(t.to(dtype), self.segments))
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size(self.process_group)
             if world > 1:  # gathered, then added in rank order: the same bits on every rank
