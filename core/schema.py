@@ -37,6 +37,13 @@ HDF5_DATASETS: tuple[tuple[str, str, str], ...] = tuple(
 #: Their names (what a trainer reads).
 HDF5_FIELDS = tuple(name for name, _, _ in HDF5_DATASETS)
 
+#: Packed rows (several sequences per row; Habana's packed-mode dataset names, the batch layout of
+#: pretrain/packing.py): per token, per masked position, per packed sequence, in the model's forward order.
+PACKED_TOKEN_FIELDS = ("input_ids", "input_mask", "segment_ids", "positions")
+PACKED_PRED_FIELDS = ("masked_lm_positions", "masked_lm_ids")
+PACKED_SEQUENCE_FIELDS = ("next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
+PACKED_FIELDS = PACKED_TOKEN_FIELDS + PACKED_PRED_FIELDS + PACKED_SEQUENCE_FIELDS
+
 #: MLPerf's widths (the data set's flags: create_pretraining_data --max_seq_length / --max_predictions_per_seq).
 MLPERF_MAX_SEQ_LENGTH = 512
 MLPERF_MAX_PREDICTIONS = 76

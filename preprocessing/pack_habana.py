@@ -85,7 +85,7 @@ import numpy as np
 from core.errors import InputError, RecordError
 from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_text
 from core.pools import run_all
-from core.schema import H5_ERRORS
+from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.pyrandom import Shuffles
@@ -103,8 +103,7 @@ _DEBRIS = re.compile(r"^\..+\.tmp-\d+$")  # a killed writer's temporary file (co
 #: The trainer's folder inside the DAG's stage directory (``<stage>/packed/``, ``<stage>/packed_metadata.json``).
 DAG_DATA_DIR = "packed"
 #: The padded datasets read, by name.
-INPUT_DATASETS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                  "next_sentence_labels")
+INPUT_DATASETS = HDF5_FIELDS
 #: (name, dtype, width) of the packed datasets, in the script's creation order; width "L", "P+S" or "S".
 PACKED_DATASETS = (
     ("input_ids", "i4", "L"),

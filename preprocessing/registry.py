@@ -21,7 +21,6 @@ from typing import Any
 
 from core.errors import InputError
 from core.stage import Stage
-from preprocessing import targets
 from preprocessing import (
     create_pretraining_data,
     download,
@@ -33,6 +32,7 @@ from preprocessing import (
     pack_nvidia,
     pick_eval_samples,
     split_4bins,
+    targets,
     text_import,
     text_pipeline,
     tfrecord_to_hdf5,

@@ -39,14 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from core import schema as _schema
 from core.errors import InputError
 from core.schema import H5_ERRORS
 
 log = logging.getLogger(__name__)
 
 #: The batch layout of packed rows (Habana's dataset names), in the order the model's forward takes them.
-PACKED_FIELDS = ("input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
-                 "next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
+PACKED_FIELDS = _schema.PACKED_FIELDS
 #: Habana's HDF5 dtypes (pack_pretraining_data_pytorch.py's create_dataset calls).
 HABANA_DTYPES = {"input_ids": "i4", "input_mask": "i4", "segment_ids": "i1", "positions": "i4",
                  "masked_lm_positions": "i4", "masked_lm_ids": "i4", "next_sentence_positions": "i4",
@@ -216,10 +216,9 @@ def read_nvidia(shards: list, file_idx: np.ndarray, rows: np.ndarray, bound: int
     where = lambda i: f"pack {rows[i]} of {shards[file_idx[i]].path}"  # noqa: E731
     n_pred = max([NVIDIA_PRED_WIDTH] + [len(p) for p in got["masked_lm_positions"]])
     n_seq = max([NVIDIA_MAX_SEQUENCES] + [len(p) for p in got["packed_input_len"]])
-    out = {k: np.zeros((n, bound), np.int64) for k in ("input_ids", "input_mask", "segment_ids", "positions")}
-    out.update({k: np.zeros((n, n_pred), np.int64) for k in ("masked_lm_positions", "masked_lm_ids")})
-    out.update({k: np.zeros((n, n_seq), np.int64) for k in
-                ("next_sentence_positions", "next_sentence_labels", "next_sentence_weights")})
+    out = {k: np.zeros((n, bound), np.int64) for k in _schema.PACKED_TOKEN_FIELDS}
+    out.update({k: np.zeros((n, n_pred), np.int64) for k in _schema.PACKED_PRED_FIELDS})
+    out.update({k: np.zeros((n, n_seq), np.int64) for k in _schema.PACKED_SEQUENCE_FIELDS})
     for i in range(n):
         ids, lens = got["input_ids"][i], got["packed_input_len"][i]
         total, k = int(lens.sum()), len(lens)
@@ -373,10 +372,9 @@ def pack_rows(arrays: dict[str, np.ndarray], packs: list[list[int]], max_len: in
     pred_width = pred_width or arrays["masked_lm_positions"].shape[1] + max_per_pack
     valid = valid_slots(arrays["masked_lm_positions"])
     n = len(packs)
-    out = {k: np.zeros((n, max_len), np.int64) for k in ("input_ids", "input_mask", "segment_ids", "positions")}
-    out.update({k: np.zeros((n, pred_width), np.int64) for k in ("masked_lm_positions", "masked_lm_ids")})
-    out.update({k: np.zeros((n, max_per_pack), np.int64) for k in
-                ("next_sentence_positions", "next_sentence_labels", "next_sentence_weights")})
+    out = {k: np.zeros((n, max_len), np.int64) for k in _schema.PACKED_TOKEN_FIELDS}
+    out.update({k: np.zeros((n, pred_width), np.int64) for k in _schema.PACKED_PRED_FIELDS})
+    out.update({k: np.zeros((n, max_per_pack), np.int64) for k in _schema.PACKED_SEQUENCE_FIELDS})
     for p, members in enumerate(packs):
         if len(members) > max_per_pack:
             raise InputError(f"pack {p} has {len(members)} sequences, more than {max_per_pack}")
