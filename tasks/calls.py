@@ -291,7 +291,9 @@ def _capture_handler() -> _Capture:
     with _CAPTURE_LOCK:
         if _CAPTURE is None:
             _CAPTURE = _Capture()
-            logging.getLogger().addHandler(_CAPTURE)
+        root = logging.getLogger()
+        if _CAPTURE not in root.handlers:  # first use, or a logging set-up since (dictConfig) dropped it
+            root.addHandler(_CAPTURE)
             logging.captureWarnings(True)  # warnings.warn(...) as records of "py.warnings", captured too
         for name in _LIBRARIES:  # INFO lines of ours are made even where the root logger says WARNING
             lg = logging.getLogger(name)
