@@ -48,14 +48,15 @@ sys.path.insert(0, str(ROOT))
 from core.errors import BertpipeError  # noqa: E402
 from core.manifest import FAULT_ENV, MANIFEST_NAME, load_manifest, md5_file, verify_manifest  # noqa: E402
 from preprocessing import registry  # noqa: E402
+from preprocessing.params import DataParams  # noqa: E402
 from tasks.workdir import scan  # noqa: E402
 
 BERTPIPE = str(Path(sys.executable).parent / "bertpipe")
 #: Small enough for seconds per run, the same for the reference and every killed run and re-run. Two
 #: workers: shard calls go to the spawned worker pool, so kills also hit worker processes.
 FLAGS = ["--dupe-factor", "1", "--n-output-shards", "2", "--num-examples-to-pick", "50", "--workers", "2", "-q"]
-#: Data DAG stages of the sample run, in order.
-STAGES = tuple(registry.names())
+#: Data DAG stages of the sample run (bertpipe run's defaults: the sample dump, --target samsung-4bins), in order.
+STAGES = tuple(dict.fromkeys(s.name for s in registry.active(DataParams())))
 #: Hook points, cycled over the hook trials: a third of them kill during a manifest write.
 POINT_CYCLE = ("manifest", "file", "rename", "manifest", "start", "done")
 TOP_FILES = {"last_run.json", "run_config.json"}  # run summaries, not stage artifacts

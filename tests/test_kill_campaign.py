@@ -31,6 +31,9 @@ def test_plan_of_20_trials_hits_every_stage_both_ways_and_manifest_writes() -> N
     hooks = [t for t in trials if t.mode == "hook"]
     watches = [t for t in trials if t.mode == "watch"]
     assert sorted(t.stage for t in hooks) == sorted(kc.STAGES) == sorted(t.stage for t in watches)
+    # the stages the campaign's command runs (the default target): no stage of another target, every stage of it
+    assert {"download", "extract", "text", "tfrecord", "bins", "eval_hdf5"} <= set(kc.STAGES)
+    assert not any(s.startswith(("nvidia", "habana")) for s in kc.STAGES)
     assert sum(t.point == "manifest" for t in hooks) >= 3
     assert {t.point for t in hooks} == {"start", "rename", "file", "manifest", "done"}
     assert all(1 <= t.n <= files[t.stage] for t in hooks)

@@ -48,7 +48,7 @@ def test_train_dir_holds_only_bins_that_every_trainer_reads(dag_work: Path, caps
     assert "ok   bins/" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("layout", ["samsung", "nvidia"])
+@pytest.mark.parametrize("layout", ["samsung", "nvidia-dle"])
 def test_export_dataset_from_the_dag(layout: str, dag_work: Path, tmp_path: Path) -> None:
     out = tmp_path / "ds"
     assert main(["export-dataset", "--layout", layout, "--work-dir", str(dag_work), str(out), "-q"]) == 0
@@ -62,3 +62,13 @@ def test_export_dataset_from_the_dag(layout: str, dag_work: Path, tmp_path: Path
     assert sum(rows_of(f) for f in files) == total
     evals = mlperf_eval_files(out / "eval")
     assert len(evals) == 1 and rows_of(evals[0]) == 50  # FAST picks 50 eval examples
+
+
+def test_the_nvidia_layout_of_a_run_without_its_target_is_refused(dag_work: Path, tmp_path: Path, capsys) -> None:
+    """NVIDIA's MLPerf trainer reads variable-length rows: padded rows are never exported for it (issue 20)."""
+    out = tmp_path / "ds"
+    assert main(["export-dataset", "--layout", "nvidia", "--work-dir", str(dag_work), str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--layout nvidia needs the folder of --target nvidia-4320 or nvidia-varlength" in err, err
+    assert f"run `bertpipe run --work-dir {dag_work} --target nvidia-varlength`" in err, err
+    assert not out.exists()

@@ -1,8 +1,9 @@
 """The training launcher's output reaches the pretrain flow run's logs in Prefect (read back from its API).
 
 One real 1-rank DeepSpeed launch of the tiny model (3 steps, no eval) must put its step lines there; a
-launch whose ranks fail (an unreadable DeepSpeed JSON, which only the ranks read) must put the rank's error
-line there and into the flow's error message, with the last lines of the output.
+launch whose ranks fail (a DeepSpeed JSON whose train_batch_size the ranks refuse for their world size) must put
+the rank's error line there and into the flow's error message, with the last lines of the output. An unreadable
+DeepSpeed JSON is refused before any launch (the recipe line reads it), naming the file.
 """
 
 from __future__ import annotations
@@ -73,14 +74,27 @@ def test_step_lines_reach_the_flow_run_logs(prefect_harness, golden: Path, tmp_p
 def test_a_failing_launch_puts_its_error_in_the_logs_and_the_message(prefect_harness, golden: Path,
                                                                       tmp_path: Path) -> None:
     bad = tmp_path / "ds.json"
-    bad.write_text("{not json")
+    bad.write_text('{"train_batch_size": 6}')  # micro-batch 4 x 1 rank: only the ranks check the product
     state = run_pretrain_flow(golden, tmp_path / "run", deepspeed_config=str(bad))
     assert state.is_failed()
     logs, flow_run = flow_run_logs(state.state_details.flow_run_id)
-    wanted = f"pretrain/train.py [rank 0]: error: cannot read DeepSpeed config {bad}"
+    wanted = "pretrain/train.py [rank 0]: error: global batch 6 is not a multiple of micro-batch 4 x 1 ranks"
     errors = [m for level, m in logs if level >= logging.ERROR]
     assert any(wanted in m for m in errors), errors
     # the flow run's message (the UI's) carries the error line itself, not a pointer to output it never shows
     for message in (state.message, flow_run.state.message):
         assert "pre-training exited with status" in message and wanted in message, message
         assert "last lines of the launcher output" in message and "output above" not in message
+
+
+def test_an_unreadable_deepspeed_config_is_refused_before_any_launch(prefect_harness, golden: Path,
+                                                                      tmp_path: Path) -> None:
+    bad = tmp_path / "ds.json"
+    bad.write_text("{not json")
+    state = run_pretrain_flow(golden, tmp_path / "run", deepspeed_config=str(bad))
+    assert state.is_failed()
+    logs, _ = flow_run_logs(state.state_details.flow_run_id)
+    wanted = f"cannot read DeepSpeed config {bad}: Expecting property name"
+    assert wanted in state.message, state.message
+    assert any(wanted in m for level, m in logs if level >= logging.ERROR), logs
+    assert not (tmp_path / "run" / "launcher.log").exists()  # nothing was launched

@@ -19,22 +19,27 @@ def test_local_process_pool_gives_the_serial_bytes(serial_run, three_part_text: 
     assert run_cli(*_args(three_part_text, shared_data / "vocab.txt", w), "--workers", "2") == 0
     assert output_md5s(w) == serial  # same keys (dirs) and same bytes
     assert last_run(w)["stages"]["tfrecord"]["cached"] == 0
-    _check_artifacts()
+    _check_artifacts(w)
 
 
-def _check_artifacts() -> None:
-    """The run left a table per stage, a progress artifact at 100 % and a markdown dataset summary."""
+def _check_artifacts(work: Path) -> None:
+    """The run left a table per stage, a progress artifact at 100 % and a markdown dataset summary, each key
+    ending with the work dir's id (tasks/artifacts.py)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     from prefect.client.schemas.sorting import FlowRunSort
 
-    keys = ["stage-tfrecord", "stage-bins", "progress-tfrecord-hdf5", "dataset-summary"]
+    from tasks.artifacts import scope_id
+
+    sid = scope_id(work)
+    names = ["stage-tfrecord", "stage-bins", "progress-tfrecord-hdf5", "dataset-summary"]
+    keys = [f"{n}-{sid}" for n in names]
     with get_client(sync_client=True) as client:
         run = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]  # the run of this test
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=keys), flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-    arts = {a.key: a for a in found}
-    assert set(keys) <= set(arts)
+    arts = {a.key.removesuffix(f"-{sid}"): a for a in found}
+    assert set(names) <= set(arts), sorted(a.key for a in found)
     assert arts["stage-tfrecord"].type == "table" and "part-00002-of-00500" in str(arts["stage-tfrecord"].data)
     assert arts["progress-tfrecord-hdf5"].type == "progress"
     assert "md5" in arts["dataset-summary"].data and "| bins |" in arts["dataset-summary"].data

@@ -496,11 +496,16 @@ def test_bertpipe_train_takes_a_work_dirs_bins_eval_and_vocab(tmp_path, capsys, 
     """--train-dir naming a data work dir (last_run.json) stands for its bins, eval file and vocab."""
     from bertpipe.cli import main
 
+    import shutil
+
     golden = shared_data / "golden"
     work = tmp_path / "work"
-    work.mkdir()
-    outputs = {"train_dir": str(golden / "4bins"), "eval_hdf5": str(golden / "eval_100.hdf5"),
-               "vocab": str(shared_data / "vocab.txt")}
+    (work / "data").mkdir(parents=True)  # a summary's outputs must lie inside its work dir (else it is ignored)
+    shutil.copytree(golden / "4bins", work / "data" / "4bins")
+    shutil.copy(golden / "eval_100.hdf5", work / "data")
+    shutil.copy(shared_data / "vocab.txt", work / "data")
+    outputs = {"train_dir": str(work / "data" / "4bins"), "eval_hdf5": str(work / "data" / "eval_100.hdf5"),
+               "vocab": str(work / "data" / "vocab.txt")}
     (work / "last_run.json").write_text(json.dumps({"stages": {}, "outputs": outputs}))
     assert main(["train", "--train-dir", str(work), "--output-dir", str(tmp_path / "out"), "--dry-run"]) == 0
     cmd = capsys.readouterr().out.strip().splitlines()[-1]

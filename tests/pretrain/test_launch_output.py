@@ -62,7 +62,9 @@ def test_quiet_by_default_everything_in_the_log(fake_launcher, tmp_path, capfd) 
     assert launch(_cfg(tmp_path), 2, check=False) == 0
     out, err = capfd.readouterr()
     shown = (out + err).splitlines()
-    assert len(shown) == 2 + 5 + 2, shown  # command, log path; 5 step lines; eval result, rank warning
+    # recipe, command, log path; 5 step lines; eval result, rank warning
+    assert len(shown) == 3 + 5 + 2, shown
+    assert shown[0].startswith("recipe: lans lr ") and "warm-up" in shown[0], shown[0]
     assert "ignored" in err and "eval masked-LM accuracy" in err and "SUMMARY" not in out + err
     assert "Unable to find hostfile" not in out + err and "Traceback" not in out + err
     log = (tmp_path / "out" / LAUNCHER_LOG).read_text()
@@ -89,5 +91,6 @@ def test_a_callback_gets_every_line_and_the_log_too(fake_launcher, tmp_path, cap
     lines: list[str] = []
     assert launch(_cfg(tmp_path), 2, check=False, on_output=lines.append) == 0
     assert capfd.readouterr().out == ""
-    assert len(lines) == 1 + 47 and "step 17/40" in "\n".join(lines)  # the command, then every line
-    assert (tmp_path / "out" / LAUNCHER_LOG).read_text().splitlines()[1:] == lines[1:]
+    # the recipe and the command, then every line
+    assert len(lines) == 2 + 47 and "step 17/40" in "\n".join(lines) and lines[0].startswith("recipe: ")
+    assert (tmp_path / "out" / LAUNCHER_LOG).read_text().splitlines()[1:] == lines[2:]
