@@ -1,6 +1,6 @@
 """OUTPUT_DIR/mllog.txt: the run's MLPerf log (``:::MLLOG`` lines), written with MLCommons' ``mlperf_logging``.
 
-    pip install "git+https://github.com/mlcommons/logging.git@4.1.59"     # the `mlperf` extra
+    pip install "mlperf-logging==4.1.59"     # PyPI; in the `train` extra (the default install) and `mlperf`
     python -m mlperf_logging.compliance_checker --usage training --ruleset 5.0.0 OUTPUT_DIR/mllog.txt
 
 Only rank 0 writes. The keys are the BERT benchmark's (training ruleset 5.0.0, ``closed_bert.yaml``):
@@ -9,8 +9,9 @@ run_start/stop (status success when the 0.720 masked-LM accuracy target was reac
 the batch, LAMB and schedule hyper-parameters, max_sequence_length, train_samples, eval_samples, one
 block per eval interval (block_start/stop with first_epoch_num/epoch_count in training samples, as
 MLPerf's BERT counts "epochs" in samples), eval_start/stop and eval_accuracy with epoch_num = samples
-trained, and epoch_start/stop at the data sampler's epoch boundaries. Without ``mlperf_logging``
-installed the run logs one line saying so and writes no mllog.txt.
+trained, and epoch_start/stop at the data sampler's epoch boundaries. The warm-up keys record the run's
+schedule (pretrain/recipe.py). Without ``mlperf_logging`` installed (a custom install without the ``train``
+extra) the run logs one line saying so and writes no mllog.txt.
 
 A resumed invocation starts a new mllog.txt (MLPerf timing covers one uninterrupted run); the previous
 invocation's log is kept as ``mllog.to-step-<N>.txt``.
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 
 LOG_NAME = "mllog.txt"
 TARGET = 0.720
-#: how to get the library (not on PyPI)
-INSTALL_HINT = 'pip install "git+https://github.com/mlcommons/logging.git@4.1.59", or ".[mlperf]" in a checkout'
+#: how to get the library (PyPI; the `train` and `mlperf` extras)
+INSTALL_HINT = 'pip install "mlperf-logging==4.1.59", or ".[mlperf]" in a checkout'
 
 
 class MLPerfLog:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create ./.venv with everything bertpipe needs on a CPU machine (idempotent; ~2 min the first time).
 #
-#   bash scripts/setup.sh            # core + prefect + tensorflow-cpu + torch(CPU) + deepspeed + dev tools
+#   bash scripts/setup.sh            # core + prefect + tensorflow-cpu + torch(CPU) + deepspeed + mlperf-logging + dev tools
 #
 # Order matters: the CPU build of torch goes in first, so that nothing later pulls the multi-GB CUDA
 # build, and DeepSpeed is built against it without build isolation (its setup.py imports torch).
@@ -14,11 +14,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-# MLCommons' mlperf_logging (the `mlperf` extra) is not on PyPI: a vendored wheel in ../shared/vendor (CI has
-# ../shared) is installed when present; without it training runs and writes no mllog.txt.
-MLPERF_WHEEL=../shared/vendor/mlperf_logging-4.1.59-py3-none-any.whl
-[ -f "$MLPERF_WHEEL" ] || MLPERF_WHEEL=""
-stamp="$VENV/.bertpipe-setup-$( (cat pyproject.toml setup.py scripts/setup.sh; echo "$MLPERF_WHEEL") | md5sum | cut -c1-12)"
+# MLCommons' mlperf-logging comes from PyPI with the `train` extra (in .[all]): training writes mllog.txt.
+stamp="$VENV/.bertpipe-setup-$(cat pyproject.toml setup.py scripts/setup.sh | md5sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -26,10 +23,5 @@ fi
 "${PIP[@]}" "$TORCH_SPEC"
 "${PIP[@]}" --no-build-isolation "deepspeed==0.19.8"
 "${PIP[@]}" -e ".[all]"
-if [ -n "$MLPERF_WHEEL" ]; then
-  "${PIP[@]}" "$MLPERF_WHEEL"   # == pip install "bertpipe[mlperf]" without access to GitHub
-else
-  echo "note: no ../shared/vendor/mlperf_logging wheel: mlperf_logging not installed (no mllog.txt; see README)"
-fi
 touch "$stamp"
 echo "bertpipe environment ready in $VENV"

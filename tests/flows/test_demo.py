@@ -62,6 +62,9 @@ def test_demo_with_training(prefect_harness, tmp_path: Path, capsys) -> None:
     assert s["steps"] == 4 and s["world_size"] == 2 and s["device"] == "cpu"
     assert s["final_eval_mlm_accuracy"] is not None
     assert "eval MLM accuracy" in capsys.readouterr().out
+    # the MLPerf log (mlperf-logging from PyPI is in the default install)
+    assert s["mllog"] and Path(s["mllog"]).resolve() == (work / "pretrain" / "mllog.txt").resolve()
+    assert '"key": "run_stop"' in (work / "pretrain" / "mllog.txt").read_text()
 
 
 def test_demo_stands_for_run_e2e_with_the_sample_settings() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -142,3 +143,57 @@ def test_bertpipe_train_open_division_passes(shared_data: Path, tmp_path: Path) 
     assert rc == 0 and "SUCCESS" in text and not warnings, text
     value = {rec["key"]: rec["value"] for rec in records(out / "mllog.txt")}
     assert value["submission_division"] == "open" and value["submission_org"] == "Open Org"
+
+
+def synthetic_padded_hdf5(path: Path, rows: int, seed: int, vocab_size: int = 1024) -> None:
+    """A padded HDF5 file in the tfrecord-to-hdf5 layout with random rows (no reference data needed)."""
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((rows, 512), np.int32)
+    mask = np.zeros((rows, 512), np.int8)
+    seg = np.zeros((rows, 512), np.int8)
+    pos = np.zeros((rows, 76), np.int32)
+    mlm = np.zeros((rows, 76), np.int32)
+    for r in range(rows):
+        n = int(rng.integers(16, 512))
+        ids[r, :n] = rng.integers(104, vocab_size, n)
+        ids[r, 0], ids[r, n - 1] = 101, 102
+        mask[r, :n] = 1
+        seg[r, n // 2:n] = 1
+        k = max(1, n * 15 // 100)
+        where = np.sort(rng.choice(np.arange(1, n - 1), size=min(k, 76, n - 2), replace=False))
+        pos[r, :len(where)] = where
+        mlm[r, :len(where)] = ids[r, where]
+        ids[r, where] = 103  # [MASK]
+    with h5py.File(path, "w") as h:
+        for name, data in (("input_ids", ids), ("input_mask", mask), ("segment_ids", seg),
+                           ("masked_lm_positions", pos), ("masked_lm_ids", mlm),
+                           ("next_sentence_labels", rng.integers(0, 2, rows).astype(np.int8))):
+            h.create_dataset(name, data=data)
+
+
+@pytest.mark.slow
+def test_open_division_log_of_a_run_without_shared_data_passes(tmp_path: Path) -> None:
+    """A plain clone's case: data made here (no ../shared), 1 CPU rank, 3 steps with evals, `bertpipe train`'s
+    default flags; MLCommons' checker from PyPI's mlperf-logging (training 5.0.0, open) passes the log."""
+    pytest.importorskip("deepspeed")
+    (tmp_path / "train").mkdir()
+    synthetic_padded_hdf5(tmp_path / "train" / "part_0.hdf5", 96, seed=1)
+    synthetic_padded_hdf5(tmp_path / "eval.hdf5", 32, seed=2)
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "BERTPIPE_SHARED"}
+    r = subprocess.run([sys.executable, "-m", "bertpipe", "train", "--train-dir", str(tmp_path / "train"),
+                        "--eval-file", str(tmp_path / "eval.hdf5"), "--output-dir", str(out), "--nproc", "1",
+                        "--device", "cpu", "--vocab-size", "1024", "--max-steps", "3", "--micro-batch", "4",
+                        "--eval-interval-steps", "2", "--checkpoint-interval", "0", "--no-tensorboard"],
+                       capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2], env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rc, text, warnings = check(out / "mllog.txt", tmp_path)
+    assert rc == 0 and "SUCCESS" in text and not warnings, text
+    assert "training_5.0.0/open_bert.yaml" in text
+    value = {rec["key"]: rec["value"] for rec in records(out / "mllog.txt")}
+    assert value["submission_division"] == "open" and value["opt_learning_rate_training_steps"] == 3
+    assert [rec["metadata"]["epoch_num"] for rec in records(out / "mllog.txt") if rec["key"] == "eval_accuracy"] \
+        == [8, 12]  # after steps 2 and 3 (the last step always evaluates), in samples
