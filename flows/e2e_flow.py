@@ -16,7 +16,6 @@ from typing import Any
 from prefect import flow
 
 from core.paths import PathCheck
-
 from flows.data_flow import run_data
 from flows.guard import DataParameters, check_data, check_training, flow_start
 from flows.pretrain_flow import run_training
@@ -31,7 +30,8 @@ def e2e_flow(data: DataParameters | None = None, output_dir: str | None = None, 
     """``data``: the data flow's parameters (``{"work_dir": "work/e2e", "n_output_shards": 4}``); training output
     defaults to <work_dir>/pretrain; ``options``: more TrainConfig fields for the training run (e.g.
     ``{"learning_rate": 0.01}``, ``{"overwrite": true}`` to train again over an earlier run's checkpoints);
-    ``wait_lock_s``: wait this long for an output dir another training holds."""
+    ``wait_lock_s``: wait this long for an output dir another training holds. Returns ``{"dataset": the data
+    run's summary, "pretrain": the training's}``."""
     flow_start()
     p = check_data(data.to_dict() if isinstance(data, DataParams) else data, "data.")
     if "samsung-4bins" not in p.targets:  # bertpipe's trainer reads the 4-bin set: refused before any task
@@ -49,4 +49,6 @@ def e2e_flow(data: DataParameters | None = None, output_dir: str | None = None, 
     result = run_training(train_dir=out["train_dir"], eval_file=out["eval_hdf5"], output_dir=out_dir, model=model,
                           max_steps=max_steps, nproc=nproc, vocab=out["vocab"], options=opts,
                           wait_lock_s=wait_lock_s)
-    return {"data": summary, "pretrain": result}
+    # ("dataset", not "data": Prefect 3.8 reads a persisted result whose top level has a "data" key as its own
+    # old record format, and run_deployment(...).state.result() would return that value alone)
+    return {"dataset": summary, "pretrain": result}

@@ -249,7 +249,7 @@ def check_training(*, model: str, max_steps: int, nproc: int, options: dict[str,
             if field in _UNSET and value == _UNSET[field]:  # "not given": the model's default
                 continue
             if value != value or not lo <= value <= hi:
-                raise InputError(f"{spelled} must be between {lo:g} and {hi:g}, got {value}")
+                raise InputError(f"{spelled} must be between {_num(lo)} and {_num(hi)}, got {value}")
     check_type(f"{prefix}nproc", nproc, int)
     if not 1 <= nproc <= 1024:
         raise InputError(f"{prefix}nproc must be between 1 and 1024 (ranks on this node), got {nproc}")
@@ -260,6 +260,10 @@ def check_training(*, model: str, max_steps: int, nproc: int, options: dict[str,
         raise InputError(f"{prefix}resume and {prefix}options.overwrite contradict each other: resume continues the "
                          "run in output_dir, overwrite discards it and starts at step 1; give one")
     return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def check_training_paths(*, train_dir: str, eval_file: str, output_dir: str, vocab: str | None,

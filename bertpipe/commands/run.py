@@ -400,7 +400,7 @@ def run_training_flow(args: argparse.Namespace) -> int:
 
     out = e2e_flow(data=data_params(args).to_dict(), output_dir=args.output_dir, model=args.model,
                    max_steps=args.max_steps, nproc=args.nproc, options=train_options(args))
-    print_summary(out["data"])
+    print_summary(out["dataset"])
     s = out["pretrain"]["summary"]
     brief = ", ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}"
                       for k in ("steps", "final_loss", "training_sequences_per_second", "final_eval_mlm_accuracy")

@@ -246,7 +246,7 @@ def test_parameter_mistakes_are_one_line_before_any_task(stack: PrefectStack, go
     _one_line_failure(stack, missing, f"train_dir {tmp_path / 'nope'} does not exist")
     vocab = _run(stack, "bertpipe-refresh/refresh", {"datasets_dir": str(tmp_path / "d"), "source": "sample",
                                                      "vocab": str(tmp_path / "vocab.txt")}, JOB_ENV)
-    _one_line_failure(stack, vocab, f"vocab {tmp_path / 'vocab.txt'}: no such file")
+    _one_line_failure(stack, vocab, f"vocab {tmp_path / 'vocab.txt'}: no such vocab.txt")
     TIMINGS["4 refusals, each to Failed"] = time.monotonic() - t0
 
     # a work dir in use: the refusal names the deployment's parameters
@@ -286,8 +286,8 @@ def test_results_artifacts_cached_states_and_training_logs(stack: PrefectStack, 
     TIMINGS["e2e via run_deployment"] = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["state"] == "COMPLETED"
-    assert got["result"]["data"]["outputs"]["train_dir"].startswith(str(w))
+    assert got["state"] == "COMPLETED", str(got)[:3000]
+    assert got["result"]["dataset"]["outputs"]["train_dir"].startswith(str(w)), str(got)[:2000]
     assert got["result"]["pretrain"]["summary"]["steps"] == 3
     logs = stack.log_text(got["id"])
     assert "pretrain.train: step 3/3" in logs and "pretrain.evaluate: eval: " in logs, logs[-3000:]
