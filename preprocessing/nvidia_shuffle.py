@@ -287,8 +287,11 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     if not total:
         return np.zeros(0, dtype=np.int64)
-    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    return shift + np.arange(total, dtype=np.int64)
+    # 4-byte indices where they fit (half the memory traffic of the repeat and the gathers); the same values
+    dt = np.int32 if max(total, int(starts.max()) + int(lengths.max())) < 2**31 else np.int64
+    shift = np.repeat((starts - (np.cumsum(lengths) - lengths)).astype(dt), lengths)
+    shift += np.arange(total, dtype=dt)
+    return shift
 
 
 def _index_list(perm: np.ndarray, file_starts: np.ndarray) -> str:

@@ -205,8 +205,10 @@ def _runs_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
     if not total:
         return np.zeros(0, np.int64)
     starts = (np.cumsum(lengths) - lengths)[order]
-    idx = np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    idx += np.arange(total, dtype=np.int64)
+    # 4-byte indices where they fit (half the memory traffic of the repeat and the gathers); the same values
+    dt = np.int32 if int(lengths.sum()) < 2**31 else np.int64
+    idx = np.repeat((starts - (np.cumsum(lens) - lens)).astype(dt), lens)
+    idx += np.arange(total, dtype=dt)
     return idx
 
 
