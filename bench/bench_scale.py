@@ -33,6 +33,15 @@
    (wall: on a loaded machine or a slow disk these run higher); wall at 2, 16 and 64 cores from the CPU figures
    (every stage's calls run side by side; the eval chain runs beside the parts).
 
+5. **The other targets' stages** (``bertpipe run --target``), each in one process on the same part's padded HDF5
+   (``--target-stages``, on by default; ``--targets-only`` skips steps 2-4 but for the part's HDF5): NVIDIA's chop
+   into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~9), its shuffle
+   (nvidia_4320_shuffled), the variable-length eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
+   ~9 of the 4,320 packed shards) and pack-habana (habana_packed): CPU seconds (stage work, md5s and manifests
+   included), with SciPy's NNLS (the packing recipe, one solve a round: it depends on the lengths' histogram, not
+   the row count) timed apart. Projected per target: the per-row work x 500 plus the NNLS rounds once, added to the
+   full set's 4-bin figure.
+
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
 
@@ -53,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SHARED = ROOT.parent / "shared" / "data"
 FULL_PARTS, FULL_PART_MB = 500, 27.15  # MLCommons' results/: 500 parts, 13.5 GB
+FULL_ROWS = 156_725_653  # training instances of the full set (NVIDIA's 4,320 shards: 4320 x 36280 - 3947)
 CORES = (2, 16, 64)
 
 
@@ -345,6 +355,109 @@ run_split_4bins(sorted(src.glob("part*")), out, Split4BinsConfig(n_output_shards
 Path(f"{out}.seconds.txt").write_text(f"{time.perf_counter() - t0:.3f} {cpu() - c0:.3f} {hashing[0]:.3f} {hashing[1]}\\n")
 """
 
+#: The other targets' stages on one part's padded HDF5, in one process each (workers=1: every CPU second is this
+#: process's): argv = the part's HDF5, output folder, what. SciPy's NNLS is timed apart (CPU seconds, rounds). Writes
+#: <output>/<what>.json: {"cpu": s, "nnls_cpu": s, "nnls_rounds": n, "rows": n, "bytes": n}.
+TARGET_CALL = """
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+import scipy.optimize
+part, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+nnls = [0.0, 0]
+real_nnls = scipy.optimize.nnls
+def timed_nnls(*a, **k):
+    t = time.process_time()
+    try:
+        return real_nnls(*a, **k)
+    finally:
+        nnls[0] += time.process_time() - t
+        nnls[1] += 1
+scipy.optimize.nnls = timed_nnls
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+import h5py
+with h5py.File(part, "r") as f:
+    rows = int(f["next_sentence_labels"].shape[0])
+shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
+c0 = cpu()
+if what == "nvidia_4320":
+    from preprocessing.nvidia_chop import ChopConfig, run_nvidia_chop
+    m = run_nvidia_chop([part], out / what, ChopConfig(num_shards=shards, varlength=True))
+elif what == "nvidia_4320_shuffled":
+    from preprocessing.nvidia_shuffle import input_files, run_nvidia_shuffle
+    m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), out / what)
+elif what == "nvidia_eval":
+    from preprocessing.nvidia_eval import PickVarlenConfig, run_pick_eval_varlength
+    m = run_pick_eval_varlength(part, out / what, PickVarlenConfig(num_examples_to_pick=10000))
+elif what == "nvidia_packed":
+    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
+elif what == "habana_packed":
+    from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
+    m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76), data_dir="packed")
+else:
+    raise SystemExit(f"unknown stage {what}")
+c1 = cpu()
+(out / f"{what}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
+                                              "rows": rows, "bytes": sum(f.bytes for f in m.files)}))
+"""
+#: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
+TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards", "nvidia_4320_shuffled": "shuffle_samples",
+                 "nvidia_eval": "pick_eval_samples_varlength (10,000 rows)", "nvidia_packed": "pack-nvidia",
+                 "habana_packed": "pack-habana"}
+
+
+def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, dict[str, float]]:
+    """Each other target's stage on the part's padded HDF5, one process each: CPU, NNLS CPU and rounds, bytes."""
+    part = next(h5.glob("part-*.hdf5"))
+    out = tmp / "targets"
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    print(f"\n## the other targets' stages on one part's padded HDF5 ({part.stat().st_size / 1e6:,.0f} MB), one process "
+          "each, one core")
+    figures = {}
+    for what, title in TARGET_STAGES.items():
+        dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what], env)
+        f = json.loads((out / f"{what}.json").read_text())
+        f["wall"], f["rss"] = dt, rss
+        figures[what] = f
+        print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
+              f"round(s)) {f['rows'] / max(f['cpu'] - f['nnls_cpu'], 1e-9) / 1e3:7.1f} k rows/CPU-s "
+              f"{rss:6.0f} MB peak RSS -> {f['bytes'] / 1e6:,.0f} MB")
+    return figures
+
+
+def target_projection(fig: dict[str, dict[str, float]], today: float | None) -> None:
+    """Each target's extra core-hours at full size: its stages' per-row CPU x the full set's rows / this part's
+    (the eval pick: once), plus the NNLS rounds once (the recipe's solve does not grow with the rows). The 2,048-shard
+    stages are counted at the 4,320-shard ones' figures (the same rows in fewer, larger files)."""
+    sys.path.insert(0, str(ROOT))
+    from preprocessing.registry import for_target
+    from preprocessing.targets import names
+
+    print(f"\n## the other targets at full size ({FULL_ROWS:,} rows; {'today' if today else 'the 4-bin set'}: "
+          + (f"{today:.2f} core-hours)" if today else "not measured in this run)"))
+    for target in names():
+        extra = 0.0
+        parts = []
+        for stage in for_target(target):
+            f = fig.get(stage.replace("2048", "4320"))
+            if f is None:
+                continue
+            per_rows = f["cpu"] - f["nnls_cpu"]
+            cost = (per_rows if stage == "nvidia_eval" else per_rows * FULL_ROWS / f["rows"]) + f["nnls_cpu"]
+            extra += cost
+            parts.append(f"{stage} {cost / 3600:.3f}")
+        if target == "samsung-4bins":
+            continue
+        total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
+        print(f"  --target {target:<17} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
+
+
 # -- one real-size part ----------------------------------------------------------------------------------------
 def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     d = tmp / "real"
@@ -407,6 +520,24 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     return figures
 
 
+def real_part_hdf5(args: argparse.Namespace, tmp: Path) -> Path:
+    """The real-size part's padded HDF5 alone (create-pretraining-data, tfrecord-to-hdf5): its folder."""
+    d = tmp / "real"
+    (d / "tf").mkdir(parents=True, exist_ok=True)
+    (d / "h5").mkdir(exist_ok=True)
+    part = d / "part-00000-of-00500"
+    part.write_text(DocStream(sample_documents()).take(nbytes=int(args.real_mb * 1e6)), encoding="utf-8")
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    bp = str(BIN / "bertpipe")
+    timed_child([bp, "create-pretraining-data", "--input_file", str(part), "--output_file", str(d / "tf" / part.name),
+                 "--vocab_file", str(args.vocab), "--do_lower_case", "True", "--max_seq_length", "512",
+                 "--max_predictions_per_seq", "76", "--dupe_factor", "10", "--masked_lm_prob", "0.15",
+                 "--random_seed", "12345", "-q"], env)
+    timed_child([bp, "tfrecord-to-hdf5", "--input", str(d / "tf" / part.name), "--output",
+                 str(d / "h5" / f"{part.name}.hdf5"), "-q"], env)
+    return d / "h5"
+
+
 def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     """The real-size part through the data DAG (one worker, 8 shards per bin: the rows' own cost): each stage's
     work as the DAG does it (manifests, md5s, input checks included)."""
@@ -438,7 +569,7 @@ def _same_files(a: Path, b: Path) -> bool:
     return fa == fb and all((a / p).read_bytes() == (b / p).read_bytes() for p in fa)
 
 
-def projection(fig: dict[str, float]) -> None:
+def projection(fig: dict[str, float]) -> float:
     """The full set from one real part's figures (per-part work scales with the part's MB), twice: from CPU time
     (user + system of the one-process steps: core-seconds proper) and from the DAG's stage seconds (the wall of its
     calls, which also counts waits for the disk and, on a shared machine, for other jobs' cores)."""
@@ -466,6 +597,7 @@ def projection(fig: dict[str, float]) -> None:
         wall = max(eval_chain, tf_h5 * FULL_PARTS / c) + bins / c
         print(f"  {c:>3} cores: wall ~{wall / 60:.1f} min (from CPU time: tfrecord+hdf5 per part side by side, then "
               f"the bins' counts and shard groups side by side; no stage serial)")
+    return (tf_h5 * FULL_PARTS + bins + eval_chain) / 3600
 
 
 def _project(*, tf_h5: float, bins_rows: float, bins_files: float, eval_chain: float,
@@ -492,20 +624,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-part-only", action="store_true", help="skip the 500-part run")
     ap.add_argument("--no-real-part", action="store_true", help="skip the real-size part")
     ap.add_argument("--keep-work", type=Path, help="build and keep everything under this folder")
+    ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
+    ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
+                    "stages (step 5), projected without today's figure")
     args = ap.parse_args(argv)
     if not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")
     tmp = args.keep_work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-        if not args.real_part_only:
+        if not args.real_part_only and not args.targets_only:
             t0 = time.perf_counter()
             sizes = build_corpus(tmp / "corpus", args.parts, args.part_lines, args.part_mb, args.eval_mb)
             print(f"corpus: {args.parts} parts, {sizes['parts_mb']:.2f} MB + eval.txt {sizes['eval_mb']:.2f} MB "
                   f"(built in {time.perf_counter() - t0:.1f} s)")
             dag_run(args, tmp / "corpus", tmp / "work", sizes)
-        if not args.no_real_part:
-            projection(real_part(args, tmp))
+        if args.targets_only:
+            h5 = real_part_hdf5(args, tmp)
+            target_projection(target_stages(args, h5, tmp), None)
+        elif not args.no_real_part:
+            today = projection(real_part(args, tmp))
+            if not args.no_target_stages:
+                target_projection(target_stages(args, tmp / "real" / "h5", tmp), today)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         if not args.keep_work:

@@ -1,13 +1,18 @@
-"""End-to-end training throughput: batches padded to their length bin vs the same rows padded to 512.
+"""End-to-end training throughput of the batch mixes (pretrain/batch_mix.py) against rows padded to 512.
 
-Runs `bertpipe train` twice on the same rows (the golden 4-bin sample's 128 bin): once as a bin folder
-(batches sliced to 128 columns) and once as plain padded files (512 columns), and prints
-training_sequences_per_second of each, their ratio and the peak RSS of a rank.
+Runs `bertpipe train` on the same 4-bin data (the golden sample by default) with each micro-batch
 
-    .venv/bin/python bench/bench_train_bins.py [--steps 25] [--nproc 2] [--model tiny] [--micro-batch 8]
+* padded: the bins' files as one plain folder, every batch padded to 512 columns (the baseline);
+* one-bin: from one length bin, padded to its bound (bertpipe's fastest);
+* random: rows of any length (NVIDIA's / MLCommons' / Habana's sampling), one forward per bin;
+* split: --split-batch-cnt 6 3 2 5 (Samsung's), one forward per bin;
 
-Measured on the shared, loaded 2-core CPU box (tiny model, 2 ranks, micro 8, 25 steps): 82.9 vs 26.7 seq/s
-(3.1x) and 108.0 vs 19.8 seq/s (5.4x) in two runs; peak RSS of a rank ~0.9 GB.
+and prints training_sequences_per_second, real tokens/s, the ratio to the padded run and the peak RSS of a
+rank. The micro-batch is 16 (Samsung's 6+3+2+5) for every run.
+
+    .venv/bin/python bench/bench_train_bins.py [--steps 25] [--nproc 2] [--model tiny] [--mixes one-bin,random]
+
+Figures: README "Benchmarks" (bench/bench_train_bins.py row).
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+MIXES = ("padded", "one-bin", "random", "split")
 
-def run(train_dir: Path, out: Path, args: argparse.Namespace) -> dict:
+
+def run(train_dir: Path, out: Path, args: argparse.Namespace, mix: str) -> dict:
     from pretrain.launch import launch
     from pretrain.train_config import TrainConfig
 
+    extra = {"split_batch_cnt": "6 3 2 5"} if mix == "split" else {"batch_mix": "one-bin" if mix == "padded" else mix,
+                                                                  "micro_batch": 16}
     cfg = TrainConfig(train_dir=str(train_dir), output_dir=str(out), model=args.model, max_steps=args.steps,
-                      micro_batch=args.micro_batch, device=args.device, tensorboard=False, checkpoint_interval=0)
+                      device=args.device, tensorboard=False, checkpoint_interval=0, **extra)
     if launch(cfg, nproc=args.nproc) != 0:
-        raise SystemExit(f"training on {train_dir} failed")
+        raise SystemExit(f"training on {train_dir} ({mix}) failed")
     return json.loads((out / "summary.json").read_text())
 
 
@@ -40,20 +49,28 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--model", default="tiny")
-    p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--mixes", default=",".join(MIXES), help=f"comma-separated, of {', '.join(MIXES)}")
     args = p.parse_args()
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / "plain"  # same files, but not under a bin folder: batches keep all 512 columns
+        plain = Path(tmp) / "plain"  # the same files, not under bin folders: every batch keeps all 512 columns
         plain.mkdir()
-        for f in sorted((args.bins / "128").glob("part_*.hdf5")):
-            (plain / f.name).symlink_to(f.resolve())
-        binned = run(args.bins / "128", Path(tmp) / "out_binned", args)
-        padded = run(plain, Path(tmp) / "out_padded", args)
-    b, q = binned["training_sequences_per_second"], padded["training_sequences_per_second"]
+        for b in ("128", "256", "384", "512"):
+            for f in sorted((args.bins / b).glob("part_*.hdf5")):
+                (plain / f"{b}_{f.name}").symlink_to(f.resolve())
+        for mix in args.mixes.split(","):
+            data = plain if mix == "padded" else args.bins
+            s = run(data, Path(tmp) / f"out_{mix}", args, mix)
+            results[mix] = (s["training_sequences_per_second"], s["training_real_tokens_per_second"])
+            print(f"{mix}: {results[mix][0]:.1f} seq/s, {results[mix][1]:.0f} real tokens/s", flush=True)
+    base = results.get("padded", (None, None))[0]
+    for mix, (seq, tok) in results.items():
+        ratio = f"   {seq / base:.2f}x padded" if base else ""
+        print(f"{mix:8s} {seq:8.1f} seq/s {tok:10.0f} real tokens/s{ratio}")
     rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"binned (128 columns): {b:.1f} seq/s   padded (512 columns): {q:.1f} seq/s   ratio {b / q:.2f}x")
-    print(f"peak RSS of one rank: {rss_mb:.0f} MB; {args.nproc} ranks, model {args.model}, micro {args.micro_batch}")
+    print(f"peak RSS of one rank: {rss_mb:.0f} MB; {args.nproc} ranks, model {args.model}, micro-batch 16, "
+          f"{args.steps} steps")
 
 
 if __name__ == "__main__":
