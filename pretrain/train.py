@@ -263,9 +263,8 @@ def setup(cfg: TrainConfig, tag: str | None):
     mcfg = model_config_for(cfg)
     ds_cfg = load_ds_config(cfg, world)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
-    from pretrain.packing import training_sampler
-
     from pretrain.batch_mix import split_counts
+    from pretrain.packing import training_sampler
 
     binned, _ = training_sampler(cfg.train_dir, cfg.packed, micro, rank, world, cfg.seed, mcfg.vocab_size,
                                  mix=cfg.batch_mix, counts=split_counts(cfg))
