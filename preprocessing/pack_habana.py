@@ -475,6 +475,8 @@ def pack_files(packs: int, cfg: HabanaPackConfig) -> list[tuple[int, int]]:
 
 
 _ROW_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+#: A window of input rows is read as one block when at least one row in this many is wanted (else row by row).
+_SPARSE = 256
 
 
 def _read_rows(path: str, rows: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
@@ -491,7 +493,9 @@ def _read_rows(path: str, rows: np.ndarray, chunk: int) -> dict[str, np.ndarray]
             sel = rows[a:b]
             with reading(p, f"rows {lo}..{int(sel[-1])}"):
                 for n, ds in dsets.items():
-                    if len(sel) * 8 >= int(sel[-1]) - lo + 1:  # dense: one contiguous read
+                    # h5py reads a list of rows at ~0.1 ms a row whatever its width, a block at ~1 us a padded
+                    # row of all five datasets: the block unless under one row in 256 is wanted
+                    if len(sel) * _SPARSE >= int(sel[-1]) - lo + 1:
                         block = ds[lo:int(sel[-1]) + 1]
                         out[n].append(block[sel - lo])
                     else:
@@ -522,13 +526,6 @@ def _gather(inputs: Inputs, ids: np.ndarray, chunk: int) -> dict[str, np.ndarray
     return res
 
 
-def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(item, column) of every element of items with ``counts`` elements each."""
-    item = np.repeat(np.arange(len(counts)), counts)
-    col = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return item, col
-
-
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
                 cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
     """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``seq``, ``pred`` and
@@ -543,8 +540,6 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     first = np.searchsorted(pack, pack, side="left")
     cs = np.cumsum(seq) - seq
     off = cs - cs[first]  # where the sequence starts in its pack
-    cp = np.cumsum(pred) - pred
-    moff = cp - cp[first]
     total = np.bincount(pack, weights=pred, minlength=n).astype(np.int64)
     over = np.flatnonzero(total >= width)
     if over.size:
@@ -561,16 +556,18 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
            "next_sentence_positions": np.zeros((n, depth), np.int32),
            "next_sentence_labels": np.zeros((n, depth), np.int32),
            "next_sentence_weights": np.zeros((n, depth), np.int32)}
-    item, col = _ragged(seq)
-    r, c = pack[item], off[item] + col
-    out["input_ids"][r, c] = rows["input_ids"][item, col]
-    out["segment_ids"][r, c] = rows["segment_ids"][item, col]
-    out["input_mask"][r, c] = j[item] + 1
-    out["positions"][r, c] = col
-    item, col = _ragged(pred)
-    r, c = pack[item], moff[item] + col
-    out["masked_lm_positions"][r, c] = off[item] + rows["masked_lm_positions"][item, col]
-    out["masked_lm_ids"][r, c] = rows["masked_lm_ids"][item, col]
+    # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
+    # mask of the packs' filled cells takes the sequences' valid cells in row-major order, which is pack order.
+    filled = np.arange(length) < tok.astype(np.int64)[:, None]
+    valid = np.arange(rows["input_ids"].shape[1]) < seq[:, None]
+    out["input_ids"][filled] = rows["input_ids"][valid]
+    out["segment_ids"][filled] = rows["segment_ids"][valid]
+    out["input_mask"][filled] = np.repeat(j + 1, seq)
+    out["positions"][filled] = np.broadcast_to(np.arange(valid.shape[1]), valid.shape)[valid]
+    filled = np.arange(width) < total[:, None]
+    valid = np.arange(rows["masked_lm_positions"].shape[1]) < pred[:, None]
+    out["masked_lm_positions"][filled] = (rows["masked_lm_positions"] + off[:, None])[valid]
+    out["masked_lm_ids"][filled] = rows["masked_lm_ids"][valid]
     out["next_sentence_positions"][pack, j] = off
     out["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
     out["next_sentence_weights"][pack, j] = 1
@@ -630,30 +627,41 @@ def write_group(files: list[str], starts: np.ndarray, first: int, bounds: list[t
                 slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, data: str,
                 cfg: HabanaPackConfig) -> list[tuple[str, str]]:
     """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots`` from the first one on; ``seq`` and
-    ``pred`` of their real slots, row-major), each written to a temporary name, closed, hashed and renamed into
-    ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
-    from core.manifest import md5_file
-    from preprocessing.hdf5_io import atomic_path
+    ``pred`` of their real slots, row-major), each written to a temporary name and closed; then hashed (side by
+    side: core.manifest.md5_files) and renamed into ``data``. Returns (name, md5) per file. One call per group of
+    files: in this process or a pool's worker."""
+    from core.manifest import md5_files, raise_if_disk_full
+    from preprocessing.hdf5_io import tmp_path
 
     inputs = Inputs(files, starts, np.empty(0, np.int32), np.empty(0, np.int32))
     ids = slots[slots >= 0].astype(np.int64)
     rows = _gather(inputs, ids, max(1, cfg.chunk_rows))
     a = bounds[0][0]
     done = 0
-    entries = []
-    for i, (p0, p1) in enumerate(bounds, start=first):
-        part = slots[p0 - a:p1 - a]
-        k = int((part >= 0).sum())
-        name = PART_NAME.format(i)
-        arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
-                             {n: v[done:done + k] for n, v in rows.items()}, cfg, name)
-        done += k
-        final = Path(data) / name
-        with atomic_path(final) as tmp:
-            write_packed_file(tmp, arrays)
-            md5 = md5_file(tmp)
-        entries.append((name, md5))
-    return entries
+    names, tmps = [], []
+    final = Path(data)
+    final.mkdir(parents=True, exist_ok=True)
+    try:
+        for i, (p0, p1) in enumerate(bounds, start=first):
+            part = slots[p0 - a:p1 - a]
+            k = int((part >= 0).sum())
+            name = PART_NAME.format(i)
+            arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
+                                 {n: v[done:done + k] for n, v in rows.items()}, cfg, name)
+            done += k
+            final = Path(data) / name
+            tmps.append(tmp_path(final))
+            names.append(name)
+            write_packed_file(tmps[-1], arrays)
+        md5s = md5_files(tmps)
+        for name, tmp in zip(names, tmps, strict=True):
+            os.replace(tmp, Path(data) / name)
+    except BaseException as exc:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, final)
+        raise
+    return list(zip(names, md5s, strict=True))
 
 
 def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,

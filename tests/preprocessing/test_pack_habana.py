@@ -238,9 +238,14 @@ def test_the_seed_and_local_rank_decide_the_packs(golden_128, tmp_path):
     assert not np.array_equal(got["a"], got["c"])
 
 
-def test_rows_are_gathered_alike_sparse_or_dense(every_128):
-    """A group of packs reads its rows block by block where they are dense, row by row where sparse."""
+@pytest.mark.parametrize("sparse", [8, 256])
+def test_rows_are_gathered_alike_sparse_or_dense(every_128, sparse, monkeypatch):
+    """A group of packs reads its rows block by block where they are dense, row by row where sparse (at both
+    thresholds, so both ways are taken)."""
+    from preprocessing import pack_habana
     from preprocessing.pack_habana import _gather, read_inputs
+
+    monkeypatch.setattr(pack_habana, "_SPARSE", sparse)
 
     inputs = read_inputs(training_files(every_128), HabanaPackConfig(max_sequence_length=128))
     cols = {}
