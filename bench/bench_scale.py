@@ -38,9 +38,9 @@
    into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~9), its shuffle
    (nvidia_4320_shuffled), the variable-length eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
    ~9 of the 4,320 packed shards) and pack-habana (habana_packed): CPU seconds (stage work, md5s and manifests
-   included), with SciPy's NNLS (the packing recipe, one solve a round: it depends on the lengths' histogram, not
-   the row count) timed apart. Projected per target: the per-row work x 500 plus the NNLS rounds once, added to the
-   full set's 4-bin figure.
+   included), with the packers' recipe (``packing_recipe``: the strategies and SciPy's NNLS, one solve a round; it
+   depends on the lengths' histogram, not the row count) timed apart, and the NNLS within it. Projected per target:
+   the per-row work x 500 plus the recipe once, added to the full set's 4-bin figure.
 
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
@@ -356,8 +356,10 @@ Path(f"{out}.seconds.txt").write_text(f"{time.perf_counter() - t0:.3f} {cpu() - 
 """
 
 #: The other targets' stages on one part's padded HDF5, in one process each (workers=1: every CPU second is this
-#: process's): argv = the part's HDF5, output folder, what. SciPy's NNLS is timed apart (CPU seconds, rounds). Writes
-#: <output>/<what>.json: {"cpu": s, "nnls_cpu": s, "nnls_rounds": n, "rows": n, "bytes": n}.
+#: process's): argv = the part's HDF5, output folder, what. SciPy's NNLS is timed apart (CPU seconds, rounds), and so
+#: is the packers' whole recipe (``packing_recipe``: the strategies, the NNLS rounds and their arithmetic, all from the
+#: lengths' histogram: once at full size). Writes <output>/<what>.json: {"cpu": s, "nnls_cpu": s, "nnls_rounds": n,
+#: "recipe_cpu": s, "rows": n, "bytes": n}.
 TARGET_CALL = """
 import json
 import resource
@@ -376,6 +378,16 @@ def timed_nnls(*a, **k):
         nnls[0] += time.process_time() - t
         nnls[1] += 1
 scipy.optimize.nnls = timed_nnls
+recipe = [0.0]
+def time_recipe(mod):
+    real = mod.packing_recipe
+    def timed(*a, **k):
+        t = time.process_time()
+        try:
+            return real(*a, **k)
+        finally:
+            recipe[0] += time.process_time() - t
+    mod.packing_recipe = timed
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -394,16 +406,21 @@ elif what == "nvidia_eval":
     from preprocessing.nvidia_eval import PickVarlenConfig, run_pick_eval_varlength
     m = run_pick_eval_varlength(part, out / what, PickVarlenConfig(num_examples_to_pick=10000))
 elif what == "nvidia_packed":
+    import preprocessing.pack_nvidia as mod
     from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    time_recipe(mod)
     m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
 elif what == "habana_packed":
+    import preprocessing.pack_habana as mod
     from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
+    time_recipe(mod)
     m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76), data_dir="packed")
 else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
 (out / f"{what}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
-                                              "rows": rows, "bytes": sum(f.bytes for f in m.files)}))
+                                              "recipe_cpu": recipe[0], "rows": rows,
+                                              "bytes": sum(f.bytes for f in m.files)}))
 """
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
 TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards", "nvidia_4320_shuffled": "shuffle_samples",
@@ -425,16 +442,25 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
         f = json.loads((out / f"{what}.json").read_text())
         f["wall"], f["rss"] = dt, rss
         figures[what] = f
+        once = _once(f)
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
-              f"round(s)) {f['rows'] / max(f['cpu'] - f['nnls_cpu'], 1e-9) / 1e3:7.1f} k rows/CPU-s "
+              f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
+              "rows/CPU-s "
               f"{rss:6.0f} MB peak RSS -> {f['bytes'] / 1e6:,.0f} MB")
     return figures
 
 
+def _once(f: dict[str, float]) -> float:
+    """CPU seconds of a stage that do not grow with the rows: the packers' recipe (NNLS included; older figures:
+    the NNLS alone)."""
+    return max(f.get("recipe_cpu", 0.0), f["nnls_cpu"])
+
+
 def target_projection(fig: dict[str, dict[str, float]], today: float | None) -> None:
     """Each target's extra core-hours at full size: its stages' per-row CPU x the full set's rows / this part's
-    (the eval pick: once), plus the NNLS rounds once (the recipe's solve does not grow with the rows). The 2,048-shard
-    stages are counted at the 4,320-shard ones' figures (the same rows in fewer, larger files)."""
+    (the eval pick: once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths'
+    histogram and do not grow with the rows). The 2,048-shard stages are counted at the 4,320-shard ones' figures
+    (the same rows in fewer, larger files)."""
     sys.path.insert(0, str(ROOT))
     from preprocessing.registry import for_target
     from preprocessing.targets import names
@@ -448,10 +474,10 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None) -> 
             f = fig.get(stage.replace("2048", "4320"))
             if f is None:
                 continue
-            per_rows = f["cpu"] - f["nnls_cpu"]
-            cost = (per_rows if stage == "nvidia_eval" else per_rows * FULL_ROWS / f["rows"]) + f["nnls_cpu"]
+            per_rows = f["cpu"] - _once(f)
+            cost = (per_rows if stage == "nvidia_eval" else per_rows * FULL_ROWS / f["rows"]) + _once(f)
             extra += cost
-            parts.append(f"{stage} {cost / 3600:.3f}")
+            parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))
         if target == "samsung-4bins":
             continue
         total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
