@@ -41,6 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     absl_handler_on_the_real_stderr()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``BERTPIPE_TEST_ORDER=reverse`` runs the tests in the reverse order (every module's tests stay together):
+    a test that passes only after another one ran (or fails only after it) shows up."""
+    if os.environ.get("BERTPIPE_TEST_ORDER", "") == "reverse":
+        items.reverse()
+
+
 def absl_handler_on_the_real_stderr() -> None:
     """Import absl's logging (TensorFlow's) once, on the process's real stderr.
 
