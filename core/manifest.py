@@ -253,7 +253,8 @@ def schema_problem(d: Any) -> str:
     return ""
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path | str) -> None:
+    """Flush a directory's entries (renames into it) to the disk; a no-op where the file system cannot."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -289,7 +290,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, before_rename=None)
         tmp.unlink(missing_ok=True)
         raise_if_disk_full(exc, path)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class HashingWriter(io.RawIOBase):

@@ -149,20 +149,6 @@ def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, 
     h5_close_for_good(f, fsync=fsync)
 
 
-def fsync_dir(path: Path | str) -> None:
-    """Flush a directory's entries (renames into it) to the disk; a no-op where the file system cannot."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path: Path | str) -> None:
     """Flush a closed file's data to the disk (as StageOutput does for the files it writes)."""
     fd = os.open(path, os.O_RDONLY)

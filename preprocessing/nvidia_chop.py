@@ -420,15 +420,10 @@ def dag_shards(p: Any, n: int) -> int:
 
 
 def _plan_chop(plan: Any) -> list[Any]:
-    from preprocessing.split_4bins import parts_per_count
+    """Pieces: count every part's rows, in part order (as the bins stage does)."""
+    from preprocessing.split_4bins import count_pieces
 
-    h5 = plan.result("hdf5")
-    shards = h5.shards
-    step = parts_per_count(len(shards), plan.params.workers or default_workers())
-    return [replace(plan.unit([str(h5.path(s + ".hdf5", s)) for s in part], [str(h5.unit_dir(s)) for s in part],
-                              cfg=plan.cfg, shard=f"count/{part[0]}", upstream=[h5.unit_dir(s) for s in part]),
-                    run=count_piece, piece=True, pass_upstream=False, out_dir=str(plan.dir))
-            for part in (shards[i:i + step] for i in range(0, len(shards), step))]
+    return count_pieces(plan, count_piece)
 
 
 def _finish_chop(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:

@@ -63,6 +63,7 @@ from core.manifest import (
     begin_redo,
     check_inside,
     fault_point,
+    fsync_dir,
     load_manifest,
     md5_files,
     verify_manifest,
@@ -72,7 +73,6 @@ from core.schema import BIN_BOUNDS, HDF5_DATASETS, row_shape
 from core.stage import Stage
 from preprocessing.hdf5_io import (
     chunks,
-    fsync_dir,
     fsync_file,
     h5_close_for_good,
     h5_open_new,
@@ -552,12 +552,18 @@ def group_piece(group: ShardGroup, out_dir: Path, cfg: Split4BinsConfig) -> dict
 
 def _plan_bins(plan: Any) -> list[Any]:
     """Pieces: count every part's HDF5, in part order (the reference's input order decides the shards)."""
+    return count_pieces(plan, count_piece)
+
+
+def count_pieces(plan: Any, run: Any) -> list[Any]:
+    """The counting pieces of a stage that first counts the rows of the hdf5 stage's parts (bins, nvidia chop):
+    groups of consecutive parts, one ``run(paths, hdf5_dirs, out_dir, cfg)`` call each, in part order."""
     h5 = plan.result("hdf5")
     shards = h5.shards
     step = parts_per_count(len(shards), plan.params.workers or default_workers())
     return [replace(plan.unit([str(h5.path(s + ".hdf5", s)) for s in part], [str(h5.unit_dir(s)) for s in part],
                               cfg=plan.cfg, shard=f"count/{part[0]}", upstream=[h5.unit_dir(s) for s in part]),
-                    run=count_piece, piece=True, pass_upstream=False, out_dir=str(plan.dir))
+                    run=run, piece=True, pass_upstream=False, out_dir=str(plan.dir))
             for part in (shards[i:i + step] for i in range(0, len(shards), step))]
 
 
