@@ -40,6 +40,8 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
+from core.procs import process_alive, start_time
+
 _WATCH_S = 0.5
 
 
@@ -77,34 +79,6 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def _start_time(pid: int) -> str | None:
-    """/proc/PID/stat's start time (field 22), None without /proc or when ``pid`` is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[19]
-
-
-def _owner_alive(pid: int, start: str | None) -> bool:
-    """``pid`` runs, is no zombie and (with /proc) is the process that started at ``start``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: signal 0
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return fields[0] not in ("Z", "X", "x") and (start is None or fields[19] == start)
-
-
 def _watch_owner(owner: tuple[int, str | None]) -> None:
     from core.deathsig import set_parent_death_signal
 
@@ -112,7 +86,7 @@ def _watch_owner(owner: tuple[int, str | None]) -> None:
     pid, start = owner
 
     def loop() -> None:
-        while _owner_alive(pid, start):
+        while process_alive(pid, start):
             time.sleep(_WATCH_S)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -169,7 +143,7 @@ def terminate(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
 def make_pool(workers: int, *, initializer: Callable[..., None] | None = None,
               initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes started as described in the module docstring (close it yourself)."""
-    owner = (os.getpid(), _start_time(os.getpid()))
+    owner = (os.getpid(), start_time(os.getpid()))
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=_context(), initializer=_init_worker,
                                initargs=(initializer, initargs, owner))
 

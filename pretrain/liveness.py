@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from core.procs import process_alive, start_time  # noqa: F401  (re-exported: the launcher's and tests' names)
+
 log = logging.getLogger("pretrain.liveness")
 
 #: ``"<pid>:<start time>:<host>"`` of the process that owns the training (set by pretrain/launch.py)
@@ -50,38 +52,6 @@ def _libc():
 
         _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     return _LIBC
-
-
-def start_time(pid: int) -> str | None:
-    """The start time of ``pid`` (clock ticks since boot, /proc/PID/stat field 22); None without /proc or pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[19]
-
-
-def process_alive(pid: int, start: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, when ``start`` is given and /proc exists, is the process that
-    started then (not a later process that reuses the pid)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): signal 0 tells whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    fields = stat[stat.rfind(")") + 2:].split()
-    if fields[0] in ("Z", "X", "x"):  # a zombie is dead, whether or not its parent has reaped it
-        return False
-    return start is None or fields[19] == start
 
 
 def owner_token(pid: int | None = None) -> str:
