@@ -63,8 +63,16 @@ Where bertpipe differs (each said in README, "stages one by one"):
 * Rows of length 0 or above ``L``, masked positions outside their sequence, and packs with ``P + S`` or more
   predictions (the script's assertion) are refused with one line naming the file (and row).
 
-Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots) plus the rows of ``chunk_rows``
-packs at a time; the script holds every row of the input in Python objects.
+How bertpipe runs it (same bytes): every input's lengths are read (:func:`read_inputs`), the recipe and the
+assignment made in one process; then each input is read once more, in blocks, and its rows that the written packs
+hold, compact, sorted by their place in the packs, go to a scratch folder beside the trainer's folder
+(:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs (whole files) then takes its
+places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`), and builds and writes its
+files (:func:`write_group`). Inputs and groups run on ``workers`` processes.
+
+Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots), plus the largest input's compact
+rows (the scatter) or a group's rows and packs; scratch disk about the inputs' unpadded size while it runs. The
+script holds every row of the input in Python objects.
 """
 
 from __future__ import annotations
@@ -73,6 +81,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -131,7 +140,7 @@ class HabanaPackConfig:
     seed: int = 42
     local_rank: int = -1  # the script's default is $LOCAL_RANK, else -1 (the CLI reads it; the DAG does not)
     keep_partial_last: bool = True  # False: drop the packs after the last whole file, as the script does
-    chunk_rows: int = 8 * PACKS_PER_FILE  # packs built in memory at once (whole files); speed only
+    chunk_rows: int = 8 * PACKS_PER_FILE  # packs built at once (whole files), input rows read at once; speed only
 
     @property
     def rng_seed(self) -> int:
@@ -475,61 +484,138 @@ def pack_files(packs: int, cfg: HabanaPackConfig) -> list[tuple[int, int]]:
 
 
 _ROW_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
-#: A window of input rows is read as one block when at least one row in this many is wanted (else row by row).
-_SPARSE = 256
+#: The scratch folder, beside the trainer's folder while the stage runs (removed at the end and at the next start).
+SCRATCH_SUFFIX = ".pack_habana_scratch"
+#: What the scatter keeps of each input, sorted by place: places, cumulative tokens and masked positions (from 0),
+#: labels, and the rows' tokens, segment ids, masked positions and ids back to back.
+_SCRATCH = ("keys", "tok", "prd", "nsl", "ids", "seg", "pos", "mlm")
 
 
-def _read_rows(path: str, rows: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
-    """The five datasets' values at ``rows`` (sorted, unique) of one input."""
-    p = Path(path)
-    out: dict[str, list[np.ndarray]] = {n: [] for n in _ROW_DATASETS}
+def scratch_dir(data: Path) -> Path:
+    """The scratch folder of the trainer's folder ``data``: a hidden folder beside it."""
+    real = Path(data).resolve()
+    return real.parent / f".{real.name}{SCRATCH_SUFFIX}"
+
+
+def _runs_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Indices that put runs (run i: ``lengths[i]`` values, runs back to back) in ``order``, concatenated: a running
+    sum of steps, 1 inside a run and the jump from the previous run's end at each run's start."""
+    lens = lengths[order]
+    total = int(lens.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    starts = (np.cumsum(lengths) - lengths)[order]
+    dt = np.int32 if int(lengths.sum()) < 2**31 else np.int64  # 4-byte indices where they fit: the same values
+    nz = lens > 0
+    s, n = starts[nz], lens[nz]
+    step = np.empty(len(s), np.int64)
+    step[0] = s[0]
+    step[1:] = s[1:] - (s[:-1] + n[:-1]) + 1
+    idx = np.ones(total, dtype=dt)
+    idx[np.cumsum(n) - n] = step
+    return np.cumsum(idx, dtype=dt, out=idx)
+
+
+def _save(path: Path, arr: np.ndarray) -> None:
+    from preprocessing.hdf5_io import tmp_path
+
+    tmp = tmp_path(path)
+    try:
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _load(path: Path) -> np.ndarray:
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np.ndarray, scratch: str,
+                  chunk: int) -> int:
+    """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
+    slots, or -1), compact (a row's first ``seq`` tokens and ``pred`` masked positions), sorted by place, into
+    ``scratch``: the input is read once, in blocks of ``chunk`` rows. Returns the rows kept."""
+    p, sd = Path(path), Path(scratch)
+    n = len(keys)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_DATASETS}
     with _open(p) as f:
-        dsets = {n: f[n] for n in _ROW_DATASETS}
-        a = 0
-        while a < len(rows):
-            lo = int(rows[a])
-            hi = lo + chunk
-            b = int(np.searchsorted(rows, hi, side="left"))
-            sel = rows[a:b]
-            with reading(p, f"rows {lo}..{int(sel[-1])}"):
-                for n, ds in dsets.items():
-                    # h5py reads a list of rows at ~0.1 ms a row whatever its width, a block at ~1 us a padded
-                    # row of all five datasets: the block unless under one row in 256 is wanted
-                    if len(sel) * _SPARSE >= int(sel[-1]) - lo + 1:
-                        block = ds[lo:int(sel[-1]) + 1]
-                        out[n].append(block[sel - lo])
-                    else:
-                        out[n].append(ds[sel])
-            a = b
-    res = {n: np.concatenate(v) for n, v in out.items()}
-    res["next_sentence_labels"] = res["next_sentence_labels"].reshape(len(rows))
-    return res
+        dsets = {name: f[name] for name in _ROW_DATASETS}
+        if dsets["input_ids"].shape[0] != n:
+            raise InputError(f"{p} changed while pack-habana ran ({dsets['input_ids'].shape[0]} rows, {n} read "
+                             "first); run again")
+        dtypes = {name: ds.dtype for name, ds in dsets.items()}
+        for a in range(0, n, max(1, chunk)):
+            b = min(n, a + max(1, chunk))
+            use = keys[a:b] >= 0
+            if not use.any():
+                continue
+            with reading(p, f"rows {a}..{b - 1}"):
+                d = {name: ds[a:b] for name, ds in dsets.items()}
+            d["next_sentence_labels"] = d["next_sentence_labels"].reshape(b - a)
+            if not use.all():
+                d = {name: v[use] for name, v in d.items()}
+            s, q = seq[a:b][use], pred[a:b][use]
+            valid = np.arange(d["input_ids"].shape[1]) < s[:, None]
+            pvalid = np.arange(d["masked_lm_positions"].shape[1]) < q[:, None]
+            for name in ("input_ids", "segment_ids"):
+                parts[name].append(d[name][valid])
+            for name in ("masked_lm_positions", "masked_lm_ids"):
+                parts[name].append(d[name][pvalid])
+            parts["next_sentence_labels"].append(d["next_sentence_labels"])
+    comp = {name: np.concatenate(v) if v else np.zeros(0, dtypes[name]) for name, v in parts.items()}
+    kept = keys >= 0
+    key, s, q = keys[kept], seq[kept].astype(np.int64), pred[kept].astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    t_idx, p_idx = _runs_index(s, order), _runs_index(q, order)
+    arrays = {"keys": key[order], "tok": np.concatenate([[0], np.cumsum(s[order])]),
+              "prd": np.concatenate([[0], np.cumsum(q[order])]), "nsl": comp["next_sentence_labels"][order],
+              "ids": comp["input_ids"][t_idx], "seg": comp["segment_ids"][t_idx],
+              "pos": comp["masked_lm_positions"][p_idx], "mlm": comp["masked_lm_ids"][p_idx]}
+    for name in _SCRATCH:
+        _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
+    return int(len(key))
 
 
-def _gather(inputs: Inputs, ids: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
-    """The rows ``ids`` (global ids, any order) from their files, in the order of ``ids``."""
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    fidx, rows = inputs.locate(sorted_ids)
-    parts: dict[str, list[np.ndarray]] = {n: [] for n in _ROW_DATASETS}
-    for k in np.unique(fidx).tolist():
-        sel = fidx == k
-        got = _read_rows(inputs.files[k], rows[sel], chunk)
-        for n in _ROW_DATASETS:
-            parts[n].append(got[n])
-    res = {}
-    for n in _ROW_DATASETS:
-        vals = np.concatenate(parts[n])
-        out = np.empty_like(vals)
-        out[order] = vals
-        res[n] = out
-    return res
+def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarray]:
+    """The compact rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch: ``seq``,
+    ``pred``, ``next_sentence_labels`` per row; ``input_ids``, ``segment_ids`` (``masked_lm_positions``,
+    ``masked_lm_ids``) the rows' values back to back."""
+    sd = Path(scratch)
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")}
+    for k in range(n_inputs):
+        key = _load(sd / f"in_{k:05d}_keys.npy")
+        a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
+        if b <= a:
+            continue
+        tok, prd = _load(sd / f"in_{k:05d}_tok.npy")[a:b + 1], _load(sd / f"in_{k:05d}_prd.npy")[a:b + 1]
+        t0, t1, m0, m1 = int(tok[0]), int(tok[-1]), int(prd[0]), int(prd[-1])
+        cols["keys"].append(key[a:b])
+        cols["seq"].append(np.diff(tok))
+        cols["pred"].append(np.diff(prd))
+        cols["nsl"].append(_load(sd / f"in_{k:05d}_nsl.npy")[a:b])
+        for name in ("ids", "seg"):
+            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[t0:t1])
+        for name in ("pos", "mlm"):
+            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[m0:m1])
+    got = {n: np.concatenate(v) if v else np.zeros(0, np.int64) for n, v in cols.items()}
+    order = np.argsort(got["keys"], kind="stable")
+    if not np.array_equal(got["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
+        raise InputError(f"pack-habana: places {q0}..{q1 - 1} are not each held once by the scratch (internal error)")
+    t_idx, p_idx = _runs_index(got["seq"], order), _runs_index(got["pred"], order)
+    return {"seq": got["seq"][order], "pred": got["pred"][order], "next_sentence_labels": got["nsl"][order],
+            "input_ids": got["ids"][t_idx], "segment_ids": got["seg"][t_idx],
+            "masked_lm_positions": got["pos"][p_idx], "masked_lm_ids": got["mlm"][p_idx]}
 
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
                 cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
     """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``seq``, ``pred`` and
-    ``rows``: the lengths, predictions and padded rows of the packs' real slots, in row-major order."""
+    ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's first ``seq`` tokens and
+    segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real slots, in row-major
+    order."""
     n, depth = slots.shape
     length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
     real = slots >= 0
@@ -557,17 +643,15 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
            "next_sentence_labels": np.zeros((n, depth), np.int32),
            "next_sentence_weights": np.zeros((n, depth), np.int32)}
     # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
-    # mask of the packs' filled cells takes the sequences' valid cells in row-major order, which is pack order.
+    # mask of the packs' filled cells takes the compact values in row-major order, which is pack order.
     filled = np.arange(length) < tok.astype(np.int64)[:, None]
-    valid = np.arange(rows["input_ids"].shape[1]) < seq[:, None]
-    out["input_ids"][filled] = rows["input_ids"][valid]
-    out["segment_ids"][filled] = rows["segment_ids"][valid]
+    out["input_ids"][filled] = rows["input_ids"]
+    out["segment_ids"][filled] = rows["segment_ids"]
     out["input_mask"][filled] = np.repeat(j + 1, seq)
-    out["positions"][filled] = np.broadcast_to(np.arange(valid.shape[1]), valid.shape)[valid]
+    out["positions"][filled] = np.arange(int(seq.sum())) - np.repeat(cs, seq)
     filled = np.arange(width) < total[:, None]
-    valid = np.arange(rows["masked_lm_positions"].shape[1]) < pred[:, None]
-    out["masked_lm_positions"][filled] = (rows["masked_lm_positions"] + off[:, None])[valid]
-    out["masked_lm_ids"][filled] = rows["masked_lm_ids"][valid]
+    out["masked_lm_positions"][filled] = rows["masked_lm_positions"] + np.repeat(off, pred)
+    out["masked_lm_ids"][filled] = rows["masked_lm_ids"]
     out["next_sentence_positions"][pack, j] = off
     out["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
     out["next_sentence_weights"][pack, j] = 1
@@ -623,19 +707,20 @@ def _prepare_out(data: Path) -> None:
                              "packed data: choose an empty folder, or remove it")
 
 
-def write_group(files: list[str], starts: np.ndarray, first: int, bounds: list[tuple[int, int]],
-                slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, data: str,
-                cfg: HabanaPackConfig) -> list[tuple[str, str]]:
+def write_group(first: int, bounds: list[tuple[int, int]], slots: np.ndarray, seq: np.ndarray, pred: np.ndarray,
+                q0: int, scratch: str, n_inputs: int, data: str, cfg: HabanaPackConfig) -> list[tuple[str, str]]:
     """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots`` from the first one on; ``seq`` and
-    ``pred`` of their real slots, row-major), each written to a temporary name and closed; then hashed (side by
-    side: core.manifest.md5_files) and renamed into ``data``. Returns (name, md5) per file. One call per group of
-    files: in this process or a pool's worker."""
+    ``pred`` of their real slots, row-major, which hold places ``q0``, ``q0 + 1``, ... of the scratch), each
+    written to a temporary name and closed; then hashed (side by side: core.manifest.md5_files) and renamed into
+    ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
     from core.manifest import md5_files, raise_if_disk_full
     from preprocessing.hdf5_io import tmp_path
 
-    inputs = Inputs(files, starts, np.empty(0, np.int32), np.empty(0, np.int32))
-    ids = slots[slots >= 0].astype(np.int64)
-    rows = _gather(inputs, ids, max(1, cfg.chunk_rows))
+    rows = _gather(scratch, n_inputs, q0, q0 + len(seq))
+    if not (np.array_equal(rows["seq"], seq) and np.array_equal(rows["pred"], pred)):  # pragma: no cover
+        raise InputError("pack-habana: the scratch rows' lengths differ from the plan's (internal error)")
+    tok = np.concatenate([[0], np.cumsum(rows["seq"])])
+    prd = np.concatenate([[0], np.cumsum(rows["pred"])])
     a = bounds[0][0]
     done = 0
     names, tmps = [], []
@@ -646,8 +731,12 @@ def write_group(files: list[str], starts: np.ndarray, first: int, bounds: list[t
             part = slots[p0 - a:p1 - a]
             k = int((part >= 0).sum())
             name = PART_NAME.format(i)
+            t0, t1, m0, m1 = int(tok[done]), int(tok[done + k]), int(prd[done]), int(prd[done + k])
             arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
-                                 {n: v[done:done + k] for n, v in rows.items()}, cfg, name)
+                                 {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
+                                  "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
+                                  "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
+                                  "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name)
             done += k
             final = Path(data) / name
             tmps.append(tmp_path(final))
@@ -674,7 +763,8 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
     lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
     dropped_packs, dropped_sequences, padding_slots, empty_packs, strategies_used, avg_seq_per_sample, speedup.
-    ``workers`` processes write groups of ``chunk_rows`` packs (whole files); the bytes do not depend on it.
+    ``workers`` processes scatter the inputs, then write groups of ``chunk_rows`` packs (whole files); the bytes
+    do not depend on it. Scratch: a hidden folder beside the trainer's folder (:func:`scratch_dir`), removed.
     """
     check_config(cfg)
     files = [Path(p) for p in input_files]
@@ -706,35 +796,53 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     prefix = f"{data_dir}/" if data_dir else ""
     per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
     groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
-    with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
-                     code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
-        calls = []
-        for g, group in zip(range(0, len(bounds), per_group), groups, strict=True):
-            sl = slots[group[0][0]:group[-1][1]]
-            ids = sl[sl >= 0]
-            calls.append((inputs.files, inputs.starts, g, group, sl, inputs.seq[ids], inputs.pred[ids], str(data),
-                          cfg))
-        for entries in run_all(write_group, calls, min(workers, len(calls))):
-            for name, md5 in entries:
-                out.add_file(prefix + name, md5)
-        log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
-        text = metadata_json(st)
-        if inside:
-            with out.open_text(f"{data_dir}_metadata.json") as fh:
-                fh.write(text)
-        else:
-            atomic_write_text(meta_path, text)
-        written = bounds[-1][1] if bounds else 0
-        out.count("sequences", int(len(inputs.seq)))
-        out.count("packs", written)
-        out.count("files", len(bounds))
-        out.count("dropped_packs", len(slots) - written)
-        out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
-        out.count("padding_slots", int(recipe.padding.sum()))
-        out.count("empty_packs", int((slots[:written] < 0).all(axis=1).sum()))  # padding slots only (the script too)
-        out.count("strategies_used", st["number_of_strategies_utilized"])
-        out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
-        out.count("speedup", round(st["expected_speed_up"], 6))
+    written = bounds[-1][1] if bounds else 0
+    # each row's place: its slot's index among the real slots of the written packs, row-major (-1: not written)
+    held = slots[:written]
+    real_ids = held[held >= 0].astype(np.int64)
+    place = np.full(len(inputs.seq), -1, dtype=np.int64)
+    place[real_ids] = np.arange(len(real_ids))
+    first_place = np.concatenate([[0], np.cumsum((held >= 0).sum(axis=1))])  # of each pack
+    sd = scratch_dir(data)
+    shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed
+    sd.mkdir(parents=True)
+    try:
+        with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
+                         code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
+            st_ = inputs.starts
+            scatter = [(k, p, place[st_[k]:st_[k + 1]], inputs.seq[st_[k]:st_[k + 1]], inputs.pred[st_[k]:st_[k + 1]],
+                        str(sd), max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
+            run_all(scatter_input, scatter, min(workers, len(scatter)))
+            log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
+            calls = []
+            for g, group in zip(range(0, len(bounds), per_group), groups, strict=True):
+                sl = slots[group[0][0]:group[-1][1]]
+                ids = sl[sl >= 0]
+                calls.append((g, group, sl, inputs.seq[ids], inputs.pred[ids], int(first_place[group[0][0]]), str(sd),
+                              len(inputs.files), str(data), cfg))
+            for entries in run_all(write_group, calls, min(workers, len(calls))):
+                for name, md5 in entries:
+                    out.add_file(prefix + name, md5)
+            log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
+            shutil.rmtree(sd, ignore_errors=True)
+            text = metadata_json(st)
+            if inside:
+                with out.open_text(f"{data_dir}_metadata.json") as fh:
+                    fh.write(text)
+            else:
+                atomic_write_text(meta_path, text)
+            out.count("sequences", int(len(inputs.seq)))
+            out.count("packs", written)
+            out.count("files", len(bounds))
+            out.count("dropped_packs", len(slots) - written)
+            out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
+            out.count("padding_slots", int(recipe.padding.sum()))
+            out.count("empty_packs", int((held < 0).all(axis=1).sum()))  # padding slots only (the script too)
+            out.count("strategies_used", st["number_of_strategies_utilized"])
+            out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
+            out.count("speedup", round(st["expected_speed_up"], 6))
+    finally:
+        shutil.rmtree(sd, ignore_errors=True)
     return out.manifest
 
 

@@ -238,14 +238,11 @@ def test_the_seed_and_local_rank_decide_the_packs(golden_128, tmp_path):
     assert not np.array_equal(got["a"], got["c"])
 
 
-@pytest.mark.parametrize("sparse", [8, 256])
-def test_rows_are_gathered_alike_sparse_or_dense(every_128, sparse, monkeypatch):
-    """A group of packs reads its rows block by block where they are dense, row by row where sparse (at both
-    thresholds, so both ways are taken)."""
-    from preprocessing import pack_habana
-    from preprocessing.pack_habana import _gather, read_inputs
-
-    monkeypatch.setattr(pack_habana, "_SPARSE", sparse)
+@pytest.mark.parametrize("chunk", [64, 100_000])
+def test_scattered_rows_come_back_by_place(every_128, chunk, tmp_path):
+    """Each input's rows, scattered into scratch sorted by their place (some rows in no written pack), come back
+    compact and in place order for any range of places, read in blocks of any size."""
+    from preprocessing.pack_habana import _gather, read_inputs, scatter_input
 
     inputs = read_inputs(training_files(every_128), HabanaPackConfig(max_sequence_length=128))
     cols = {}
@@ -253,12 +250,26 @@ def test_rows_are_gathered_alike_sparse_or_dense(every_128, sparse, monkeypatch)
         for name, v in read_all(Path(p)).items():
             cols.setdefault(name, []).append(v)
     full = {name: np.concatenate(v) for name, v in cols.items()}
+    n = len(inputs.seq)
     rng = np.random.default_rng(0)
-    for ids in (rng.permutation(len(inputs.seq)), rng.choice(len(inputs.seq), 40, replace=False)):
-        for chunk in (64, 100_000):
-            got = _gather(inputs, ids, chunk)
-            for name in got:
-                np.testing.assert_array_equal(got[name], full[name][ids])
+    kept = rng.permutation(n)[: n - 50]  # 50 rows held by no written pack
+    place = np.full(n, -1, np.int64)
+    place[kept] = np.arange(len(kept))
+    st = inputs.starts
+    for k, path in enumerate(inputs.files):
+        got = scatter_input(k, path, place[st[k]:st[k + 1]], inputs.seq[st[k]:st[k + 1]],
+                            inputs.pred[st[k]:st[k + 1]], str(tmp_path), chunk)
+        assert got == int((place[st[k]:st[k + 1]] >= 0).sum())
+    for q0, q1 in ((0, len(kept)), (17, 18), (100, 2345), (len(kept) - 5, len(kept))):
+        got = _gather(str(tmp_path), len(inputs.files), q0, q1)
+        rows = kept[q0:q1]
+        seq, pred = inputs.seq[rows], inputs.pred[rows]
+        assert np.array_equal(got["seq"], seq) and np.array_equal(got["pred"], pred)
+        assert np.array_equal(got["next_sentence_labels"], full["next_sentence_labels"].reshape(-1)[rows])
+        for name, lens in (("input_ids", seq), ("segment_ids", seq), ("masked_lm_positions", pred),
+                           ("masked_lm_ids", pred)):
+            want = np.concatenate([full[name][r, :m] for r, m in zip(rows, lens, strict=True)])
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
 def test_strategies_in_the_scripts_order():
