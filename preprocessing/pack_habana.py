@@ -566,16 +566,23 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
                 parts[name].append(d[name][pvalid])
             parts["next_sentence_labels"].append(d["next_sentence_labels"])
     comp = {name: np.concatenate(v) if v else np.zeros(0, dtypes[name]) for name, v in parts.items()}
+    del parts
+    for name, v in comp.items():  # 2-byte values where they fit (a 30,522-token vocabulary): the same values
+        if v.dtype.itemsize > 2 and v.size and -2**15 <= int(v.min()) and int(v.max()) < 2**15:
+            comp[name] = v.astype(np.int16)
     kept = keys >= 0
     key, s, q = keys[kept], seq[kept].astype(np.int64), pred[kept].astype(np.int64)
     order = np.argsort(key, kind="stable")
-    t_idx, p_idx = _runs_index(s, order), _runs_index(q, order)
-    arrays = {"keys": key[order], "tok": np.concatenate([[0], np.cumsum(s[order])]),
-              "prd": np.concatenate([[0], np.cumsum(q[order])]), "nsl": comp["next_sentence_labels"][order],
-              "ids": comp["input_ids"][t_idx], "seg": comp["segment_ids"][t_idx],
-              "pos": comp["masked_lm_positions"][p_idx], "mlm": comp["masked_lm_ids"][p_idx]}
-    for name in _SCRATCH:
-        _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
+    _save(sd / f"in_{k:05d}_keys.npy", key[order])
+    _save(sd / f"in_{k:05d}_tok.npy", np.concatenate([[0], np.cumsum(s[order])]))
+    _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q[order])]))
+    _save(sd / f"in_{k:05d}_nsl.npy", comp.pop("next_sentence_labels")[order])
+    for lens, names in ((s, (("ids", "input_ids"), ("seg", "segment_ids"))),
+                        (q, (("pos", "masked_lm_positions"), ("mlm", "masked_lm_ids")))):
+        idx = _runs_index(lens, order)
+        for short, name in names:
+            _save(sd / f"in_{k:05d}_{short}.npy", comp.pop(name)[idx])
+        del idx
     return int(len(key))
 
 
