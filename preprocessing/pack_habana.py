@@ -180,11 +180,6 @@ class Inputs:
     seq: np.ndarray  # int32: sum(input_mask)
     pred: np.ndarray  # int32: count of non-zero masked_lm_ids
 
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(file index, row) of global row ids."""
-        f = np.searchsorted(self.starts, ids, side="right") - 1
-        return f, ids - self.starts[f]
-
 
 def _check_file(f: Any, path: Path) -> int:
     import h5py
