@@ -9,7 +9,8 @@
 
 Each takes the script's flags (and the dashed spelling: --num-shards). Where the script crashes, bertpipe refuses
 in one line; where it silently drops rows (chop-hdf5), bertpipe drops the same rows and says so. Check the result
-against NVIDIA's published checksums with `bertpipe verify --against nvidia-4320 --dir <shards folder>`.
+against NVIDIA's published checksums with `bertpipe verify --against nvidia-4320 --dir <shards folder>` (the
+output of shuffle-samples: --against nvidia-4320-shuffled).
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ last run made (work/last_run.json) that is gone; the next `bertpipe run` redoes 
 
   bertpipe verify --against nvidia-4320 --dir hdf5/training-4320/hdf5_4320_shards_varlength
 
-checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's published checksums (hdf5_md5.py digests:
-nvidia-4320 or nvidia-eval, which ship with bertpipe, or the path of any .chk list); exit 1 if one differs or is
-missing.
+checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's published checksums (hdf5_md5.py digests).
+The lists that ship with bertpipe: nvidia-4320 (the 4,320 chopped shards, hdf5_4320_shards_varlength: --target
+nvidia-varlength), nvidia-4320-shuffled (the same rows shuffled across shards, hdf5_4320_shards_varlength_shuffled:
+--target nvidia-4320) and nvidia-eval (part_eval_10k.hdf5); nvidia-2048 is refused in one line (NVIDIA's 2,048-shard
+list was not found to ship); or give the path of any .chk list. Exit 1 if a shard differs or is missing.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from core.paths import path_arg
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
     p.add_argument("--against", metavar="LIST",
-                   help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320 or "
-                        "nvidia-eval (the lists that ship with bertpipe: preprocessing/nvidia_chk/README.md), or "
-                        "the path of any .chk file")
+                   help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320 "
+                        "(hdf5_4320_shards_varlength), nvidia-4320-shuffled (hdf5_4320_shards_varlength_shuffled) "
+                        "or nvidia-eval, the lists that ship with bertpipe (preprocessing/nvidia_chk/README.md; "
+                        "nvidia-2048 does not ship), or the path of any .chk file")
     p.add_argument("--dir", dest="shard_dir", type=path_arg, metavar="DIR",
                    help="with --against: the folder of shards to check (e.g. hdf5_4320_shards_varlength)")
 

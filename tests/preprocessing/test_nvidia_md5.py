@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -14,7 +15,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nvidia_reference as ref  # noqa: E402
 
 from core.errors import InputError  # noqa: E402
+from preprocessing import nvidia_chop, nvidia_md5, nvidia_shuffle  # noqa: E402
 from preprocessing.nvidia_md5 import CHK_DIR, PUBLISHED, hdf5_md5, read_chk, resolve_chk, verify_against  # noqa: E402
+
+#: The lists that ship (preprocessing/nvidia_chk/README.md): file, md5 of the whole file as committed, first and
+#: last line of the source. A list edited by hand, truncated or replaced fails here.
+SHIPPED = {
+    "nvidia-4320": ("4320_shards_varlength.chk", "0240361a5ca3f945ae5a81fc30c8e6cf",
+                    "part_00000_of_04320.hdf5\te25b1a34b8d14179b2774d1dbf3b7561",
+                    "part_04319_of_04320.hdf5\t478d03bc59e973f768a340dd35279323"),
+    "nvidia-4320-shuffled": ("4320_shards_varlength_shuffled.chk", "6b740b99e4042500934a98482dd7f75a",
+                             "part_00000_of_04320.hdf5\ta0592b1f501328540c6fe8404a1c7f81",
+                             "part_04319_of_04320.hdf5\t40fed5d528ee7472f15c64608b0982d3"),
+    "nvidia-eval": ("eval_varlength.chk", "b2feddc2a83409843d5f56c2143af81e",
+                    "part_eval_10k.hdf5\t611d8bae26646145e1c33338a27ba124", None),
+}
 
 
 @pytest.mark.parametrize("name", ["eval_100.hdf5", "nvidia_varlength/eval_100_varlength.numpy1.hdf5"])
@@ -48,21 +63,96 @@ def test_chk_format(tmp_path):
         read_chk(p)
 
 
-@pytest.mark.parametrize("against", sorted(PUBLISHED))
+def test_every_published_name_is_shipped_or_refused():
+    """The names --against knows: the shipped lists, and nvidia-2048, whose list was not found (it is refused in
+    one line naming the file and what to do, never made up)."""
+    assert set(PUBLISHED) == set(SHIPPED) | {"nvidia-2048"}
+    assert {n: PUBLISHED[n] for n in SHIPPED} == {n: v[0] for n, v in SHIPPED.items()}
+    assert sorted(p.name for p in CHK_DIR.glob("*.chk")) == sorted(v[0] for v in SHIPPED.values())
+    with pytest.raises(InputError, match=r"^--against nvidia-2048: the list 2048_shards_varlength.chk is not "
+                                         r"shipped with this bertpipe .*give the path of a \.chk file instead$"):
+        resolve_chk("nvidia-2048")
+
+
+@pytest.mark.parametrize("against", sorted(SHIPPED))
 def test_shipped_lists(against):
-    """Each list that ships parses, names every shard once and in NVIDIA's naming; the eval list is the one line
-    NVIDIA publishes."""
-    path = CHK_DIR / PUBLISHED[against]
-    if not path.is_file():
-        pytest.skip(f"{path.name} is not shipped (see {CHK_DIR / 'README.md'})")
-    chk = read_chk(path)
+    """Each list that ships parses and is byte for byte the file committed; the 4,320-shard lists name every shard
+    once, in order, as the chop and shuffle stages name their files; the eval list is the one line NVIDIA
+    publishes."""
+    name, md5, first, last = SHIPPED[against]
+    path = CHK_DIR / name
     assert resolve_chk(against) == path
+    data = path.read_bytes()
+    assert hashlib.md5(data).hexdigest() == md5
+    lines = data.decode("ascii").split("\n")
+    assert lines[-1] == "" and lines[0] == first and (last is None or lines[-2] == last)
+    chk = read_chk(path)
     if against == "nvidia-eval":
         assert chk == {"part_eval_10k.hdf5": "611d8bae26646145e1c33338a27ba124"}
-    else:
-        assert sorted(chk) == [f"part_{k:05d}_of_04320.hdf5" for k in range(4320)]
-        assert len(set(chk.values())) == 4320
-        assert path.read_text().count("\n") == 4320
+        return
+    names = [nvidia_chop.shard_name(k, 4320) for k in range(4320)]
+    assert names == [nvidia_shuffle.shard_name(k, 4320) for k in range(4320)]
+    assert [line.split("\t")[0] for line in lines[:-1]] == names  # 4,320 lines, in order, nothing else
+    assert list(chk) == names and len(set(chk.values())) == 4320
+    assert all(len(line) == 57 for line in lines[:-1])  # name<TAB>32 lowercase hex digits, no stray spaces
+
+
+def test_the_shuffled_list_is_not_the_chopped_one():
+    """Shuffling moves rows across shards: no shard of the shuffled set hashes like a chopped one."""
+    chopped = set(read_chk(CHK_DIR / PUBLISHED["nvidia-4320"]).values())
+    shuffled = set(read_chk(CHK_DIR / PUBLISHED["nvidia-4320-shuffled"]).values())
+    assert len(chopped) == len(shuffled) == 4320 and not chopped & shuffled
+
+
+def _made_up_shards(golden, d: Path, against: str) -> list[Path]:
+    """Two real shards (golden files) under the names the stage behind ``against`` gives its first two files."""
+    name = nvidia_shuffle.shard_name if against == "nvidia-4320-shuffled" else nvidia_chop.shard_name
+    d.mkdir()
+    out = []
+    for k, src in enumerate(["eval_100.hdf5", "nvidia_varlength/eval_100_varlength.numpy1.hdf5"]):
+        out.append(d / name(k, 4320))
+        out[-1].write_bytes((golden / src).read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("against", ["nvidia-4320", "nvidia-4320-shuffled"])
+def test_verify_against_a_published_name(golden, tmp_path, monkeypatch, capsys, against):
+    """--against <name> reads the list of that name: a made-up folder whose list agrees exits 0; the same list with
+    one line changed names that shard alone and exits 1."""
+    from bertpipe.cli import main
+
+    shards = _made_up_shards(golden, tmp_path / "shards", against)
+    lists = tmp_path / "chk"
+    lists.mkdir()
+    monkeypatch.setattr(nvidia_md5, "CHK_DIR", lists)
+    monkeypatch.chdir(tmp_path)
+    good = "".join(f"{p.name}\t{ref.hdf5_md5(p)}\n" for p in shards)
+    (lists / PUBLISHED[against]).write_text(good)
+    assert main(["verify", "--against", against, "--dir", str(tmp_path / "shards")]) == 0
+    capsys.readouterr()
+    wrong = ref.hdf5_md5(shards[0])[::-1]
+    (lists / PUBLISHED[against]).write_text(good.replace(ref.hdf5_md5(shards[0]), wrong))
+    assert main(["verify", "--against", against, "--dir", str(tmp_path / "shards")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"BAD  {shards[0].name}: hdf5_md5 {ref.hdf5_md5(shards[0])}, {PUBLISHED[against]} lists {wrong}"]
+
+
+def test_verify_against_the_shipped_shuffled_list(golden, tmp_path, monkeypatch, capsys):
+    """The shipped list itself: a made-up shard under NVIDIA's first shuffled name is reported with NVIDIA's digest,
+    every other listed shard as missing, exit 1."""
+    from bertpipe.cli import main
+
+    shards = _made_up_shards(golden, tmp_path / "shards", "nvidia-4320-shuffled")
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "--against", "nvidia-4320-shuffled", "--dir", str(tmp_path / "shards")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"BAD  part_00000_of_04320.hdf5: hdf5_md5 {ref.hdf5_md5(shards[0])}, "
+                      "4320_shards_varlength_shuffled.chk lists a0592b1f501328540c6fe8404a1c7f81")
+    assert out[1] == (f"BAD  part_00001_of_04320.hdf5: hdf5_md5 {ref.hdf5_md5(shards[1])}, "
+                      "4320_shards_varlength_shuffled.chk lists c4ec4cc268d8e3b8b68064bcb36fd04f")
+    assert out[2:] == [f"BAD  part_{k:05d}_of_04320.hdf5: missing (listed in 4320_shards_varlength_shuffled.chk)"
+                       for k in range(2, 4320)]
+    assert main(["verify", "--against", "nvidia-2048", "--dir", str(tmp_path / "shards")]) == 2
 
 
 def test_verify_against(golden, tmp_path, monkeypatch):
