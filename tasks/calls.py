@@ -26,9 +26,10 @@ import re
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,8 @@ def _capture_handler() -> _Capture:
         root = logging.getLogger()
         if _CAPTURE not in root.handlers:  # first use, or a logging set-up since (dictConfig) dropped it
             root.addHandler(_CAPTURE)
+        if getattr(warnings.showwarning, "__module__", "") != "logging":  # first use, or replaced since
+            logging.captureWarnings(False)
             logging.captureWarnings(True)  # warnings.warn(...) as records of "py.warnings", captured too
         for name in _LIBRARIES:  # INFO lines of ours are made even where the root logger says WARNING
             lg = logging.getLogger(name)
