@@ -97,6 +97,7 @@ from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
+from preprocessing.pack_nvidia import take_runs
 from preprocessing.pyrandom import Shuffles
 
 log = logging.getLogger(__name__)
@@ -492,25 +493,6 @@ def scratch_dir(data: Path) -> Path:
     return real.parent / f".{real.name}{SCRATCH_SUFFIX}"
 
 
-def _runs_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Indices that put runs (run i: ``lengths[i]`` values, runs back to back) in ``order``, concatenated: a running
-    sum of steps, 1 inside a run and the jump from the previous run's end at each run's start."""
-    lens = lengths[order]
-    total = int(lens.sum())
-    if not total:
-        return np.zeros(0, np.int64)
-    starts = (np.cumsum(lengths) - lengths)[order]
-    dt = np.int32 if int(lengths.sum()) < 2**31 else np.int64  # 4-byte indices where they fit: the same values
-    nz = lens > 0
-    s, n = starts[nz], lens[nz]
-    step = np.empty(len(s), np.int64)
-    step[0] = s[0]
-    step[1:] = s[1:] - (s[:-1] + n[:-1]) + 1
-    idx = np.ones(total, dtype=dt)
-    idx[np.cumsum(n) - n] = step
-    return np.cumsum(idx, dtype=dt, out=idx)
-
-
 def _save(path: Path, arr: np.ndarray) -> None:
     from preprocessing.hdf5_io import tmp_path
 
@@ -574,10 +556,8 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
     _save(sd / f"in_{k:05d}_nsl.npy", comp.pop("next_sentence_labels")[order])
     for lens, names in ((s, (("ids", "input_ids"), ("seg", "segment_ids"))),
                         (q, (("pos", "masked_lm_positions"), ("mlm", "masked_lm_ids")))):
-        idx = _runs_index(lens, order)
-        for short, name in names:
-            _save(sd / f"in_{k:05d}_{short}.npy", comp.pop(name)[idx])
-        del idx
+        for (short, _), arr in zip(names, take_runs([comp.pop(name) for _, name in names], lens, order), strict=True):
+            _save(sd / f"in_{k:05d}_{short}.npy", arr)
     return int(len(key))
 
 
@@ -606,10 +586,10 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
     order = np.argsort(got["keys"], kind="stable")
     if not np.array_equal(got["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
         raise InputError(f"pack-habana: places {q0}..{q1 - 1} are not each held once by the scratch (internal error)")
-    t_idx, p_idx = _runs_index(got["seq"], order), _runs_index(got["pred"], order)
+    ids, seg = take_runs((got["ids"], got["seg"]), got["seq"], order)
+    pos, mlm = take_runs((got["pos"], got["mlm"]), got["pred"], order)
     return {"seq": got["seq"][order], "pred": got["pred"][order], "next_sentence_labels": got["nsl"][order],
-            "input_ids": got["ids"][t_idx], "segment_ids": got["seg"][t_idx],
-            "masked_lm_positions": got["pos"][p_idx], "masked_lm_ids": got["mlm"][p_idx]}
+            "input_ids": ids, "segment_ids": seg, "masked_lm_positions": pos, "masked_lm_ids": mlm}
 
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
