@@ -97,6 +97,7 @@ from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
+from preprocessing.pack_nvidia import save_array as _save
 from preprocessing.pack_nvidia import take_runs
 from preprocessing.pyrandom import Shuffles
 
@@ -491,19 +492,6 @@ def scratch_dir(data: Path) -> Path:
     """The scratch folder of the trainer's folder ``data``: a hidden folder beside it."""
     real = Path(data).resolve()
     return real.parent / f".{real.name}{SCRATCH_SUFFIX}"
-
-
-def _save(path: Path, arr: np.ndarray) -> None:
-    from preprocessing.hdf5_io import tmp_path
-
-    tmp = tmp_path(path)
-    try:
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _load(path: Path) -> np.ndarray:

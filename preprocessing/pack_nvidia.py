@@ -372,8 +372,8 @@ def _scratch_file(scratch: Path, name: str) -> Path:
     return Path(scratch) / name
 
 
-def _save(path: Path, arr: np.ndarray) -> None:
-    """``np.save`` to a temporary name, renamed into place."""
+def save_array(path: Path, arr: np.ndarray) -> None:
+    """``np.save`` to a temporary name, renamed into place (the packers' scratch arrays)."""
     tmp = tmp_path(path)
     try:
         with open(tmp, "wb") as f:
@@ -382,6 +382,9 @@ def _save(path: Path, arr: np.ndarray) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_save = save_array
 
 
 def _load(path: Path, mmap: bool = False) -> np.ndarray:
