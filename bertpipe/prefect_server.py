@@ -11,7 +11,7 @@
   :data:`STARTUP_TIMEOUT_S` unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` is set; a start-up that
   still times out is one line naming that setting.
 * :class:`ServerWatch`: a thread that asks the server's ``/health`` every few seconds during the run; when it
-  has not answered for :data:`GONE_AFTER_S` it stops the command (:func:`bertpipe.cli.abort`): one line naming
+  has not answered for :data:`GONE_AFTER_S` (or ``BERTPIPE_PREFECT_PATIENCE_S``) it stops the command (:func:`bertpipe.cli.abort`): one line naming
   the URL, exit 2, running calls stopped (their manifests are gated on the run: tasks/runtoken.py).
 * :func:`crash_orphans` / :func:`record_run`: every flow run of a command carries a tag ``bertpipe-run:<id>``,
   recorded in the locked folder (``.bertpipe-prefect.json``). The next command on that folder holds its lock,
@@ -51,6 +51,9 @@ STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 #: during a run: a health check every WATCH_EVERY_S, each waiting WATCH_TIMEOUT_S; the server is gone when
 #: none has answered for GONE_AFTER_S (and at least GONE_AFTER_N checks in a row failed)
 WATCH_EVERY_S, WATCH_TIMEOUT_S, GONE_AFTER_S, GONE_AFTER_N = 2.0, 8.0, 20.0, 3
+#: seconds without an answer before the run is stopped, when set (instead of GONE_AFTER_S): for a server known to
+#: stall (a remote one, a SQLite database on a slow disk: 30 s locks were seen on a loaded 2-core CI machine)
+PATIENCE_ENV = "BERTPIPE_PREFECT_PATIENCE_S"
 RECORD_NAME = ".bertpipe-prefect.json"
 TAG_PREFIX = "bertpipe-run:"
 
@@ -102,6 +105,22 @@ def health(url: str, timeout: float = PROBE_TIMEOUT_S, *, api_key: str | None = 
     if body.lower() != "true":
         return f"GET {target} answered 200 but not as a Prefect API does ({body[:60]!r} instead of true)"
     return ""
+
+
+def patience_s() -> float:
+    """Seconds a server may go without answering before the run is stopped: ``BERTPIPE_PREFECT_PATIENCE_S``
+    when set (a positive number of seconds), else :data:`GONE_AFTER_S`."""
+    raw = _env(PATIENCE_ENV)
+    if raw is None:
+        return GONE_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise InputError(f"{PATIENCE_ENV}={raw!r}: expected a positive number of seconds (how long the Prefect "
+                         f"server may not answer before the run is stopped; default {GONE_AFTER_S:g})")
+    return value
 
 
 def _env(name: str) -> str | None:
@@ -169,6 +188,7 @@ def preflight() -> str | None:
     The environment is checked first, before Prefect is imported (a dead or hanging server costs seconds, not
     Prefect's retries); then Prefect's settings, which may also come from a profile, ``.env`` or ``prefect.toml``."""
     env_url, env_home = _env("PREFECT_API_URL"), _env("PREFECT_HOME")
+    patience_s()  # a malformed BERTPIPE_PREFECT_PATIENCE_S: one line before any work
     if env_url:
         check_api(env_url, api_key=_env("PREFECT_API_KEY"), auth_string=_env("PREFECT_API_AUTH_STRING"))
     check_home(Path(env_home).expanduser() if env_home else Path.home() / ".prefect", from_env=bool(env_home))
@@ -269,11 +289,12 @@ class ServerWatch(threading.Thread):
     server (a busy machine) is waited for; a dead one is reported at the first failed check."""
 
     def __init__(self, url: str, *, temporary: bool = False, alive: Callable[[], bool] | None = None,
-                 every_s: float = WATCH_EVERY_S, timeout_s: float = WATCH_TIMEOUT_S,
-                 gone_after_s: float = GONE_AFTER_S, gone_after_n: int = GONE_AFTER_N) -> None:
+                 every_s: float = WATCH_EVERY_S, timeout_s: float | None = None,
+                 gone_after_s: float | None = None, gone_after_n: int = GONE_AFTER_N) -> None:
         super().__init__(name="bertpipe-prefect-watch", daemon=True)
         self.url, self.temporary, self.alive = url, temporary, alive
-        self.every_s, self.timeout_s = every_s, timeout_s
+        self.every_s, self.timeout_s = every_s, WATCH_TIMEOUT_S if timeout_s is None else timeout_s
+        gone_after_s = patience_s() if gone_after_s is None else gone_after_s
         self.gone_after_s, self.gone_after_n = gone_after_s, gone_after_n
         self.failing = threading.Event()  # the last check failed
         self._wake, self._stopped = threading.Event(), threading.Event()
@@ -394,7 +415,12 @@ def watched(url: str | None, *, temporary: bool = False, alive: Callable[[], boo
         if isinstance(exc, BertpipeError):
             raise
         why = watch.check()
-        if why:
+        if why.startswith("no answer within"):  # it takes connections: the error is the error, with what was seen
+            logging.getLogger("bertpipe").warning(
+                "the Prefect server at %s did not answer its health check (%s) when the run failed: it is "
+                "stalled or overloaded, and the error below may come from that (%s sets how long a silent "
+                "server is waited for)", url, why, PATIENCE_ENV)
+        elif why:
             raise InputError(watch.message(why)) from None
         raise
     finally:
@@ -438,6 +464,16 @@ def recorded_tag(folder: str | os.PathLike) -> str | None:
     return TAG_PREFIX + run_id
 
 
+def _all_pages(read: Callable[[int], list]) -> list:
+    """Every item of a paged API read (``read(offset)``; the server returns at most its default limit a call)."""
+    out: list = []
+    while True:
+        page = read(len(out))
+        out += page
+        if not page or len(out) >= 100_000:
+            return out
+
+
 def crash_orphans(folder: str | os.PathLike) -> int:
     """The flow and task runs of the run recorded in ``folder`` that the server still shows as not finished are
     set Crashed (call while holding ``folder``'s lock: that run is over). Returns how many runs were marked."""
@@ -465,8 +501,13 @@ def crash_orphans(folder: str | os.PathLike) -> int:
     with get_client(sync_client=True) as client:
         flows = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             tags=FlowRunFilterTags(all_=[tag]), state=FlowRunFilterState(type=FlowRunFilterStateType(any_=open_states))))
-        tasks = client.read_task_runs(task_run_filter=TaskRunFilter(
-            tags=TaskRunFilterTags(all_=[tag]), state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))))
+        tasks = _all_pages(lambda offset: client.read_task_runs(task_run_filter=TaskRunFilter(
+            tags=TaskRunFilterTags(all_=[tag]), state=TaskRunFilterState(type=TaskRunFilterStateType(any_=open_states))),
+            offset=offset))
+        # a task run the server learnt of from its creation event only (the server died before its first state
+        # event was recorded) has no state at all: unfinished too
+        tasks += [t for t in _all_pages(lambda offset: client.read_task_runs(
+            task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[tag])), offset=offset)) if t.state is None]
         for t in tasks:
             client.set_task_run_state(t.id, Crashed(message=message), force=True)
             marked += 1

@@ -9,6 +9,7 @@ Generated: every server case and every home case x the three flow commands; the 
 from __future__ import annotations
 
 import http.server
+import logging
 import os
 import socket
 import stat
@@ -337,6 +338,45 @@ def test_the_watch_stops_the_run_when_the_server_stops_answering(fixture: str, r
     assert len(aborts) == 1
     assert aborts[0].startswith(f"the Prefect server at {url} stopped answering (")
     assert "restart it and re-run: finished shards are kept" in aborts[0]
+
+
+def test_the_patience_setting_delays_the_stop(hanging_url: str, aborts: list[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """BERTPIPE_PREFECT_PATIENCE_S: how long a silent server is waited for (a server known to stall)."""
+    monkeypatch.setenv(prefect_server.PATIENCE_ENV, "2.5")
+    w = prefect_server.ServerWatch(hanging_url, every_s=0.05, timeout_s=0.3, gone_after_n=3)
+    assert w.gone_after_s == 2.5
+    t = time.monotonic()
+    w.start()
+    assert _wait(lambda: aborts, 8)
+    assert time.monotonic() - t >= 2.5 and len(aborts) == 1
+    w.join(2)
+    monkeypatch.delenv(prefect_server.PATIENCE_ENV)
+    assert prefect_server.ServerWatch(hanging_url).gone_after_s == prefect_server.GONE_AFTER_S
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "nan", "inf"])
+def test_a_malformed_patience_is_one_line_before_any_work(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.errors import InputError
+
+    monkeypatch.setenv(prefect_server.PATIENCE_ENV, raw)
+    with pytest.raises(InputError, match=f"BERTPIPE_PREFECT_PATIENCE_S='{raw}': expected a positive number"):
+        prefect_server.preflight()
+
+
+def test_an_error_while_the_server_stalls_is_the_error_with_a_warning(hanging_url: str, aborts: list[str],
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A run that fails while its server takes connections but does not answer (stalled, maybe overloaded) shows
+    its own error, with a warning saying what the health check saw: not "stopped answering", which may be false."""
+    monkeypatch.setattr(prefect_server, "WATCH_TIMEOUT_S", 0.3)
+    with caplog.at_level(logging.WARNING, logger="bertpipe"), pytest.raises(RuntimeError, match="boom"):
+        with prefect_server.watched(hanging_url, verbose=True):
+            raise RuntimeError("boom")
+    assert aborts == []
+    [rec] = [r for r in caplog.records if r.name == "bertpipe"]
+    assert rec.getMessage().startswith(f"the Prefect server at {hanging_url} did not answer its health check "
+                                       "(no answer within 0.3 s) when the run failed")
 
 
 def test_the_watch_waits_for_a_slow_temporary_server_but_not_a_dead_one(hanging_url: str, dead_url: str,

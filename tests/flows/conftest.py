@@ -22,6 +22,10 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # Temporary servers of the subprocesses the tests start (bertpipe sets 120 s itself; a bare Prefect flow, 20 s):
 # on a busy 2-core machine their start-up (database migrations) took 42-46 s and failed the tests
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# The session's one test server (SQLite) serves every flow test: on a loaded 2-core CI machine it went silent for
+# 20-30 s (its database locked past the 30 s busy timeout) and a run was stopped as if the server were gone. The
+# tests of a server that is really gone (test_prefect_server_lost.py) set their own environment: the default there.
+os.environ.setdefault("BERTPIPE_PREFECT_PATIENCE_S", "180")
 
 
 @pytest.fixture(scope="session")
