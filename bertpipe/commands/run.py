@@ -14,7 +14,8 @@ Only one run at a time per work dir: a second one refuses at once (or waits: --w
 Prefect: with no PREFECT_API_URL a temporary local server is started for the run (120 s to start unless
 PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set). A PREFECT_API_URL that does not answer, or a PREFECT_HOME
 that cannot be written, is one line before any work; a server that stops answering during the run stops it (one
-line, exit 2); the next run marks that run's flow and task runs Crashed.
+line, exit 2: after 20 s without an answer, or BERTPIPE_PREFECT_PATIENCE_S); the next run marks that run's flow and
+task runs Crashed.
 """
 
 from __future__ import annotations
