@@ -456,11 +456,12 @@ def _once(f: dict[str, float]) -> float:
     return max(f.get("recipe_cpu", 0.0), f["nnls_cpu"])
 
 
-def target_projection(fig: dict[str, dict[str, float]], today: float | None) -> None:
+def target_projection(fig: dict[str, dict[str, float]], today: float | None, bins: float | None = None) -> None:
     """Each target's extra core-hours at full size: its stages' per-row CPU x the full set's rows / this part's
     (the eval pick: once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths'
     histogram and do not grow with the rows). The 2,048-shard stages are counted at the 4,320-shard ones' figures
-    (the same rows in fewer, larger files)."""
+    (the same rows in fewer, larger files). With today's figures: the full set with the target added to today's
+    run, and a run of the target alone (``--target X``: no 4-bin stage, ``bins`` core-hours less)."""
     sys.path.insert(0, str(ROOT))
     from preprocessing.registry import for_target
     from preprocessing.targets import names
@@ -481,6 +482,9 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None) -> 
         if target == "samsung-4bins":
             continue
         total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
+        if today and bins is not None:
+            alone = today - bins + extra / 3600
+            total += f"; --target {target} alone: {alone:.2f} ({alone - today:+.2f} against today)"
         print(f"  --target {target:<17} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 
@@ -623,7 +627,7 @@ def projection(fig: dict[str, float]) -> float:
         wall = max(eval_chain, tf_h5 * FULL_PARTS / c) + bins / c
         print(f"  {c:>3} cores: wall ~{wall / 60:.1f} min (from CPU time: tfrecord+hdf5 per part side by side, then "
               f"the bins' counts and shard groups side by side; no stage serial)")
-    return (tf_h5 * FULL_PARTS + bins + eval_chain) / 3600
+    return (tf_h5 * FULL_PARTS + bins + eval_chain) / 3600, bins / 3600
 
 
 def _project(*, tf_h5: float, bins_rows: float, bins_files: float, eval_chain: float,
@@ -669,9 +673,9 @@ def main(argv: list[str] | None = None) -> int:
             h5 = real_part_hdf5(args, tmp)
             target_projection(target_stages(args, h5, tmp), None)
         elif not args.no_real_part:
-            today = projection(real_part(args, tmp))
+            today, bins = projection(real_part(args, tmp))
             if not args.no_target_stages:
-                target_projection(target_stages(args, tmp / "real" / "h5", tmp), today)
+                target_projection(target_stages(args, tmp / "real" / "h5", tmp), today, bins)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         if not args.keep_work:
