@@ -8,7 +8,8 @@ Layout under ``OUTPUT_DIR/checkpoints/``::
     <step>/mp_rank_00_model_states.pt, *_optim_states.pt    DeepSpeed (weights, ZeRO fp32 partitions,
                                                             optimizer moments, lr scheduler)
     <step>/bertpipe_config.json     model config + run settings; a resume with another model is refused
-    <step>/bertpipe_rank<r>.pt      per rank: RNG states and the data sampler's position (plain tensors
+    <step>/bertpipe_rank<r>.pt      per rank: RNG states, the data sampler's position and the samples
+                                    trained (MLPerf's count: sequences for packed rows; plain tensors
                                     and ints, read back with ``torch.load(weights_only=True)``)
     <step>/bertpipe_complete.json   the completion record, written last (after every rank's files, temp name +
                                     rename): every file of the tag with its size and md5
@@ -154,16 +155,19 @@ def check_model_config(output_dir: str | Path, tag: str, model_cfg: dict[str, An
 
 
 def save_rank_state(output_dir: str | Path, tag: str, rank: int, step: int, rng: dict, data: dict,
-                    eval_pending: bool = False) -> None:
+                    eval_pending: bool = False, samples: int | None = None) -> None:
     """Per-rank RNG + data position (``torch.save`` of plain tensors, ints and strings); ``eval_pending``: the
-    eval of this step was stopped (SIGTERM) and runs first on resume."""
+    eval of this step was stopped (SIGTERM) and runs first on resume; ``samples``: the MLPerf samples trained
+    to this step, all ranks (sequences: a packed run's steps hold a varying number; absent in checkpoints
+    written before it was kept)."""
     import torch
 
     path = rank_state_path(output_dir, tag, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    extra = {} if samples is None else {"samples": int(samples)}
     torch.save({"version": STATE_VERSION, "step": int(step), "rng": rng, "data": data,
-                "eval_pending": bool(eval_pending)}, tmp)
+                "eval_pending": bool(eval_pending), **extra}, tmp)
     tmp.replace(path)
 
 

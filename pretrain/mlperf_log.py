@@ -9,7 +9,9 @@ run_start/stop (status success when the 0.720 masked-LM accuracy target was reac
 the batch, LAMB and schedule hyper-parameters, max_sequence_length, train_samples, eval_samples, one
 block per eval interval (block_start/stop with first_epoch_num/epoch_count in training samples, as
 MLPerf's BERT counts "epochs" in samples), eval_start/stop and eval_accuracy with epoch_num = samples
-trained, and epoch_start/stop at the data sampler's epoch boundaries. The warm-up keys record the run's
+trained, and epoch_start/stop at the data sampler's epoch boundaries. Samples are sequences: a packed run
+passes the sequences its packs held, summed over the ranks (pretrain/train.py), as NVIDIA's and Habana's
+packed trainers count them; global_batch_size stays the configured batch in rows (packs). The warm-up keys record the run's
 schedule (pretrain/recipe.py). Without ``mlperf_logging`` installed (a custom install without the ``train``
 extra) the run logs one line saying so and writes no mllog.txt.
 

@@ -261,6 +261,32 @@ def discover_packed(train: Path | str) -> tuple[str, dict[int, list]] | None:
     return layout, {widths[0]: shards}
 
 
+def mean_sequences_per_pack(train: Path | str, chunk: int = 1 << 20) -> float:
+    """The mean number of sequences a pack of the packed data ``train`` holds, counted over every pack of every
+    file (Habana's ``avg_seq_per_sample``, measured instead of read from its metadata file: NVIDIA's packs have
+    none). Habana's layout: the nonzero ``next_sentence_weights``; NVIDIA's: the entries of ``packed_input_len``."""
+    found = packed_files(train)
+    if found is None:
+        raise InputError(packed_refusal(train))
+    layout, files = found
+    sequences = packs = 0
+    for path in files:
+        with _open(path) as h:
+            try:
+                ds = h["next_sentence_weights" if layout == "habana" else "packed_input_len"]
+                for start in range(0, ds.shape[0], chunk):
+                    part = ds[start:start + chunk]
+                    sequences += (int(np.count_nonzero(part)) if layout == "habana"
+                                  else sum(len(lens) for lens in part))
+                packs += ds.shape[0]
+            except H5_ERRORS as exc:
+                raise InputError(f"cannot count the sequences of packed file {path} ({type(exc).__name__}: "
+                                 f"{exc}); the file is corrupt: re-create it") from exc
+    if not packs:
+        raise InputError(f"packed training data {train} has no rows")
+    return sequences / packs
+
+
 def training_sampler(train_dir: str, packed: bool, micro_batch: int, rank: int = 0, world: int = 1,
                      seed: int = 12345, vocab_size: int | None = None, mix: str = "one-bin",
                      counts: tuple[int, ...] | None = None):

@@ -98,7 +98,13 @@ def is_eval_step(step: int, global_batch_size: int, interval_samples: int) -> bo
     """
     if step <= 0:
         return False
-    before, after = (step - 1) * global_batch_size, step * global_batch_size
+    return crosses_multiple((step - 1) * global_batch_size, step * global_batch_size, interval_samples)
+
+
+def crosses_multiple(before: int, after: int, interval_samples: int) -> bool:
+    """True when a step that took the samples count from ``before`` to ``after`` reached the next multiple of
+    ``interval_samples``: the eval rule in samples, whatever a step holds (packed steps train a varying number
+    of sequences: ``pretrain/train.py`` counts them)."""
     return after // interval_samples > before // interval_samples
 
 

@@ -53,7 +53,10 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
 Outputs in OUTPUT_DIR: config.json (resolved), metrics.jsonl (rank 0, one record per log step and per
 eval), tensorboard/, checkpoints/<step>/ and checkpoints/latest (pretrain/checkpoint.py), summary.json (training_sequences_per_second, e2e_time, final eval
 masked-LM accuracy vs the MLPerf 0.720 target), mllog.txt (MLPerf ``:::MLLOG`` lines, pretrain/mlperf_log.py;
-needs mlperf_logging, the `mlperf` extra). config.json, summary.json and the checkpoints record "vocab"
+needs mlperf_logging, the `mlperf` extra). Samples are MLPerf's: on packed data, the sequences the packs held,
+summed over the ranks each step (the MLPerf log, the eval interval, metrics' samples and seq_per_s, the step
+lines' seq/s, summary's train_samples and training_sequences_per_second; metrics' rows and summary's
+training_rows_per_second count the packs); checkpoints keep the count, so a resume continues it. config.json, summary.json and the checkpoints record "vocab"
 (--vocab: path, md5, entries), from which `bertpipe export-hf` writes the tokenizer. config.json and
 summary.json also hold "init_checkpoint" (this invocation: path, format and tensors loaded, or loaded=false and why) and "weights_from" (the init
 checkpoint the run started from; every checkpoint's bertpipe_config.json keeps it, so resumes carry it).
@@ -197,6 +200,19 @@ def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
     return dict(zip(keys, t.cpu().tolist(), strict=True))
 
 
+def _sum_over_ranks(n: int, device) -> int:
+    """``n`` summed over all ranks: one small all-reduce (int64; int32 where the device lacks 64-bit types, e.g.
+    Gaudi: exact for a step's sequence count) and one host sync."""
+    import torch
+
+    from pretrain.devices import has_float64
+
+    t = torch.tensor([n], dtype=torch.int64 if has_float64(device) else torch.int32, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+    return int(t.item())
+
+
 class StopFlag:
     """SIGTERM or SIGINT (Ctrl-C) sets the flag; ranks agree (all-reduce MAX) at each step boundary to stop
     together, with a checkpoint, instead of dying in a KeyboardInterrupt traceback."""
@@ -329,24 +345,31 @@ class Run:
         self.init_origin = _recorded_init(cfg.output_dir, tag) if tag else (self.init or {}).get("path")
         self.out_dir, self.device = Path(cfg.output_dir), self.engine.device
         self.gas, self.global_batch = self.engine.gradient_accumulation_steps(), self.ds_cfg["train_batch_size"]
+        # packed rows: MLPerf's samples are the sequences trained (all ranks), counted per step; else rows
+        self.layout = getattr(self.sampler, "sampler", self.sampler).layout
+        self.packed, self.sequences = bool(self.layout), 0
         self.eval_pending = False  # the eval of this step was stopped by SIGTERM: the checkpoint says so
         self.step = self._resume(tag) if tag else 0
         self.resumed, self.saved_step = bool(tag), self.step
         maybe_compile(self.engine, self.choice, cfg.compile)
         self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard,
                                      start_step=self.step)
-        self.interval = mlperf_eval_interval_samples(self.global_batch)
+        self.interval = cfg.eval_interval_samples or mlperf_eval_interval_samples(self.global_batch)
         from pretrain.recipe import gradient_clipping, recipe_line
 
         self.schedule = getattr(self.engine.lr_scheduler, "spec", None)  # (a resume: the checkpoint's schedule)
         clip = (self.ds_cfg["gradient_clipping"], gradient_clipping(cfg)[1])
-        self.recipe = recipe_line(cfg, self.schedule, clip, packed=bool(getattr(self.sampler, "sampler",
-                                                                                 self.sampler).layout))
+        self.recipe = recipe_line(cfg, self.schedule, clip, packed=self.packed)
         if self.rank == 0:
             self._write_config()
         self.mllog.run_start(cfg, self.mcfg, self.world, self.choice.kind, self.global_batch, self.gas,
                              self.engine.optimizer, self.eval_set.total_rows if self.eval_set else 0,
-                             self.step * self.global_batch, self.sampler.epoch, schedule=self.schedule)
+                             self.samples_trained(), self.sampler.epoch, schedule=self.schedule)
+
+    def samples_trained(self) -> int:
+        """MLPerf's samples trained so far, all ranks: the sequences for packed rows (each pack holds several),
+        else step x global batch."""
+        return self.sequences if self.packed else self.step * self.global_batch
 
     def _resume(self, tag: str) -> int:
         import torch
@@ -358,6 +381,8 @@ class Run:
         state = ckpt.load_rank_state(self.out_dir, tag, self.rank)
         set_rng_state(state["rng"], self.choice.kind)
         self.sampler.load_state_dict(state["data"])
+        if self.packed:
+            self.sequences = self._resumed_sequences(state, tag)
         # the eval a SIGTERM stopped at this step runs first, unless a later life of the run has done it since
         # (rank 0 reads metrics.jsonl; every rank follows it)
         from pretrain.metrics import has_eval_record
@@ -371,6 +396,37 @@ class Run:
                  " (its eval, stopped by SIGTERM, runs first)" if self.eval_pending else "")
         return int(state["step"])
 
+    def _resumed_sequences(self, state: dict, tag: str) -> int:
+        """The sequences trained up to the checkpoint; a checkpoint written before they were kept gets
+        step x global batch x the data set's mean sequences per pack (Habana's avg_seq_per_sample), said once."""
+        import torch
+
+        if "samples" in state:
+            return int(state["samples"])
+        from pretrain.packing import mean_sequences_per_pack
+
+        got: list = [None]
+        if self.rank == 0:
+            try:
+                got = [mean_sequences_per_pack(self.cfg.train_dir)]
+            except Exception as exc:  # noqa: BLE001 - every rank must hear of it, not hang in the broadcast
+                got = [f"{type(exc).__name__}: {exc}"]
+        if torch.distributed.is_initialized():
+            torch.distributed.broadcast_object_list(got, src=0)
+        if isinstance(got[0], str):
+            from core.errors import InputError
+
+            raise InputError(f"checkpoint {tag} predates the sequence count of packed runs and the packs of "
+                             f"{self.cfg.train_dir} could not be counted to estimate it ({got[0]})")
+        step = int(state["step"])
+        estimate = round(step * self.global_batch * got[0])
+        if self.rank == 0:
+            log.warning("checkpoint %s predates the sequence count of packed runs: the %d steps before it count as "
+                        "%d sequences (step x global batch %d x %.4f, the data's mean sequences per pack), an "
+                        "estimate; the sequences of every later step are counted exactly", tag, step, estimate,
+                        self.global_batch, got[0])
+        return estimate
+
     def _write_config(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(
@@ -378,7 +434,8 @@ class Run:
              "world_size": self.world, "device": self.choice.kind, "init_checkpoint": self.init,
              "weights_from": self.init_origin, "vocab": self.vocab, "recipe": self.recipe,
              "schedule": dataclasses.asdict(self.schedule) if self.schedule else None}, indent=2))
-        every = f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else f"{self.interval} samples"
+        every = (f"{self.cfg.eval_interval_steps} steps" if self.cfg.eval_interval_steps else
+                 f"{self.interval} {'sequences' if self.packed else 'samples'}")
         log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
                  self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
                  self.world, self.gas, every)
@@ -400,7 +457,8 @@ class Run:
         if dist:
             torch.distributed.barrier()
         ckpt.save_rank_state(self.out_dir, tag, self.rank, self.step, rng_state(self.choice.kind),
-                             self.sampler.state_dict(), eval_pending=self.eval_pending)
+                             self.sampler.state_dict(), eval_pending=self.eval_pending,
+                             samples=self.samples_trained())
         if self.rank == 0:
             ckpt.write_run_config(self.out_dir, tag, self.mcfg.to_dict(),
                                   {"optimizer": self.cfg.optimizer, "world_size": self.world,
@@ -426,7 +484,7 @@ class Run:
     def evaluate(self) -> dict:
         if self.eval_set is None:
             return {}
-        self.mllog.eval_start(self.step * self.global_batch)
+        self.mllog.eval_start(self.samples_trained())
         if self.rank == 0:  # (an eval of eval_10k takes a while: the console says what runs)
             log.info("step %d: evaluating %d samples", self.step, self.eval_set.total_rows)
         r = run_eval(self.engine.module, self.eval_set, self.device, should_stop=lambda: self.stop.requested)
@@ -435,18 +493,22 @@ class Run:
             if self.rank == 0:
                 log.info("step %d: eval stopped by SIGTERM; it runs when this checkpoint is resumed", self.step)
             return {}
-        self.mllog.eval_stop(self.step * self.global_batch, r["eval_mlm_accuracy"])
+        self.mllog.eval_stop(self.samples_trained(), r["eval_mlm_accuracy"])
         self.metrics.write({"step": self.step, **r})
         if self.rank == 0:
             log.info("step %d: eval masked-LM accuracy %.4f (target %.3f)", self.step, r["eval_mlm_accuracy"],
                      r["eval_target"])
         return r
 
-    def _eval_due(self) -> bool:
-        from pretrain.schedule import is_eval_step
+    def _eval_due(self, before: int) -> bool:
+        """Whether this step evaluates: every --eval-interval-steps steps, else when the samples trained
+        (``before`` this step, now :meth:`samples_trained`) reach the next multiple of the interval."""
+        from pretrain.schedule import crosses_multiple, is_eval_step
 
         if self.cfg.eval_interval_steps:
             return self.step % self.cfg.eval_interval_steps == 0
+        if self.packed:
+            return crosses_multiple(before, self.sequences, self.interval)
         return is_eval_step(self.step, self.global_batch, self.interval)
 
     def loop(self) -> dict:
@@ -455,7 +517,8 @@ class Run:
         target = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, self.step + cfg.steps_this_run)
         train_time, steps_done, stopped_by, last, last_eval = 0.0, 0, "max_steps", {}, {}
         evaluated = self.resumed  # a checkpoint is saved after its step's eval (unless that eval is pending)
-        window_time, window_steps = 0.0, 0  # since the last metrics record
+        window_time, window_steps, window_start = 0.0, 0, self.samples_trained()  # since the last metrics record
+        first_sequences = self.sequences
         self.real = {"sequences": 0, "tokens": 0}  # this rank's real sequences and tokens (summary.json)
         if self.eval_pending:  # resumed from a checkpoint whose eval a SIGTERM stopped: that eval first
             last_eval = self.evaluate()
@@ -465,28 +528,32 @@ class Run:
                 stopped_by = "sigterm"
                 break
             lr = self.engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
-            self.mllog.block(self.step * self.global_batch,  # a block per eval interval (reopened after each eval)
+            self.mllog.block(self.samples_trained(),  # a block per eval interval (reopened after each eval)
                              cfg.eval_interval_steps * self.global_batch or self.interval)
             t0 = time.perf_counter()
             r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
             dt = time.perf_counter() - t0
+            before = self.samples_trained()
             self.step, steps_done, train_time = self.step + 1, steps_done + 1, train_time + dt
+            if self.packed:  # MLPerf's samples: the step's sequences, all ranks (one int all-reduced)
+                self.sequences += _sum_over_ranks(r["sequences"], self.device)
             self.real = {k: v + r[k] for k, v in self.real.items()}
             if steps_done == 1 and self.rank == 0 and getattr(self.engine.module, "packed_attention", ""):
                 log.info("packed rows: attention %s", self.engine.module.packed_attention)
-            self.mllog.epoch(self.sampler.epoch, self.step * self.global_batch)
+            self.mllog.epoch(self.sampler.epoch, self.samples_trained())
             window_time, window_steps = window_time + dt, window_steps + 1
             if self.step % cfg.log_interval == 0 or self.step == target:
                 last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, self.device)
-                self.metrics.write({"step": self.step, **last, "lr": lr,
-                                    "seq_per_s": self.global_batch * window_steps / window_time,
+                seq_per_s = (self.samples_trained() - window_start) / window_time  # sequences when packed
+                rows = {"rows": self.step * self.global_batch} if self.packed else {}  # (samples: sequences)
+                self.metrics.write({"step": self.step, **last, "lr": lr, "seq_per_s": seq_per_s,
                                     "step_time": window_time / window_steps, "epoch": self.sampler.epoch,
-                                    "samples": self.step * self.global_batch})
+                                    "samples": self.samples_trained(), **rows})
                 if self.rank == 0:  # the launcher's output (and a Prefect run's logs) show progress
                     log.info("step %d/%d: loss %.4f lr %.4g %.1f seq/s", self.step, cfg.max_steps, last["loss"], lr,
-                             self.global_batch * window_steps / window_time)
-                window_time, window_steps = 0.0, 0
-            evaluated = self._eval_due()
+                             seq_per_s)
+                window_time, window_steps, window_start = 0.0, 0, self.samples_trained()
+            evaluated = self._eval_due(before)
             if evaluated:
                 last_eval = self.evaluate() or last_eval
                 if self.eval_pending:  # stopped by SIGTERM: checkpoint now
@@ -500,9 +567,10 @@ class Run:
         elif stopped_by != "sigterm" and self.step < cfg.max_steps:
             stopped_by = "steps_this_run"
         self.save()
-        return self._finish(stopped_by, steps_done, train_time, last, last_eval)
+        return self._finish(stopped_by, steps_done, train_time, last, last_eval, self.sequences - first_sequences)
 
-    def _finish(self, stopped_by: str, steps_done: int, train_time: float, last: dict, last_eval: dict) -> dict:
+    def _finish(self, stopped_by: str, steps_done: int, train_time: float, last: dict, last_eval: dict,
+                sequences: int = 0) -> dict:
         from pretrain.metrics import write_summary
 
         acc = last_eval.get("eval_mlm_accuracy")
@@ -511,16 +579,21 @@ class Run:
         summary = {"model": self.cfg.model, "device": self.choice.kind, "world_size": self.world,
                    "global_batch": self.global_batch, "steps": self.step, "steps_this_run": steps_done,
                    "stopped_by": stopped_by, "final_loss": last.get("loss"), "raw_train_time": train_time,
-                   "training_sequences_per_second": self.global_batch * steps_done / train_time if train_time else 0.0,
+                   # MLPerf's samples (sequences: for packed rows, those the packs held) per second
+                   "training_sequences_per_second": (sequences if self.packed else self.global_batch * steps_done)
+                   / train_time if train_time else 0.0,
+                   "train_samples": self.samples_trained(),
                    # real (unpadded) sequences and tokens: packed rows count each of their sequences
                    "training_real_sequences_per_second": real["sequences"] / train_time if train_time else 0.0,
                    "training_real_tokens_per_second": real["tokens"] / train_time if train_time else 0.0,
-                   "data_layout": getattr(getattr(self.sampler, "sampler", self.sampler), "layout", "") or "padded",
+                   "data_layout": self.layout or "padded",
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
                    "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
                    "weights_from": self.init_origin, "vocab": self.vocab, "eval_pending": self.eval_pending,
                    "mllog": str(self.mllog.path) if self.mllog.enabled else None}
-        self.mllog.run_stop(self.step * self.global_batch, acc)
+        if self.packed:  # rows = packs
+            summary["training_rows_per_second"] = self.global_batch * steps_done / train_time if train_time else 0.0
+        self.mllog.run_stop(self.samples_trained(), acc)
         if self.rank == 0:
             write_summary(self.out_dir, summary)
         self.metrics.close()
@@ -534,7 +607,7 @@ def train(cfg: TrainConfig) -> dict:
     try:
         return run.loop()
     except BaseException:  # (a non-finite loss, a bad batch...): the MLPerf log ends with run_stop aborted
-        run.mllog.run_stop(run.step * run.global_batch, None)
+        run.mllog.run_stop(run.samples_trained(), None)
         raise
 
 

@@ -28,7 +28,8 @@ class TrainConfig:
     """Train on packed rows (several sequences a row; Habana's pack_pretraining_data_pytorch.py or NVIDIA's
     packed_data layout): refuse --train-dir unless it holds them. Packed data is detected without the flag too.
     Each token attends only within its sequence, positions restart per sequence, NSP per sequence;
-    --micro-batch then counts packs."""
+    --micro-batch then counts packs, while the MLPerf log, the eval interval and metrics' samples count the
+    sequences the packs hold."""
     batch_mix: str = ""
     """Length bins of a micro-batch's rows (pretrain/batch_mix.py): one-bin (each batch from one bin, bertpipe's,
     fastest), random (rows of any length at random: NVIDIA's, MLCommons' and Habana's trainers) or split (fixed
@@ -118,6 +119,10 @@ class TrainConfig:
     (bertpipe export-hf). Shapes must match the model; ignored when --resume finds a checkpoint of this run."""
     eval_interval_steps: int = 0
     """Evaluate every N steps (0: at the MLPerf interval in samples, spec §12), and always at the end."""
+    eval_interval_samples: int = 0
+    """Evaluate after the step whose samples trained reach each multiple of N (0: MLPerf's interval for the global
+    batch, spec §12; NVIDIA's --eval_iter_samples). Samples are sequences: on packed data, those the packs held
+    (all ranks). --eval-interval-steps, when given, wins."""
     eval_batch_size: int = 16
     """Eval micro-batch per rank."""
     max_eval_samples: int = 0
@@ -194,7 +199,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "warmup_proportion": (0.0, 1.0), "constant_proportion": (0.0, 1.0), "scheduler_degree": (1e-6, 100.0),
     "warmup_steps": (0, _I), "start_warmup_step": (-_I, 0), "clip_grad_norm": (0.0, 1e6),
     "seed": (0, _I), "log_interval": (1, _I), "checkpoint_interval": (0, _I), "keep_checkpoints": (0, 1 << 20),
-    "eval_interval_steps": (0, _I), "eval_batch_size": (1, 1 << 20), "max_eval_samples": (0, _I),
+    "eval_interval_steps": (0, _I), "eval_interval_samples": (0, 1 << 62), "eval_batch_size": (1, 1 << 20),
+    "max_eval_samples": (0, _I),
 }
 
 

@@ -83,6 +83,13 @@ def test_log_has_the_runs_values(vocab_run: Path) -> None:
     assert [r["metadata"]["epoch_num"] for r in evals] == [3 * global_batch, 6 * global_batch]  # samples trained
     summary = json.loads((vocab_run / "summary.json").read_text())
     assert evals[-1]["value"] == pytest.approx(summary["final_eval_mlm_accuracy"])
+    # padded rows: samples are rows (packed data counts sequences: tests/pretrain/test_packing_train.py)
+    assert summary["train_samples"] == steps * global_batch and "training_rows_per_second" not in summary
+    from pretrain.metrics import read_metrics
+
+    train_records = [r for r in read_metrics(vocab_run / "metrics.jsonl") if "loss" in r]
+    assert [r["samples"] for r in train_records] == [s * global_batch for s in range(1, steps + 1)]
+    assert not any("rows" in r for r in train_records)
     assert summary["mllog"] == str(vocab_run / "mllog.txt")
     blocks = [r["metadata"]["first_epoch_num"] for r in recs if r["key"] == "block_start"]
     assert blocks == [0, 3 * global_batch]
