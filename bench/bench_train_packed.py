@@ -113,7 +113,7 @@ def cpu_bench(args: argparse.Namespace) -> list[dict]:
                 s = json.loads(proc.stdout.strip().splitlines()[-1])
                 r = {"mode": mode, "round": rnd, "tokens_per_s": s["training_real_tokens_per_second"],
                      "sequences_per_s": s["training_real_sequences_per_second"],
-                     "rows_per_s": s["training_sequences_per_second"], "peak_rss_mb": s["peak_rss_mb"],
+                     "rows_per_s": s.get("training_rows_per_second", s["training_sequences_per_second"]), "peak_rss_mb": s["peak_rss_mb"],
                      "train_time_s": s["raw_train_time"], "layout": s["data_layout"]}
                 runs.append(r)
                 print(f"round {rnd + 1} {mode:7s}: {r['tokens_per_s']:9.0f} real tokens/s  {r['sequences_per_s']:7.1f} "
