@@ -261,6 +261,58 @@ def discover_packed(train: Path | str) -> tuple[str, dict[int, list]] | None:
     return layout, {widths[0]: shards}
 
 
+#: The packing rate when neither the flag nor the data gives one: NVIDIA's --average_packing_rate default, and
+#: Habana's avg_seq_per_sample at 512 without its metadata file.
+DEFAULT_PACKING_RATE = 2.0
+
+
+def recorded_packing_rate(train: Path | str) -> tuple[float, str] | None:
+    """The mean sequences per pack that packed data ``train`` records about itself, and where: Habana's
+    ``<train>_metadata.json`` beside the folder (``avg_seq_per_sample``: the file Habana's trainer reads), or
+    the manifest pack-nvidia writes into its folder (``counters.sequences_per_pack``). None when neither is there;
+    one that is there but unusable is skipped with a warning naming it."""
+    import json
+
+    t = Path(train)
+    folder = t if t.is_dir() else t.parent
+    for path, keys in ((folder.parent / f"{folder.name}_metadata.json", ("avg_seq_per_sample",)),
+                       (folder / "_manifest.json", ("counters", "sequences_per_pack"))):
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+            for key in keys:
+                value = value[key]
+            rate = float(value)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            log.warning("%s holds no usable %s (%s: %s): ignored", path, ".".join(keys), type(exc).__name__, exc)
+            continue
+        if not 0.0 < rate <= 64.0:
+            log.warning("%s: %s = %r is not a mean number of sequences per pack (0 < x <= 64): ignored", path,
+                        ".".join(keys), value)
+            continue
+        return rate, f"{path} {'.'.join(keys)}"
+    return None
+
+
+def packing_rate(flag: float, train: Path | str) -> tuple[float, str]:
+    """The packing rate of a packed run and where it comes from: ``flag`` (``--average-packing-rate``) when
+    positive, else the data's recorded figure (:func:`recorded_packing_rate`), else :data:`DEFAULT_PACKING_RATE`."""
+    if flag > 0:
+        return float(flag), "--average-packing-rate"
+    found = recorded_packing_rate(train)
+    if found is not None:
+        return found
+    return DEFAULT_PACKING_RATE, (f"the default {DEFAULT_PACKING_RATE:g} (no figure recorded with the data: "
+                                  "--average-packing-rate sets it)")
+
+
+def mlperf_global_batch(packs: int, rate: float) -> int:
+    """MLPerf's global batch size, in sequences, of a step of ``packs`` packs at ``rate`` sequences a pack (as
+    NVIDIA logs packed runs: packs x average packing rate)."""
+    return max(1, round(packs * rate))
+
+
 def mean_sequences_per_pack(train: Path | str, chunk: int = 1 << 20) -> float:
     """The mean number of sequences a pack of the packed data ``train`` holds, counted over every pack of every
     file (Habana's ``avg_seq_per_sample``, measured instead of read from its metadata file: NVIDIA's packs have

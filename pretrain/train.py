@@ -348,13 +348,25 @@ class Run:
         # packed rows: MLPerf's samples are the sequences trained (all ranks), counted per step; else rows
         self.layout = getattr(self.sampler, "sampler", self.sampler).layout
         self.packed, self.sequences = bool(self.layout), 0
+        # MLPerf's global batch in sequences (its eval interval is computed from it): on packed data packs x the
+        # packing rate, as NVIDIA logs it (pretrain/packing.py: the flag, the data's figure, else 2.0)
+        self.packing_rate, self.rate_from = 1.0, ""
+        if self.packed:
+            from pretrain.packing import packing_rate
+
+            self.packing_rate, self.rate_from = packing_rate(cfg.average_packing_rate, cfg.train_dir)
+        self.mlperf_batch = self.global_batch
+        if self.packed:
+            from pretrain.packing import mlperf_global_batch
+
+            self.mlperf_batch = mlperf_global_batch(self.global_batch, self.packing_rate)
         self.eval_pending = False  # the eval of this step was stopped by SIGTERM: the checkpoint says so
         self.step = self._resume(tag) if tag else 0
         self.resumed, self.saved_step = bool(tag), self.step
         maybe_compile(self.engine, self.choice, cfg.compile)
         self.metrics = MetricsWriter(self.out_dir, enabled=self.rank == 0, tensorboard=cfg.tensorboard,
                                      start_step=self.step)
-        self.interval = cfg.eval_interval_samples or mlperf_eval_interval_samples(self.global_batch)
+        self.interval = cfg.eval_interval_samples or mlperf_eval_interval_samples(self.mlperf_batch)
         from pretrain.recipe import gradient_clipping, recipe_line
 
         self.schedule = getattr(self.engine.lr_scheduler, "spec", None)  # (a resume: the checkpoint's schedule)
@@ -362,7 +374,7 @@ class Run:
         self.recipe = recipe_line(cfg, self.schedule, clip, packed=self.packed)
         if self.rank == 0:
             self._write_config()
-        self.mllog.run_start(cfg, self.mcfg, self.world, self.choice.kind, self.global_batch, self.gas,
+        self.mllog.run_start(cfg, self.mcfg, self.world, self.choice.kind, self.mlperf_batch, self.gas,
                              self.engine.optimizer, self.eval_set.total_rows if self.eval_set else 0,
                              self.samples_trained(), self.sampler.epoch, schedule=self.schedule)
 
@@ -439,6 +451,9 @@ class Run:
         log.info("%d ranks on %s: global batch %d = micro %d x %d ranks x %d accumulation; eval every %s",
                  self.world, self.choice.kind, self.global_batch, self.ds_cfg["train_micro_batch_size_per_gpu"],
                  self.world, self.gas, every)
+        if self.packed:
+            log.info("packed rows: MLPerf global batch %d sequences = %d packs x %.4g sequences a pack (%s)",
+                     self.mlperf_batch, self.global_batch, self.packing_rate, self.rate_from)
         log.info("%s", self.recipe)
 
     def save(self) -> None:
@@ -529,7 +544,7 @@ class Run:
                 break
             lr = self.engine.get_lr()[0]  # the lr this step uses (the scheduler steps after the optimizer)
             self.mllog.block(self.samples_trained(),  # a block per eval interval (reopened after each eval)
-                             cfg.eval_interval_steps * self.global_batch or self.interval)
+                             cfg.eval_interval_steps * self.mlperf_batch or self.interval)
             t0 = time.perf_counter()
             r = train_step(self.engine, self.sampler, self.gas, self.step + 1, self.device, self.runtime.mark_step)
             dt = time.perf_counter() - t0
@@ -593,6 +608,8 @@ class Run:
                    "mllog": str(self.mllog.path) if self.mllog.enabled else None}
         if self.packed:  # rows = packs
             summary["training_rows_per_second"] = self.global_batch * steps_done / train_time if train_time else 0.0
+            summary.update(mlperf_global_batch=self.mlperf_batch, average_packing_rate=self.packing_rate,
+                           average_packing_rate_from=self.rate_from)
         self.mllog.run_stop(self.samples_trained(), acc)
         if self.rank == 0:
             write_summary(self.out_dir, summary)

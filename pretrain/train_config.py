@@ -123,6 +123,11 @@ class TrainConfig:
     """Evaluate after the step whose samples trained reach each multiple of N (0: MLPerf's interval for the global
     batch, spec §12; NVIDIA's --eval_iter_samples). Samples are sequences: on packed data, those the packs held
     (all ranks). --eval-interval-steps, when given, wins."""
+    average_packing_rate: float = 0.0
+    """Packed data only: the sequences a pack holds on average, for MLPerf's global batch size (packs x this, in
+    sequences: the MLPerf log's global_batch_size and the MLPerf eval interval computed from it; NVIDIA's
+    --average_packing_rate). 0: the figure the data records (Habana's <train_dir>_metadata.json avg_seq_per_sample,
+    or pack-nvidia's manifest), else 2.0 (NVIDIA's and Habana's default at 512)."""
     eval_batch_size: int = 16
     """Eval micro-batch per rank."""
     max_eval_samples: int = 0
@@ -199,13 +204,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "warmup_proportion": (0.0, 1.0), "constant_proportion": (0.0, 1.0), "scheduler_degree": (1e-6, 100.0),
     "warmup_steps": (0, _I), "start_warmup_step": (-_I, 0), "clip_grad_norm": (0.0, 1e6),
     "seed": (0, _I), "log_interval": (1, _I), "checkpoint_interval": (0, _I), "keep_checkpoints": (0, 1 << 20),
-    "eval_interval_steps": (0, _I), "eval_interval_samples": (0, 1 << 62), "eval_batch_size": (1, 1 << 20),
+    "eval_interval_steps": (0, _I), "eval_interval_samples": (0, 1 << 62), "average_packing_rate": (0.0, 64.0), "eval_batch_size": (1, 1 << 20),
     "max_eval_samples": (0, _I),
 }
 
 
 #: --help's "(default: ...)" of the fields whose default is a "not given" marker.
 DEFAULT_TEXT = {"clip_grad_norm": "the DeepSpeed config's gradient_clipping, else 1.0",
+                "average_packing_rate": "the data's recorded figure, else 2.0",
                 "warmup_steps": "from --warmup-proportion"}
 
 

@@ -72,6 +72,8 @@ def packed_run(golden, tmp_path_factory):
     half = len(packed["input_ids"]) // 2
     write_habana(data / "mixed_strategies_part_0.hdf5", {k: v[:half] for k, v in packed.items()})
     write_habana(data / "mixed_strategies_part_1.hdf5", {k: v[half:] for k, v in packed.items()})
+    # Habana's metadata file beside the folder: the packing rate of MLPerf's global batch (packs x rate)
+    (tmp / "packed_metadata.json").write_text(json.dumps({"avg_seq_per_sample": len(pick) / len(packs)}))
 
     seed = TrainConfig().seed
     counts = np.cumsum([0, *_sequences_per_step(data, seed)]).tolist()
@@ -129,6 +131,10 @@ def test_packed_two_rank_run_counts_sequences_and_resumes_exactly(packed_run, tm
     launcher = (main / "launcher.log").read_text()
     assert "packed rows: attention sdpa-block-diagonal-mask" in launcher
     assert f"eval every {interval} sequences" in launcher
+    rate = packed_run["mean"]
+    assert f"packed rows: MLPerf global batch {round(GLOBAL * rate)} sequences = {GLOBAL} packs x {rate:.4g} " \
+           "sequences a pack" in launcher and "packed_metadata.json avg_seq_per_sample" in launcher
+    assert summary["mlperf_global_batch"] == round(GLOBAL * rate) and summary["average_packing_rate"] == rate
 
     # metrics: samples = sequences, rows = packs; seq/s in sequences
     records = read_metrics(main / "metrics.jsonl")
@@ -150,7 +156,8 @@ def test_packed_two_rank_run_counts_sequences_and_resumes_exactly(packed_run, tm
     assert rc == 0 and "SUCCESS" in out and not warnings, out
     recs = _mllog(main)
     value = {r["key"]: r["value"] for r in recs if r["key"] in ("train_samples", "global_batch_size")}
-    assert value == {"train_samples": counts[STEPS], "global_batch_size": GLOBAL}
+    # MLPerf's global batch in sequences, as NVIDIA logs packed runs: packs x the rate the data records
+    assert value == {"train_samples": counts[STEPS], "global_batch_size": round(GLOBAL * packed_run["mean"])}
     assert [r["metadata"]["epoch_num"] for r in recs if r["key"] == "eval_accuracy"] == [counts[s] for s in eval_steps]
     assert [r["metadata"]["first_epoch_num"] for r in recs if r["key"] == "block_start"] == \
         [0] + [counts[s] for s in eval_steps[:-1]]
