@@ -415,12 +415,13 @@ class Run:
 
         if "samples" in state:
             return int(state["samples"])
-        from pretrain.packing import mean_sequences_per_pack
+        from pretrain.packing import mean_sequences_per_pack, recorded_packing_rate
 
         got: list = [None]
         if self.rank == 0:
-            try:
-                got = [mean_sequences_per_pack(self.cfg.train_dir)]
+            try:  # the data's recorded figure (the packs' own mean: a JSON read), else every pack counted
+                recorded = recorded_packing_rate(self.cfg.train_dir)
+                got = [recorded[0] if recorded else mean_sequences_per_pack(self.cfg.train_dir)]
             except Exception as exc:  # noqa: BLE001 - every rank must hear of it, not hang in the broadcast
                 got = [f"{type(exc).__name__}: {exc}"]
         if torch.distributed.is_initialized():
