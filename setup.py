@@ -1,4 +1,4 @@
-"""Build hook for the optional C accelerators (create_pretraining_data; md5 of many files).
+"""Build hook for the optional C accelerators (create_pretraining_data; md5 of many files; the packers' loops).
 
 Everything else is declared in pyproject.toml. The extension is optional: when no C compiler is
 available the build carries on without it and bertpipe uses the plain-Python implementation
@@ -14,7 +14,8 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).parent
 #: (module, its sources folder, the file that includes the rest): bertpipe's optional C extensions
 NATIVE = [("preprocessing._cpd_native", HERE / "preprocessing" / "_native", "cpd.c"),
-          ("core._md5_native", HERE / "core" / "_native", "md5.c")]
+          ("core._md5_native", HERE / "core" / "_native", "md5.c"),
+          ("preprocessing._pack_native", HERE / "preprocessing" / "_pack_native", "pack.c")]
 
 
 def sources_digest(src: Path) -> str:

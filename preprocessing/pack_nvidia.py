@@ -111,6 +111,7 @@ from core.manifest import (
 from core.pools import default_workers, run_all
 from core.schema import H5_ERRORS
 from core.stage import Stage
+from preprocessing import pack_fast
 from preprocessing.hdf5_io import chunks, h5_create, reading, stage_params, tmp_path, verify_inputs
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ def take_runs(srcs: Sequence[np.ndarray], lengths: np.ndarray, order: np.ndarray
         raise BertpipeError(f"take_runs: sources of {[len(x) for x in srcs]} values for runs of {int(lengths.sum())}")
     starts = (np.cumsum(lengths) - lengths)[order]
     lens = lengths[order]
+    if pack_fast.available() and all(np.dtype(src.dtype).kind == "i" for src in srcs):  # the C loop: one copy
+        return [pack_fast.gather_runs([src], None, starts, lens, src.dtype) for src in srcs]
     outs = [np.empty(int(lens.sum()), dtype=src.dtype) for src in srcs]
     # 4-byte indices where they fit: the same values
     dt = np.int32 if max((len(src) for src in srcs), default=0) < 2**31 else np.int64
@@ -303,6 +306,28 @@ class InputFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def mapped(self) -> dict[str, np.ndarray] | None:
+        """The padded datasets as read-only memory maps of the file (2-D; ``next_sentence_labels`` 1-D) when
+        each is stored contiguous and unfiltered in native byte order (as tfrecord-to-hdf5 writes them); else
+        None (chunked or compressed files are read through h5py)."""
+        if self.kind != "padded" or self.n <= 0:
+            return None
+        out = {}
+        for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                     "next_sentence_labels"):
+            ds = self.f[name]
+            if ds.chunks is not None or ds.compression is not None or not ds.dtype.isnative:
+                return None
+            offset = ds.id.get_offset()
+            if offset is None:
+                return None
+            try:
+                out[name] = np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+            except (ValueError, OSError) as exc:
+                raise InputError(f"{self.path}: dataset {name!r} lies outside the file ({exc}); the file is "
+                                 "truncated or corrupt, re-create it") from None
+        return out
 
     def lengths(self, a: int, b: int) -> np.ndarray:
         """Sequence lengths (int64) of rows a..b-1."""
@@ -400,9 +425,10 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     """
     p = Path(path)
     with InputFile(p) as f:
+        maps = f.mapped()
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
-            seq = f.lengths(a, b)
+            seq = maps["input_mask"][a:b].sum(axis=1, dtype=np.int64) if maps else f.lengths(a, b)
             _check_lengths(seq, cfg, p, a)
             parts.append(seq.astype(np.int16))
     lengths = np.concatenate(parts) if parts else np.zeros(0, np.int16)
@@ -639,6 +665,9 @@ def shard_bounds(n_packs: int, shards_num: int) -> np.ndarray:
 
 def shard_list_json(seq_len: np.ndarray, seq_idx: np.ndarray, pack_off: np.ndarray) -> str:
     """``json.dumps`` of the packs ``[[(length, index), ...], ...]`` (``pack_off`` relative to the slices)."""
+    fast = pack_fast.format_packs(seq_len, seq_idx, pack_off)
+    if fast is not None:
+        return fast
     items = [f"[{a}, {b}]" for a, b in zip(seq_len.tolist(), seq_idx.tolist(), strict=True)]
     bounds = pack_off.tolist()
     return "[" + ", ".join("[" + ", ".join(items[bounds[p]:bounds[p + 1]]) + "]"
@@ -690,6 +719,12 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     with InputFile(p) as f:
         if f.n != len(lengths):
             raise InputError(f"{p} changed while pack-nvidia ran ({f.n} rows, {len(lengths)} counted); run again")
+        maps = f.mapped() if pack_fast.available() else None
+        if maps is not None:  # padded rows straight from the file into place order: one copy of each value
+            arrays = _scatter_mapped(maps, lengths, keys, p)
+            for name in _SCATTER:
+                _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
+            return {"kind": "scatter", "k": k, "rows": len(keys)}
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
             r = f.rows(a, b)
@@ -706,6 +741,64 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     return {"kind": "scatter", "k": k, "rows": len(keys)}
 
 
+def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.ndarray,
+                    p: Path) -> dict[str, np.ndarray]:
+    """Step c on a padded file's memory maps: the rows in key order, compact (the same arrays as the chunked
+    path: ``row[:sum(input_mask)]``, ``positions[:count(positions != 0)]``), read in chunks of rows for the
+    lengths and checks, gathered once by the C loop."""
+    n, width = maps["input_ids"].shape
+    pwidth = maps["masked_lm_positions"].shape[1]
+    if maps["input_mask"].shape[1] != width or maps["segment_ids"].shape[1] != width or \
+            maps["masked_lm_ids"].shape[1] != pwidth:  # pragma: no cover - InputFile checked the widths
+        raise InputError(f"{p}: the widths of its padded datasets differ; the file is not MLPerf padded HDF5")
+    seq = np.empty(n, np.int64)
+    pred = np.empty(n, np.int64)
+    step = 1 << 15
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        seq[a:b] = maps["input_mask"][a:b].sum(axis=1, dtype=np.int32)
+        pred[a:b] = np.count_nonzero(maps["masked_lm_positions"][a:b], axis=1)
+        if not np.array_equal(seq[a:b], lengths[a:b]):
+            raise InputError(f"{p} changed while pack-nvidia ran (rows {a}..{b - 1}); run again")
+    perm = np.argsort(keys, kind="stable")
+    rows_at = perm.astype(np.int64)
+    out: dict[str, np.ndarray] = {"keys": keys[perm], "seq": seq[perm].astype(np.int16),
+                                  "pred": pred[perm].astype(np.int16)}
+    for name, dt, w, lens in (("input_ids", "int16", width, seq), ("segment_ids", "int8", width, seq),
+                              ("masked_lm_positions", "int16", pwidth, pred),
+                              ("masked_lm_ids", "int16", pwidth, pred)):
+        flat = maps[name].reshape(-1)
+        try:
+            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt)
+        except pack_fast.OutOfRange:
+            raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
+    nsl = np.asarray(maps["next_sentence_labels"])
+    info = np.iinfo(np.int8)
+    if nsl.size and (nsl.min() < info.min or nsl.max() > info.max):
+        raise _out_of_range(p, "next_sentence_labels", "int8",
+                            int(np.flatnonzero((nsl < info.min) | (nsl > info.max))[0]))
+    return {"keys": out["keys"], "seq": out["seq"], "pred": out["pred"], "nsl": nsl[perm].astype(np.int8),
+            "ids": out["input_ids"], "seg": out["segment_ids"], "pos": out["masked_lm_positions"],
+            "mlm": out["masked_lm_ids"]}
+
+
+def _first_bad_row(values: np.ndarray, lens: np.ndarray, info: np.iinfo) -> int:
+    """The first row (file order) whose first ``lens[row]`` values do not all fit ``info``'s type."""
+    step = 1 << 14
+    for a in range(0, len(values), step):
+        v = np.asarray(values[a:a + step])
+        keep = np.arange(v.shape[1]) < lens[a:a + step, None]
+        bad = (((v < info.min) | (v > info.max)) & keep).any(axis=1)
+        if bad.any():
+            return a + int(np.flatnonzero(bad)[0])
+    raise BertpipeError("pack-nvidia: a value out of range that no row holds (a bug)")  # pragma: no cover
+
+
+def _out_of_range(p: Path, name: str, dt: str, row: int) -> InputError:
+    return InputError(f"{p}: row {row}: {name} holds a value outside {dt}, which NVIDIA's packed format stores (a "
+                      "vocabulary over 32,767 entries does not fit)")
+
+
 # -- step d: groups of shards ----------------------------------------------------------------------------------------
 def group_bounds(n_seq: int, shards_num: int, workers: int) -> list[tuple[int, int]]:
     """Contiguous groups of shard indices: about :data:`SEQS_PER_GROUP` sequences each, at least 4 per worker."""
@@ -716,6 +809,8 @@ def group_bounds(n_seq: int, shards_num: int, workers: int) -> list[tuple[int, i
 
 def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     """The rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch."""
+    if pack_fast.available():
+        return _gather_native(sd, n_inputs, q0, q1)
     parts, keys = [], []
     for k in range(n_inputs):
         key = _load(sd / f"in_{k:05d}_keys.npy", mmap=True)
@@ -741,6 +836,47 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     if not np.array_equal(key[order], np.arange(q0, q1)):  # pragma: no cover - every sequence exactly once
         raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
     return rows.take(order)
+
+
+def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
+    """:func:`_gather` with the C loop: each row's tokens copied once, from the scratch files' memory maps straight
+    into place order (no concatenated copy first)."""
+    small: dict[str, list[np.ndarray]] = {"keys": [], "seq": [], "pred": [], "nsl": [], "which": [], "tok": [],
+                                          "prd": []}
+    srcs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
+    for k in range(n_inputs):
+        key = _load(sd / f"in_{k:05d}_keys.npy", mmap=True)
+        a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
+        if b <= a:
+            continue
+        seq = _load(sd / f"in_{k:05d}_seq.npy", mmap=True)
+        pred = _load(sd / f"in_{k:05d}_pred.npy", mmap=True)
+        t0, m0 = int(seq[:a].sum(dtype=np.int64)), int(pred[:a].sum(dtype=np.int64))
+        s_k, p_k = np.asarray(seq[a:b], dtype=np.int64), np.asarray(pred[a:b], dtype=np.int64)
+        small["keys"].append(np.asarray(key[a:b]))
+        small["seq"].append(s_k)
+        small["pred"].append(p_k)
+        small["nsl"].append(np.asarray(_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b]))
+        small["which"].append(np.full(b - a, len(srcs["ids"]), dtype=np.int64))
+        small["tok"].append(t0 + np.cumsum(s_k) - s_k)
+        small["prd"].append(m0 + np.cumsum(p_k) - p_k)
+        for name in srcs:
+            srcs[name].append(_load(sd / f"in_{k:05d}_{name}.npy", mmap=True))
+    cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64)) for name, v in small.items()}
+    order = np.argsort(cat["keys"], kind="stable")
+    if not np.array_equal(cat["keys"][order], np.arange(q0, q1)):  # pragma: no cover - every sequence once
+        raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
+    seq, pred, which = cat["seq"][order], cat["pred"][order], cat["which"][order]
+    tok, prd = cat["tok"][order], cat["prd"][order]
+
+    def runs(name: str, starts: np.ndarray, lens: np.ndarray, dt: str) -> np.ndarray:
+        if not srcs[name]:
+            return np.zeros(0, dt)
+        return pack_fast.gather_runs(srcs[name], which, starts, lens, dt)
+
+    return Rows(seq=seq, pred=pred, nsl=cat["nsl"][order].astype(np.int8), ids=runs("ids", tok, seq, "int16"),
+                seg=runs("seg", tok, seq, "int8"), pos=runs("pos", prd, pred, "int16"),
+                mlm=runs("mlm", prd, pred, "int16"))
 
 
 def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:

@@ -18,6 +18,9 @@ the seed, so this module computes it as an int32/int64 array:
 :func:`shuffle_permutation` equals ``x = list(range(n)); random.Random(seed).shuffle(x)`` for every ``n`` and
 integer ``seed`` on CPython 3.8-3.13 (``shuffle`` and ``_randbelow_with_getrandbits`` are unchanged there; the
 tests compare against the installed interpreter's own ``random``). Memory: two arrays of ``n`` indices.
+
+:class:`Shuffles` runs CPython's loop itself in C when ``preprocessing._pack_native`` is available
+(:mod:`preprocessing.pack_fast`: ~70 ns a step, memory-bound), and these NumPy blocks otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +39,16 @@ class _Stream:
     """The raw 32-bit outputs of ``random.Random(seed)``, consumed in order (with push-back)."""
 
     def __init__(self, seed: int) -> None:
-        state = random.Random(seed).getstate()[1]
+        self._start(random.Random(seed).getstate()[1])
+
+    @classmethod
+    def from_state(cls, state: np.ndarray) -> _Stream:
+        """The stream from a Mersenne Twister state (624 words and the position, as ``getstate()[1]``)."""
+        self = cls.__new__(cls)
+        self._start([int(v) for v in state])
+        return self
+
+    def _start(self, state: list[int] | tuple[int, ...]) -> None:
         self.bg = np.random.MT19937()
         self.bg.state = {"bit_generator": "MT19937",
                          "state": {"key": np.array(state[:624], dtype=np.uint32), "pos": int(state[624])}}
@@ -134,9 +146,27 @@ class Shuffles:
     then the list of packs, with one generator)."""
 
     def __init__(self, seed: int) -> None:
-        self.stream = _Stream(seed)
+        from preprocessing import pack_fast
+
+        self.seed = seed
+        # the C loop (preprocessing/_pack_native: one draw and one swap a step) when it is available; else the
+        # NumPy blocks below. Once a shuffle has gone to NumPy, the rest follow it (the stream reads ahead).
+        self.state = pack_fast.shuffle_state(seed) if pack_fast.available() else None
+        self.stream: _Stream | None = None
 
     def permutation(self, n: int) -> np.ndarray:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if self.state is not None:
+            from preprocessing import pack_fast
+
+            out = pack_fast.native_shuffle(self.state, n)
+            if out is not None:
+                return out if n > 1 else out.astype(np.int64)
+            self.stream = _Stream.from_state(self.state)
+            self.state = None
+        if self.stream is None:
+            self.stream = _Stream(self.seed)
         return _permutation(n, self.stream)
 
 

@@ -1,0 +1,163 @@
+"""The packers' inner loops in C (``preprocessing/_pack_native/pack.c``), with NumPy fallbacks that give the same
+results.
+
+* :func:`gather_runs`: runs of integers (run i: ``lens[i]`` values of source ``which[i]`` from ``starts[i]``),
+  back to back, converted to a narrower or equal integer type with a range check: what compacting padded rows,
+  sorting compact rows by their place and merging several inputs' rows into a shard amount to. The C loop copies
+  each run once; NumPy builds an index per value first (several times the memory traffic).
+* :func:`shuffle_state` / :func:`native_shuffle`: CPython's ``random.Random.shuffle`` of ``range(n)`` from a
+  Mersenne Twister state (used by :class:`preprocessing.pyrandom.Shuffles`).
+* :func:`format_packs`: NVIDIA's shard lists, ``json.dumps`` of the packs' ``[length, index]`` pairs.
+
+The extension is built by ``pip install`` or compiled on first use (:mod:`core.native`); ``BERTPIPE_NATIVE=0`` or
+no C compiler: the fallbacks run.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from core.native import NativeModule
+
+ABI = 1
+_NATIVE = NativeModule("preprocessing._pack_native", Path(__file__).with_name("_pack_native"), "pack.c", ABI,
+                       "packing C core")
+#: Runs gathered per step of the NumPy fallback (its index arrays stay small).
+FALLBACK_RUNS = 4096
+
+
+def native() -> ModuleType | None:
+    """The C extension, or None (``_NATIVE.reason`` says why)."""
+    return _NATIVE.load()
+
+
+def available() -> bool:
+    return native() is not None
+
+
+# -- shuffles --------------------------------------------------------------------------------------------------------
+def shuffle_state(seed: int) -> np.ndarray:
+    """``random.Random(seed)``'s Mersenne Twister state: 624 words and the position (625 uint32)."""
+    return np.array(random.Random(seed).getstate()[1], dtype=np.uint32)
+
+
+def native_shuffle(state: np.ndarray, n: int) -> np.ndarray | None:
+    """``x = list(range(n)); rng.shuffle(x)`` as an array (int32 below 2**31 items, else int64), drawn from
+    ``state`` (advanced as ``rng`` would be); None when the extension is unavailable or ``n`` is too large for it."""
+    mod = native()
+    if mod is None or n > (1 << 32):
+        return None
+    out = np.empty(n, dtype=np.int32 if n < (1 << 31) else np.int64)
+    mod.shuffle(state, out)
+    return out
+
+
+# -- shard lists ---------------------------------------------------------------------------------------------------
+def format_packs(seq_len: np.ndarray, seq_idx: np.ndarray, pack_off: np.ndarray) -> str | None:
+    """``json.dumps([[[int(seq_len[i]), int(seq_idx[i])] for i in range(pack_off[p], pack_off[p + 1])]
+    for p ...])``, or None without the extension."""
+    mod = native()
+    if mod is None:
+        return None
+    return mod.format_packs(np.ascontiguousarray(seq_len, dtype=np.int64), np.ascontiguousarray(seq_idx, np.int64),
+                            np.ascontiguousarray(pack_off, dtype=np.int64)).decode("ascii")
+
+
+# -- gathering runs ------------------------------------------------------------------------------------------------
+class OutOfRange(Exception):
+    """A gathered value does not fit the output type: ``index`` is its place in the output."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"value {index} of the output is out of range")
+        self.index = index
+
+
+def _checked(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray,
+             lens: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    if starts.shape != lens.shape or starts.ndim != 1:
+        raise ValueError("gather_runs: starts and lens must be 1-D and of one length")
+    if which is not None:
+        which = np.ascontiguousarray(which, dtype=np.int64)
+        if which.shape != starts.shape:
+            raise ValueError("gather_runs: which must hold one source per run")
+        if len(which) and (which.min() < 0 or which.max() >= len(sources)):
+            raise ValueError("gather_runs: a run names a source that does not exist")
+    elif len(sources) != 1:
+        raise ValueError("gather_runs: several sources need `which`")
+    dtypes = {np.dtype(s.dtype) for s in sources}
+    if len(dtypes) > 1 or any(s.ndim != 1 for s in sources):
+        raise ValueError("gather_runs: the sources must be 1-D arrays of one integer type")
+    if len(lens) and (lens.min() < 0 or starts.min() < 0):
+        raise ValueError("gather_runs: negative starts or lengths")
+    sizes = np.array([len(s) for s in sources], dtype=np.int64)
+    ends = starts + lens
+    limit = sizes[which] if which is not None else sizes[0]
+    if len(ends) and (ends > limit).any():
+        raise ValueError("gather_runs: a run reaches past the end of its source")
+    return which, starts, lens
+
+
+def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
+                dtype: np.dtype | type | str) -> np.ndarray:
+    """``concatenate([sources[which[i]][starts[i]:starts[i] + lens[i]] for i ...]).astype(dtype)`` (``which``
+    None: one source), checked: every value must fit ``dtype``.
+
+    Raises:
+        OutOfRange: a value does not fit; ``.index`` is its place in the output.
+        ValueError: a run outside its source, or mismatched arguments (a bug in the caller).
+    """
+    out_dt = np.dtype(dtype)
+    sources = [np.asarray(s) for s in sources]
+    which, starts, lens = _checked(sources, which, starts, lens)
+    out = np.empty(int(lens.sum()), dtype=out_dt)
+    if not len(out):
+        return out
+    src_dt = sources[0].dtype
+    if out_dt.kind != "i" or src_dt.kind not in "iu" or out_dt.itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"gather_runs: {src_dt} -> {out_dt} is not a supported integer conversion")
+    mod = native()
+    if mod is not None and src_dt.kind == "i" and src_dt.itemsize in (1, 2, 4, 8) and src_dt.isnative:
+        srcs = [np.ascontiguousarray(s) for s in sources]  # memmaps and arrays: already contiguous (no copy)
+        base = np.array([s.ctypes.data for s in srcs], dtype=np.uint64)
+        addr = (base[which] if which is not None else base[0]) + (starts * src_dt.itemsize).astype(np.uint64)
+        bad = mod.gather_runs(out, addr, lens, src_dt.itemsize)
+        del srcs
+        if bad >= 0:
+            raise OutOfRange(int(bad))
+        return out
+    return _gather_numpy(sources, which, starts, lens, out)
+
+
+def _gather_numpy(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
+                  out: np.ndarray) -> np.ndarray:
+    info = np.iinfo(out.dtype)
+    o = 0
+    for a in range(0, len(lens), FALLBACK_RUNS):
+        st, ln = starts[a:a + FALLBACK_RUNS], lens[a:a + FALLBACK_RUNS]
+        n = int(ln.sum())
+        if not n:
+            continue
+        run = np.repeat(np.arange(len(ln)), ln)
+        idx = np.repeat(st - (np.cumsum(ln) - ln), ln) + np.arange(n)  # position in its source
+        if which is None:
+            vals = sources[0][idx]
+        else:
+            wh = which[a:a + FALLBACK_RUNS][run]
+            vals = np.empty(n, dtype=sources[0].dtype)
+            for k in np.unique(wh).tolist():
+                m = wh == k
+                vals[m] = sources[k][idx[m]]
+        bad = np.flatnonzero((vals < info.min) | (vals > info.max))
+        if bad.size:
+            out[o:o + int(bad[0])] = vals[:int(bad[0])]
+            raise OutOfRange(o + int(bad[0]))
+        out[o:o + n] = vals
+        o += n
+    return out

@@ -1,0 +1,194 @@
+"""preprocessing.pack_fast (the C loops of preprocessing/_pack_native/pack.c) and its NumPy fallbacks: the same
+results as the plain definitions (CPython's own ``random.Random.shuffle``, concatenated slices, ``json.dumps``),
+in both modes; and pack-nvidia writes the same files in both."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from core.errors import InputError
+from preprocessing import pack_fast
+from preprocessing.pyrandom import PY_TAIL, Shuffles
+
+MODES = ("native", "numpy")
+
+
+def require_native() -> None:
+    if pack_fast.native() is None:
+        if shutil.which(os.environ.get("CC") or "cc") and os.environ.get("BERTPIPE_NATIVE", "1") != "0":
+            pytest.fail(f"a C compiler exists but the packing extension is unavailable: {pack_fast._NATIVE.reason}")
+        pytest.skip(pack_fast._NATIVE.reason)
+
+
+@pytest.fixture(params=MODES)
+def mode(request, monkeypatch) -> str:
+    """Each test twice: with the C extension, and with it off (as BERTPIPE_NATIVE=0 or no compiler)."""
+    if request.param == "native":
+        require_native()
+    else:
+        monkeypatch.setattr(pack_fast._NATIVE, "module", None)
+        monkeypatch.setattr(pack_fast._NATIVE, "reason", "disabled by BERTPIPE_NATIVE=0")
+    return request.param
+
+
+# -- shuffles -----------------------------------------------------------------------------------------------------------
+def test_successive_shuffles_equal_cpythons(mode):
+    """One generator, many shuffles in a row (as generate_packing_strategy.py): sizes around the NumPy path's
+    blocks (PY_TAIL) and the edges 0, 1, 2; the generator's state after them is CPython's."""
+    sizes = [0, 1, 2, 3, 17, 1000, PY_TAIL - 1, PY_TAIL + 1, 5, 200_003, 0, 2]
+    for seed in (0, 12345, 2**70 + 3):
+        ours, theirs = Shuffles(seed), random.Random(seed)
+        for n in sizes:
+            x = list(range(n))
+            theirs.shuffle(x)
+            got = ours.permutation(n)
+            assert got.tolist() == x, (mode, seed, n)
+            assert got.dtype == (np.int32 if n > 1 else np.int64)
+        if mode == "native":
+            assert tuple(int(v) for v in ours.state) == theirs.getstate()[1]
+
+
+def test_a_shuffle_too_large_for_the_c_loop_hands_the_stream_over(monkeypatch):
+    """When the C loop cannot take a size, that shuffle and every later one go to the NumPy blocks, from the
+    generator's state where the C loop left it."""
+    require_native()
+    real = pack_fast.native_shuffle
+    monkeypatch.setattr(pack_fast, "native_shuffle", lambda state, n: None if n == 7000 else real(state, n))
+    ours, theirs = Shuffles(99), random.Random(99)
+    for n in (300, 7000, 4000, 90_000):
+        x = list(range(n))
+        theirs.shuffle(x)
+        assert ours.permutation(n).tolist() == x, n
+    assert ours.state is None and ours.stream is not None
+
+
+def test_negative_size_is_refused(mode):
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        Shuffles(1).permutation(-1)
+
+
+# -- gathering runs -----------------------------------------------------------------------------------------------------------
+def plain_gather(sources, which, starts, lens, dtype):
+    parts = [sources[0 if which is None else int(w)][int(s):int(s) + int(n)]
+             for w, s, n in zip(which if which is not None else [0] * len(starts), starts, lens, strict=True)]
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+
+@pytest.mark.parametrize("src_dt,out_dt", [("int32", "int16"), ("int16", "int16"), ("int8", "int8"),
+                                           ("int64", "int32"), ("int8", "int16"), ("int32", "int8")])
+def test_gather_runs_equals_concatenated_slices(mode, src_dt, out_dt):
+    rng = np.random.default_rng(5)
+    lo, hi = np.iinfo(out_dt).min, np.iinfo(out_dt).max
+    lo, hi = max(lo, np.iinfo(src_dt).min), min(hi, np.iinfo(src_dt).max)
+    sources = [rng.integers(lo, hi + 1, n).astype(src_dt) for n in (0, 1, 5000, 777)]
+    runs = 6000
+    which = rng.choice([1, 2, 3], runs)
+    sizes = np.array([len(s) for s in sources])[which]
+    lens = rng.integers(0, 40, runs)
+    lens = np.minimum(lens, sizes)
+    starts = (rng.random(runs) * (sizes - lens + 1)).astype(np.int64)
+    got = pack_fast.gather_runs(sources, which, starts, lens, out_dt)
+    assert got.dtype == np.dtype(out_dt)
+    assert np.array_equal(got, plain_gather(sources, which, starts, lens, out_dt))
+    one = pack_fast.gather_runs([sources[2]], None, starts[which == 2], lens[which == 2], out_dt)
+    assert np.array_equal(one, plain_gather([sources[2]], None, starts[which == 2], lens[which == 2], out_dt))
+
+
+def test_gather_runs_names_the_first_value_out_of_range(mode):
+    src = np.arange(-10, 40_000, dtype=np.int32)
+    starts, lens = np.array([0, 32_700, 39_000, 5]), np.array([3, 100, 10, 2])
+    with pytest.raises(pack_fast.OutOfRange) as e:
+        pack_fast.gather_runs([src], None, starts, lens, "int16")
+    # run 1 holds values 32,690..32,789: the first above 32,767 is its 78th (index 3 + 77 in the output)
+    assert e.value.index == 3 + (32_767 - 32_690) + 1
+    assert pack_fast.gather_runs([src], None, np.array([0]), np.array([20]), "int8").tolist() == list(range(-10, 10))
+    with pytest.raises(pack_fast.OutOfRange) as e:  # values 100..139 into int8: 128 is the first that does not fit
+        pack_fast.gather_runs([src], None, np.array([0, 110]), np.array([2, 40]), "int8")
+    assert e.value.index == 2 + 28
+
+
+def test_gather_runs_refuses_runs_outside_their_source(mode):
+    src = np.zeros(10, np.int16)
+    with pytest.raises(ValueError, match="past the end"):
+        pack_fast.gather_runs([src], None, np.array([8]), np.array([3]), "int16")
+    with pytest.raises(ValueError, match="negative"):
+        pack_fast.gather_runs([src], None, np.array([-1]), np.array([3]), "int16")
+    with pytest.raises(ValueError, match="does not exist"):
+        pack_fast.gather_runs([src, src], np.array([2]), np.array([0]), np.array([3]), "int16")
+
+
+# -- shard lists -----------------------------------------------------------------------------------------------------------
+def test_format_packs_is_json_dumps():
+    require_native()
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 4, 500)
+    counts[[0, 7, -1]] = 0  # empty packs, first and last among them
+    n = int(counts.sum())
+    seq_len, seq_idx = rng.integers(1, 513, n), rng.integers(0, 2**40, n)
+    seq_idx[:3] = [0, 2**63 - 1, 9]
+    off = np.concatenate([[0], np.cumsum(counts)])
+    want = json.dumps([[[int(seq_len[i]), int(seq_idx[i])] for i in range(off[p], off[p + 1])]
+                       for p in range(len(counts))])
+    assert pack_fast.format_packs(seq_len, seq_idx, off) == want
+    assert pack_fast.format_packs(seq_len[:0], seq_idx[:0], np.zeros(1, np.int64)) == "[]"
+    with pytest.raises(ValueError, match="out of order"):
+        pack_fast.format_packs(seq_len, seq_idx, off[::-1].copy())
+
+
+# -- pack-nvidia in both modes ----------------------------------------------------------------------------------------------
+def test_pack_nvidia_writes_the_same_files_in_both_modes(tmp_path, monkeypatch):
+    """The memory-mapped padded path (C gathers) and the chunked h5py path (NumPy) write the same bytes, for
+    several padded inputs, one stored chunked (which is read through h5py in both modes)."""
+    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    from tests.preprocessing.test_pack_nvidia import made_up_rows, write_padded
+
+    require_native()
+    rng = np.random.default_rng(21)
+    t = 40
+    lengths = [*range(1, t + 1), *rng.integers(1, t + 1, 400).tolist()]
+    rng.shuffle(lengths)
+    parts = [write_padded(tmp_path / f"part-{i:05d}.hdf5", made_up_rows(lengths[a:b], rng, width=48, preds=10))
+             for i, (a, b) in enumerate([(0, 150), (150, 151), (151, 440)])]
+    chunked = tmp_path / "part-00003.hdf5"
+    with h5py.File(parts[2], "r") as src, h5py.File(chunked, "w") as dst:
+        for k in src:
+            dst.create_dataset(k, data=src[k][:], chunks=True, compression="gzip")
+    parts.append(chunked)
+    cfg = PackNvidiaConfig(max_seq_length=t, shards_num=5, seed=8)
+    run_pack_nvidia(parts, tmp_path / "native", cfg)
+    monkeypatch.setattr(pack_fast._NATIVE, "module", None)
+    monkeypatch.setattr(pack_fast._NATIVE, "reason", "off")
+    run_pack_nvidia(parts, tmp_path / "numpy", cfg)
+    files = {m: json.loads((tmp_path / m / "_manifest.json").read_text())["files"] for m in MODES}
+    assert files["native"] == files["numpy"] and len(files["native"]) == 10
+
+
+def test_a_value_outside_int16_names_the_same_row_in_both_modes(tmp_path, monkeypatch):
+    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    from tests.preprocessing.test_pack_nvidia import made_up_rows, write_padded
+
+    require_native()
+    rng = np.random.default_rng(4)
+    data = made_up_rows([5, 9, 3, 12, 7, 2], rng, width=16, preds=4)
+    data["input_ids"][3, 11] = 40_000  # row 3's last token
+    data["masked_lm_ids"][4, 0] = 33_000 if data["masked_lm_positions"][4, 0] else data["masked_lm_ids"][4, 0]
+    part = write_padded(tmp_path / "part-00000.hdf5", data)
+    cfg = PackNvidiaConfig(max_seq_length=16, shards_num=1)
+    messages = []
+    for m in MODES:
+        if m == "numpy":
+            monkeypatch.setattr(pack_fast._NATIVE, "module", None)
+            monkeypatch.setattr(pack_fast._NATIVE, "reason", "off")
+        with pytest.raises(InputError, match="part-00000.hdf5: row 3: input_ids holds a value outside int16") as e:
+            run_pack_nvidia([part], tmp_path / m, cfg)
+        messages.append(str(e.value))
+        assert not any(p.name.startswith(".") for p in Path(tmp_path / m).iterdir())
+    assert messages[0] == messages[1]
