@@ -35,12 +35,14 @@
 
 5. **The other targets' stages** (``bertpipe run --target``), each in one process on the same part's padded HDF5
    (``--target-stages``, on by default; ``--targets-only`` skips steps 2-4 but for the part's HDF5): NVIDIA's chop
-   into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~9), its shuffle
+   into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~5), its shuffle
    (nvidia_4320_shuffled), the variable-length eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
-   ~9 of the 4,320 packed shards) and pack-habana (habana_packed): CPU seconds (stage work, md5s and manifests
-   included), with the packers' recipe (``packing_recipe``: the strategies and SciPy's NNLS, one solve a round; it
-   depends on the lengths' histogram, not the row count) timed apart, and the NNLS within it. Projected per target:
-   the per-row work x 500 plus the recipe once, added to the full set's 4-bin figure.
+   ~5 of the 4,320 packed shards, in one call as at full size a call writes ~29) and pack-habana (habana_packed):
+   CPU seconds (stage work, md5s and manifests included), with the packers' recipe (``packing_recipe``: the
+   strategies and SciPy's NNLS, one solve a round; it depends on the lengths' histogram, not the row count) timed
+   apart, and the NNLS within it. Projected per target: the per-row work scaled to the full set plus the recipe
+   once, by rows (an upper bound: this part's sequences average ~400 tokens, the full set's ~256) and by tokens (a
+   lower bound), added to the full set's 4-bin figure, and against it for a run of the target alone (no bins).
 
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
@@ -63,6 +65,9 @@ BIN = Path(sys.executable).parent
 SHARED = ROOT.parent / "shared" / "data"
 FULL_PARTS, FULL_PART_MB = 500, 27.15  # MLCommons' results/: 500 parts, 13.5 GB
 FULL_ROWS = 156_725_653  # training instances of the full set (NVIDIA's 4,320 shards: 4320 x 36280 - 3947)
+#: Their tokens, estimated: NVIDIA's packing of the full set prints an expected speed-up of 1.999 (<= 3 sequences a
+#: pack of 512, packing efficiency ~100 %): ~256 tokens a sequence, half the padded rows' 512.
+FULL_TOKENS = FULL_ROWS * 256
 CORES = (2, 16, 64)
 
 
@@ -394,6 +399,7 @@ def cpu():
 import h5py
 with h5py.File(part, "r") as f:
     rows = int(f["next_sentence_labels"].shape[0])
+    tokens = int(sum(int(f["input_mask"][a:a + 65536].sum()) for a in range(0, rows, 65536)))
 shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
 c0 = cpu()
 if what == "nvidia_4320":
@@ -409,6 +415,10 @@ elif what == "nvidia_packed":
     import preprocessing.pack_nvidia as mod
     from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
     time_recipe(mod)
+    # one call for this part's shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
+    # ~1 M) and hashes them side by side (8 files at once with AVX2); this part's ~5 shards alone would get 4
+    # calls of 1-2 shards, hashed at a third of that speed
+    mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
     m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
 elif what == "habana_packed":
     import preprocessing.pack_habana as mod
@@ -419,7 +429,7 @@ else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
 (out / f"{what}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
-                                              "recipe_cpu": recipe[0], "rows": rows,
+                                              "recipe_cpu": recipe[0], "rows": rows, "tokens": tokens,
                                               "bytes": sum(f.bytes for f in m.files)}))
 """
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
@@ -457,35 +467,47 @@ def _once(f: dict[str, float]) -> float:
 
 
 def target_projection(fig: dict[str, dict[str, float]], today: float | None, bins: float | None = None) -> None:
-    """Each target's extra core-hours at full size: its stages' per-row CPU x the full set's rows / this part's
-    (the eval pick: once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths'
-    histogram and do not grow with the rows). The 2,048-shard stages are counted at the 4,320-shard ones' figures
-    (the same rows in fewer, larger files). With today's figures: the full set with the target added to today's
-    run, and a run of the target alone (``--target X``: no 4-bin stage, ``bins`` core-hours less)."""
+    """Each target's extra core-hours at full size: its stages' per-row CPU scaled to the full set (the eval pick:
+    once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths' histogram and
+    do not grow with the rows). The 2,048-shard stages are counted at the 4,320-shard ones' figures (the same rows
+    in fewer, larger files).
+
+    Two scales, as this part's rows are not the full set's: by rows (x the full set's rows / this part's: an upper
+    bound, this part's sequences being longer than the full set's ~256 tokens, so more tokens and packs a row) and
+    by tokens (x the full set's estimated tokens / this part's: a lower bound for the per-row work). With today's
+    figures: the full set with the target added to today's run, and a run of the target alone (``--target X``:
+    no 4-bin stage; the bins' core-hours, today per text part, rescaled to the same rows or tokens)."""
     sys.path.insert(0, str(ROOT))
     from preprocessing.registry import for_target
     from preprocessing.targets import names
 
-    print(f"\n## the other targets at full size ({FULL_ROWS:,} rows; {'today' if today else 'the 4-bin set'}: "
+    any_fig = next(iter(fig.values()))
+    rows, tokens = any_fig["rows"], any_fig.get("tokens") or any_fig["rows"]
+    scales = {"rows": FULL_ROWS / rows, "tokens": FULL_TOKENS / tokens}
+    print(f"\n## the other targets at full size ({FULL_ROWS:,} rows, ~{FULL_TOKENS / 1e9:.1f} G tokens; this part: "
+          f"{rows:,} rows of {tokens / rows:.0f} tokens on average; {'today' if today else 'the 4-bin set'}: "
           + (f"{today:.2f} core-hours)" if today else "not measured in this run)"))
     for target in names():
-        extra = 0.0
-        parts = []
-        for stage in for_target(target):
-            f = fig.get(stage.replace("2048", "4320"))
-            if f is None:
-                continue
-            per_rows = f["cpu"] - _once(f)
-            cost = (per_rows if stage == "nvidia_eval" else per_rows * FULL_ROWS / f["rows"]) + _once(f)
-            extra += cost
-            parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))
         if target == "samsung-4bins":
             continue
-        total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
-        if today and bins is not None:
-            alone = today - bins + extra / 3600
-            total += f"; --target {target} alone: {alone:.2f} ({alone - today:+.2f} against today)"
-        print(f"  --target {target:<17} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
+        for basis, scale in scales.items():
+            extra = 0.0
+            parts = []
+            for stage in for_target(target):
+                f = fig.get(stage.replace("2048", "4320"))
+                if f is None:
+                    continue
+                per_rows = f["cpu"] - _once(f)
+                cost = (per_rows if stage == "nvidia_eval" else per_rows * scale) + _once(f)
+                extra += cost
+                parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))
+            total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
+            if today and bins is not None:
+                # today's bins are counted per text part (500 of this one's): the same rows or tokens as the target
+                bins_here = bins * scale / FULL_PARTS
+                alone = extra / 3600 - bins_here
+                total += f"; --target {target} alone: {alone:+.2f} against today (bins {bins_here:.2f} not built)"
+            print(f"  --target {target:<17} by {basis:<6} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 
 # -- one real-size part ----------------------------------------------------------------------------------------
