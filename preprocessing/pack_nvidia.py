@@ -54,6 +54,12 @@ d. :func:`write_shard_group` per group of shards (parallel): the shard lists and
    contiguous slices of every input's scratch that the group's packs hold; every file to a temporary name,
    closed, renamed; :func:`finish_pack` writes the manifest last.
 
+The loops run in C where ``preprocessing._pack_native`` is available (:mod:`preprocessing.pack_fast`): a padded
+input is memory-mapped and each row's valid prefix copied once, converted and range-checked, straight into place
+order; a group's rows are copied once from the inputs' scratch maps into pack order; the shuffles are CPython's
+loop; the shard lists are formatted in C. Without it (``BERTPIPE_NATIVE=0``, no compiler) the NumPy paths write
+the same bytes (tested), in ~2.5x the CPU.
+
 Differences from the reference, where it is unseeded, unordered or crashes:
 
 * **Seed**: the reference never seeds ``random`` (each run packs differently). bertpipe draws from
@@ -322,11 +328,14 @@ class InputFile:
             offset = ds.id.get_offset()
             if offset is None:
                 return None
+            if offset + ds.id.get_storage_size() > self.path.stat().st_size or \
+                    ds.id.get_storage_size() != ds.size * ds.dtype.itemsize:
+                raise InputError(f"{self.path}: dataset {name!r} lies outside the file; the file is truncated or "
+                                 "corrupt, re-create it")
             try:
                 out[name] = np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
-            except (ValueError, OSError) as exc:
-                raise InputError(f"{self.path}: dataset {name!r} lies outside the file ({exc}); the file is "
-                                 "truncated or corrupt, re-create it") from None
+            except OSError:  # a file system that cannot map files: read through h5py
+                return None
         return out
 
     def lengths(self, a: int, b: int) -> np.ndarray:
