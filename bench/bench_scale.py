@@ -501,12 +501,13 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
                 cost = (per_rows if stage == "nvidia_eval" else per_rows * scale) + _once(f)
                 extra += cost
                 parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))
-            total = f"; the full set with it: {(today + extra / 3600):.2f} core-hours" if today else ""
+            total = f"; today's 4-bin set and it: {(today + extra / 3600):.2f} core-hours" if today else ""
             if today and bins is not None:
                 # today's bins are counted per text part (500 of this one's): the same rows or tokens as the target
                 bins_here = bins * scale / FULL_PARTS
                 alone = extra / 3600 - bins_here
-                total += f"; --target {target} alone: {alone:+.2f} against today (bins {bins_here:.2f} not built)"
+                total += (f"; the full set with --target {target} (no 4 bins): {alone:+.2f} against today (bins "
+                          f"{bins_here:.2f} not built)")
             print(f"  --target {target:<17} by {basis:<6} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 
