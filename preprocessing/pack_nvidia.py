@@ -115,7 +115,7 @@ from core.manifest import (
     verify_manifest,
 )
 from core.pools import default_workers, run_all
-from core.schema import H5_ERRORS
+from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing import pack_fast
 from preprocessing.hdf5_io import chunks, h5_create, reading, stage_params, tmp_path, verify_inputs
@@ -320,8 +320,7 @@ class InputFile:
         if self.kind != "padded" or self.n <= 0:
             return None
         out = {}
-        for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                     "next_sentence_labels"):
+        for name in HDF5_FIELDS:
             ds = self.f[name]
             if ds.chunks is not None or ds.compression is not None or not ds.dtype.isnative:
                 return None
