@@ -96,7 +96,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -815,11 +815,10 @@ def group_bounds(n_seq: int, shards_num: int, workers: int) -> list[tuple[int, i
     return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
-    """The rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch."""
-    if pack_fast.available():
-        return _gather_native(sd, n_inputs, q0, q1)
-    parts, keys = [], []
+def _input_slices(sd: Path, n_inputs: int, q0: int, q1: int) -> Iterator[tuple[int, int, int, Any, Any, int, int]]:
+    """For each input holding rows placed at ``q0..q1-1``: ``(k, a, b, seq, pred, t0, m0)``, its sorted scratch's
+    rows a..b-1 (``seq``/``pred``: the scratch maps), and the token and masked-position offsets of row a (sums
+    over the rows before it, read once per input and group)."""
     for k in range(n_inputs):
         key = _load(sd / f"in_{k:05d}_keys.npy", mmap=True)
         a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
@@ -827,10 +826,26 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
             continue
         seq = _load(sd / f"in_{k:05d}_seq.npy", mmap=True)
         pred = _load(sd / f"in_{k:05d}_pred.npy", mmap=True)
-        # token offsets of rows a and b: sums over the rows before them (read once per input and group)
-        t0, t1 = int(seq[:a].sum(dtype=np.int64)), int(seq[:b].sum(dtype=np.int64))
-        m0, m1 = int(pred[:a].sum(dtype=np.int64)), int(pred[:b].sum(dtype=np.int64))
-        keys.append(key[a:b])
+        yield k, a, b, seq, pred, int(seq[:a].sum(dtype=np.int64)), int(pred[:a].sum(dtype=np.int64))
+
+
+def _place_order(keys: list[np.ndarray], q0: int, q1: int) -> tuple[np.ndarray, np.ndarray]:
+    """The concatenated keys and the order that puts them at places ``q0..q1-1``, each exactly once."""
+    key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    order = np.argsort(key, kind="stable")
+    if not np.array_equal(key[order], np.arange(q0, q1)):  # pragma: no cover - every sequence exactly once
+        raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
+    return key, order
+
+
+def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
+    """The rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch."""
+    if pack_fast.available():
+        return _gather_native(sd, n_inputs, q0, q1)
+    parts, keys = [], []
+    for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
+        t1, m1 = t0 + int(seq[a:b].sum(dtype=np.int64)), m0 + int(pred[a:b].sum(dtype=np.int64))
+        keys.append(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b])
         # views of the scratch files: Rows.concat reads each once, into one array per field
         parts.append(Rows(seq=seq[a:b], pred=pred[a:b], nsl=_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b],
                           ids=_load(sd / f"in_{k:05d}_ids.npy", mmap=True)[t0:t1],
@@ -839,29 +854,18 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
                           mlm=_load(sd / f"in_{k:05d}_mlm.npy", mmap=True)[m0:m1]))
     rows = Rows.concat(parts)
     rows.seq, rows.pred = rows.seq.astype(np.int64), rows.pred.astype(np.int64)
-    key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-    order = np.argsort(key, kind="stable")
-    if not np.array_equal(key[order], np.arange(q0, q1)):  # pragma: no cover - every sequence exactly once
-        raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
-    return rows.take(order)
+    return rows.take(_place_order(keys, q0, q1)[1])
 
 
 def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     """:func:`_gather` with the C loop: each row's tokens copied once, from the scratch files' memory maps straight
     into place order (no concatenated copy first)."""
-    small: dict[str, list[np.ndarray]] = {"keys": [], "seq": [], "pred": [], "nsl": [], "which": [], "tok": [],
-                                          "prd": []}
+    small: dict[str, list[np.ndarray]] = {"seq": [], "pred": [], "nsl": [], "which": [], "tok": [], "prd": []}
+    keys: list[np.ndarray] = []
     srcs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
-    for k in range(n_inputs):
-        key = _load(sd / f"in_{k:05d}_keys.npy", mmap=True)
-        a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
-        if b <= a:
-            continue
-        seq = _load(sd / f"in_{k:05d}_seq.npy", mmap=True)
-        pred = _load(sd / f"in_{k:05d}_pred.npy", mmap=True)
-        t0, m0 = int(seq[:a].sum(dtype=np.int64)), int(pred[:a].sum(dtype=np.int64))
+    for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
         s_k, p_k = np.asarray(seq[a:b], dtype=np.int64), np.asarray(pred[a:b], dtype=np.int64)
-        small["keys"].append(np.asarray(key[a:b]))
+        keys.append(np.asarray(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b]))
         small["seq"].append(s_k)
         small["pred"].append(p_k)
         small["nsl"].append(np.asarray(_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b]))
@@ -870,21 +874,18 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
         small["prd"].append(m0 + np.cumsum(p_k) - p_k)
         for name in srcs:
             srcs[name].append(_load(sd / f"in_{k:05d}_{name}.npy", mmap=True))
-    cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64)) for name, v in small.items()}
-    order = np.argsort(cat["keys"], kind="stable")
-    if not np.array_equal(cat["keys"][order], np.arange(q0, q1)):  # pragma: no cover - every sequence once
-        raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
-    seq, pred, which = cat["seq"][order], cat["pred"][order], cat["which"][order]
-    tok, prd = cat["tok"][order], cat["prd"][order]
+    order = _place_order(keys, q0, q1)[1]
+    cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64))[order] for name, v in small.items()}
+    seq, pred, which = cat["seq"], cat["pred"], cat["which"]
 
     def runs(name: str, starts: np.ndarray, lens: np.ndarray, dt: str) -> np.ndarray:
         if not srcs[name]:
             return np.zeros(0, dt)
         return pack_fast.gather_runs(srcs[name], which, starts, lens, dt)
 
-    return Rows(seq=seq, pred=pred, nsl=cat["nsl"][order].astype(np.int8), ids=runs("ids", tok, seq, "int16"),
-                seg=runs("seg", tok, seq, "int8"), pos=runs("pos", prd, pred, "int16"),
-                mlm=runs("mlm", prd, pred, "int16"))
+    return Rows(seq=seq, pred=pred, nsl=cat["nsl"].astype(np.int8), ids=runs("ids", cat["tok"], seq, "int16"),
+                seg=runs("seg", cat["tok"], seq, "int8"), pos=runs("pos", cat["prd"], pred, "int16"),
+                mlm=runs("mlm", cat["prd"], pred, "int16"))
 
 
 def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:
