@@ -32,6 +32,7 @@ import errno
 import hashlib
 import io
 import json
+import logging
 import os
 import platform
 import re
@@ -47,6 +48,8 @@ from typing import Any
 
 from core.errors import ChecksumError, DiskFullError, InputError, ManifestCorrupt, ManifestError
 from core.native import NativeModule
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "_manifest.json"
 #: Beside a manifest whose files were deleted on purpose (``--keep training``): what went, when. The manifest
@@ -692,6 +695,43 @@ def output_problem(directory: str | os.PathLike, name: str) -> tuple[Path, str]:
     if not stat.S_ISREG(st.st_mode):
         return p, "not a plain file"
     return p, ""
+
+
+def clear_links(directory: str | os.PathLike) -> list[str]:
+    """Before a stage (or shard) folder is written: unlink every symbolic link, and every entry that is neither a
+    plain file nor a folder (a FIFO, a socket, a device), anywhere under ``directory``, never following one.
+
+    bertpipe writes only plain files and folders in a stage folder, so such an entry was planted (or left by
+    another tool), and a stage that opened, listed, replaced or removed a file through it would reach outside the
+    work dir. Called before the first byte of a redo, so that every later write resolves inside the folder; the
+    folder itself must already be known to resolve inside the work dir (:func:`check_inside`). Returns the
+    removed entries, relative to ``directory``."""
+    top = Path(directory)
+    removed: list[str] = []
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            return removed
+    except OSError:
+        return removed
+    for dirpath, dirnames, filenames in os.walk(top):  # never descends into a linked folder
+        base = Path(dirpath)
+        for n in list(dirnames) + filenames:
+            p = base / n
+            try:
+                mode = os.lstat(p).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                continue
+            p.unlink(missing_ok=True)  # the entry itself (a link is never followed)
+            removed.append(p.relative_to(top).as_posix())
+            if n in dirnames:
+                dirnames.remove(n)
+    if removed:
+        log.warning("%s: removed %d entr%s bertpipe never writes in a stage folder (%s%s): a link there could "
+                    "make this stage write outside the work dir", top, len(removed), "y" if len(removed) == 1
+                    else "ies", ", ".join(removed[:3]), ", ..." if len(removed) > 3 else "")
+    return removed
 
 
 def remove_entry(directory: str | os.PathLike, name: str) -> bool:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, ManifestError
-from core.manifest import load_manifest, stage_key
+from core.manifest import check_inside, clear_links, load_manifest, stage_key
 from core.pools import default_workers
 from core.stage import Plan, Result, Stage, Unit
 from preprocessing import registry
@@ -361,6 +361,8 @@ class DataDag:
             self._record(s.name, [result_dict(whole, m, cached=True, seconds=0.0)])
             return
         group = _Group(stages=[s.name], expected=0, rows={s.name: []}, why=why)
+        check_inside(whole.out_dir, self.work)
+        clear_links(whole.out_dir)  # its pieces write there: never through a link
         self._pieces(group, units)
 
     def _pieces(self, group: _Group, units: list[Unit]) -> None:

@@ -747,6 +747,9 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     real = data.resolve()
     meta_path = real.parent / f"{real.name}_metadata.json"
     inside = data_dir != ""
+    if inside and (os.path.islink(data) or not real.is_relative_to(out_dir.resolve())):
+        raise InputError(f"{data} is a symbolic link (to {os.path.realpath(data)}): pack-habana writes its packed "
+                         f"files, and its scratch folder beside them, in {out_dir} only; remove the link")
     t0 = time.perf_counter()
     inputs = read_inputs(files, cfg)
     t1 = time.perf_counter()

@@ -38,6 +38,7 @@ from core.errors import ChecksumError, ManifestError
 from core.manifest import (
     Manifest,
     check_inside,
+    clear_links,
     drop_files,
     dropped_info,
     load_manifest,
@@ -199,6 +200,7 @@ def _execute(call: Call) -> list[dict[str, Any]]:
     if call.fused is not None and len(due) == len(call.units) > 1:
         for u, (_, why) in zip(call.units, state, strict=True):
             _log_redo(u, why)
+            clear_links(u.out_dir)
         manifests = call.fused(*call.units)
         secs = (time.perf_counter() - t0) / len(call.units)
         return _drop_done(call, [result_dict(u, m, cached=False, seconds=secs, why=why)
@@ -212,6 +214,7 @@ def _execute(call: Call) -> list[dict[str, Any]]:
             out.append(result_dict(u, m, cached=True, seconds=time.perf_counter() - t))
             continue
         _log_redo(u, why)
+        clear_links(u.out_dir)  # before its first byte: nothing it writes, lists or removes goes through a link
         out.append(result_dict(u, invoke(u), cached=False, seconds=time.perf_counter() - t, why=why))
         ran = True
     return _drop_done(call, out)
