@@ -223,12 +223,93 @@ def read_rows(shards: list[Shard], file_idx: np.ndarray, rows: np.ndarray, bound
     return out
 
 
-def check_vocab(arrays: dict[str, np.ndarray], vocab_size: int, where: str) -> None:
-    """Refuse token ids the model cannot embed (data made with another vocab)."""
-    top = max(int(arrays["input_ids"].max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
-    if top >= vocab_size:
-        raise InputError(f"token id {top} in {where} is >= the model's vocab_size {vocab_size}: the data was "
-                         "made with a larger vocab than the model config; use the matching vocab/model")
+def check_vocab(arrays: dict[str, np.ndarray], vocab_size: int, where: str,
+                rows: np.ndarray | None = None) -> None:
+    """Refuse values the model cannot take (:func:`check_values`) in rows of one file ``where``: its rows
+    ``rows`` (default: 0, 1, ... in order, as the arrays were read from the file's start)."""
+    check_values(arrays, vocab_size, lambda i: f"{where} row {int(rows[i]) if rows is not None else i}")
+
+
+#: What a refusal of bad values advises.
+_REMAKE = "re-create the file (bertpipe tfrecord-to-hdf5 / split-4bins / pack-habana / pack-nvidia) from good input"
+
+
+def check_values(arrays: dict[str, np.ndarray], vocab_size: int | None, name: Callable[[int], str]) -> None:
+    """Refuse a batch whose values the model cannot take, in one line naming the first bad row (``name(i)``:
+    "FILE row R" of the batch's row i). Vectorized (a few passes over the batch: tens of microseconds).
+
+    Checked, for the fields present: token ids (input_ids, and masked_lm_ids of the valid prediction slots) in
+    [0, vocab_size) (every masked_lm_ids slot below it); segment_ids in {0, 1}; input_mask in {0, 1} (packed
+    rows: each token's sequence number, 0 .. the row's sequences); masked_lm_positions inside the row (every
+    slot in [0, width), the valid ones, before the first 0, inside the row's real tokens); next_sentence_labels
+    in {0, 1}; packed rows: positions in [0, width), next_sentence_positions of each sequence inside the row's
+    real tokens, next_sentence_weights in {0, 1}.
+    """
+    def refuse(bad: np.ndarray, values: np.ndarray, what: str) -> None:
+        if not bad.any():
+            return
+        hit = np.argwhere(bad)[0]
+        i = int(hit[0])
+        col = f" (column {int(hit[1])})" if len(hit) > 1 else ""
+        raise InputError(f"bad training data in {name(i)}: {what.format(v=int(values[tuple(hit)]))}{col}; "
+                         + _REMAKE)
+
+    ids, mlm_ids = arrays.get("input_ids"), arrays.get("masked_lm_ids")
+    pos = arrays.get("masked_lm_positions")
+    valid = np.cumprod(pos != 0, axis=1).astype(bool) if pos is not None else None  # the model's valid slots
+    for key, values in (("input_ids", ids), ("masked_lm_ids", mlm_ids)):
+        if values is None:
+            continue
+        neg = values < 0
+        if key == "masked_lm_ids" and valid is not None and valid.shape == values.shape:
+            neg &= valid  # (padding slots are never read)
+        refuse(neg, values, key + " holds the negative token id {v}")
+        if vocab_size is not None and values.size:
+            over = values >= vocab_size
+            if over.any():
+                hit = np.argwhere(over)[0]
+                raise InputError(f"token id {int(values[tuple(hit)])} in {name(int(hit[0]))} is >= the model's "
+                                 f"vocab_size {vocab_size}: the data was made with a larger vocab than the model "
+                                 "config; use the matching vocab/model")
+    mask = arrays.get("input_mask")
+    packed = "next_sentence_weights" in arrays
+    weights = arrays.get("next_sentence_weights")
+    if mask is not None:
+        if packed:
+            seqs = np.count_nonzero(weights, axis=1)[:, None]
+            refuse((mask < 0) | (mask > seqs), mask, "input_mask holds {v}; packed rows hold each token's sequence "
+                   "number, 1 .. the row's sequences (next_sentence_weights), 0 = padding")
+        else:
+            refuse((mask != 0) & (mask != 1), mask, "input_mask holds {v}; it must be 1 (token) or 0 (padding)")
+    seg = arrays.get("segment_ids")
+    if seg is not None:
+        refuse((seg != 0) & (seg != 1), seg, "segment_ids holds {v}; it must be 0 or 1")
+    width = ids.shape[1] if ids is not None and ids.ndim == 2 else None
+    length = np.count_nonzero(mask, axis=1)[:, None] if mask is not None and mask.ndim == 2 else None
+    positions = arrays.get("positions")
+    if positions is not None and width is not None:
+        refuse((positions < 0) | (positions >= width), positions,
+               f"positions holds {{v}}, outside the row's {width} columns")
+    if pos is not None and width is not None:
+        refuse((pos < 0) | (pos >= width), pos, f"masked_lm_positions holds {{v}}, outside the row's {width} columns")
+        if length is not None and len(length) == len(pos):
+            refuse(valid & (pos >= length), pos,
+                   "masked_lm_positions holds {v}, past the row's real tokens (input_mask)")
+    labels = arrays.get("next_sentence_labels")
+    if labels is not None:
+        bad = (labels != 0) & (labels != 1)
+        if packed and weights is not None and weights.shape == labels.shape:
+            bad &= weights != 0
+        refuse(bad, labels, "next_sentence_labels holds {v}; it must be 0 or 1")
+    if packed:
+        refuse((weights != 0) & (weights != 1), weights, "next_sentence_weights holds {v}; it must be 0 or 1")
+        nsp = arrays.get("next_sentence_positions")
+        if nsp is not None and width is not None:
+            refuse((nsp < 0) | (nsp >= width), nsp, f"next_sentence_positions holds {{v}}, outside the row's "
+                   f"{width} columns")
+            if length is not None:
+                refuse((weights != 0) & (nsp >= length), nsp,
+                       "next_sentence_positions holds {v}, past the row's real tokens (input_mask)")
 
 
 @dataclass
@@ -341,8 +422,7 @@ class BinnedSampler:
         handles = self._handles.setdefault(b, {})
         arrays = self.read(shards, files[pick], rows[pick], b, handles)
         batch = Batch(arrays, b, sorted({str(shards[f].path) for f in files[pick]}), self.epoch, self.index)
-        if self.vocab_size is not None:
-            check_vocab(arrays, self.vocab_size, batch.describe())
+        self._check(arrays, shards, files[pick], rows[pick])
         self.index += 1
         return batch
 
@@ -374,14 +454,17 @@ class BinnedSampler:
             files, rows = self._rows[b]
             shards = self.bins[b]
             arrays = self.read(shards, files[pick], rows[pick], b, self._handles.setdefault(b, {}))
+            self._check(arrays, shards, files[pick], rows[pick])
             pieces.append((b, arrays))
             names.update(str(shards[f].path) for f in files[pick])
         batch = Batch({}, max(b for b, _ in pieces), sorted(names), self.epoch, self.index, pieces)
-        if self.vocab_size is not None:
-            for _, arrays in pieces:
-                check_vocab(arrays, self.vocab_size, batch.describe())
         self.index += 1
         return batch
+
+    def _check(self, arrays: dict[str, np.ndarray], shards: list[Shard], files: np.ndarray, rows: np.ndarray) -> None:
+        """:func:`check_values` on a batch just read: a bad row is named by its file and row in the file."""
+        where = f" (epoch {self.epoch} batch {self.index})"
+        check_values(arrays, self.vocab_size, lambda i: f"{shards[files[i]].path} row {int(rows[i])}{where}")
 
     def state_dict(self) -> dict:
         """Plain ints and a string: safe for ``torch.load(weights_only=True)``."""

@@ -188,7 +188,10 @@ def preflight(cfg: TrainConfig):
         InputError: naming the bad file and what to do (also: no --resume over a run's checkpoints without
             --overwrite; --resume over checkpoints none of which is complete).
     """
+    import numpy as np
+
     from core.errors import InputError
+    from core.schema import HDF5_FIELDS
     from pretrain import checkpoint as ckpt
     from pretrain.data import _open_h5, check_vocab, inspect_shard
     from pretrain.train import model_config_for
@@ -212,8 +215,9 @@ def preflight(cfg: TrainConfig):
             raise InputError(f"eval file {cfg.eval_file} does not exist")
         files.append(inspect_shard(Path(cfg.eval_file), None))
     for shard in files:  # a sample of rows per bin: the full check runs on every batch during training
-        with _open_h5(shard.path) as h:
-            check_vocab({k: h[k][:256] for k in ("input_ids", "masked_lm_ids")}, mcfg.vocab_size, str(shard.path))
+        with _open_h5(shard.path) as h:  # (the values check of pretrain/data.py: ids, masks, segments, positions)
+            arrays = {k: h[k][:256].astype(np.int64) for k in HDF5_FIELDS}
+        check_vocab(arrays, mcfg.vocab_size, str(shard.path))
     if start:
         ckpt.check_model_config(cfg.output_dir, start.tag, mcfg.to_dict())
         ckpt.check_checkpoint_files(cfg.output_dir, start.tag)  # a truncated file fails here, not in a rank

@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import InputError
 from core.schema import HDF5_FIELDS as FIELDS
-from pretrain.data import BinnedSampler, PrefetchingSampler, discover_shards
+from pretrain.data import BinnedSampler, PrefetchingSampler, check_values, discover_shards
 from pretrain.evaluate import EvalSet, evaluate
 
 
@@ -131,7 +131,7 @@ def test_vocab_mismatch_is_refused(bins, golden):
     s = BinnedSampler(bins, 4, vocab_size=1000)
     with pytest.raises(InputError, match="is >= the model's vocab_size 1000"):
         s.next_batch()
-    with pytest.raises(InputError, match="eval_100.hdf5 is >= the model's vocab_size 1000"):
+    with pytest.raises(InputError, match=r"eval_100.hdf5 row \d+ is >= the model's vocab_size 1000"):
         EvalSet(golden / "eval_100.hdf5", 8, vocab_size=1000)
 
 
@@ -233,3 +233,109 @@ def test_the_dropped_rows_change_with_the_epoch(golden, tmp_path):
         s.epoch = epoch
         dropped.append(int(s._perm(128, 191)[190]))
     assert len(set(dropped)) > 1
+
+
+# --- bad values: refused in one line naming the file and the row (issue 33, item 6) -------------------------
+
+ROWS = 16
+
+
+def _padded_file(golden, path, corrupt=None):
+    """The first ROWS rows of the golden sample as one padded file; ``corrupt(arrays)`` edits them first."""
+    with h5py.File(golden / "sample.hdf5") as f:
+        arrays = {k: f[k][:ROWS] for k in FIELDS}
+    if corrupt:
+        corrupt(arrays)
+    with h5py.File(path, "w") as h:
+        for k, v in arrays.items():
+            h.create_dataset(k, data=v)
+    return path
+
+
+def _real(arrays, row):
+    return int((arrays["input_mask"][row] != 0).sum())
+
+
+PADDED_CASES = {  # name: (edit of row 11, what the refusal says)
+    "negative id": (lambda a: a["input_ids"].__setitem__((11, 3), -7), "input_ids holds the negative token id -7"),
+    "id past vocab": (lambda a: a["input_ids"].__setitem__((11, 3), 40000), "token id 40000 in .* is >= the model"),
+    "mask 5": (lambda a: a["input_mask"].__setitem__((11, 2), 5), "input_mask holds 5"),
+    "segment 2": (lambda a: a["segment_ids"].__setitem__((11, 2), 2), "segment_ids holds 2"),
+    "position 600": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), 600),
+                     "masked_lm_positions holds 600, outside the row's 512 columns"),
+    "position -1": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), -1), "masked_lm_positions holds -1"),
+    "position past the tokens": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), _real(a, 11) + 2),
+                                 "past the row's real tokens"),
+    "masked id -1": (lambda a: a["masked_lm_ids"].__setitem__((11, 0), -1), "masked_lm_ids holds the negative"),
+    "nsp label 3": (lambda a: a["next_sentence_labels"].__setitem__(11, 3), "next_sentence_labels holds 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PADDED_CASES))
+def test_a_bad_value_is_refused_naming_the_file_and_row(golden, tmp_path, case):
+    edit, says = PADDED_CASES[case]
+    bad = _padded_file(golden, tmp_path / "bad.hdf5", edit)
+    s = BinnedSampler(discover_shards(bad), ROWS, vocab_size=30528)  # one batch: every row
+    with pytest.raises(InputError) as err:
+        s.next_batch()
+    msg = str(err.value)
+    assert "\n" not in msg and f"{bad} row 11" in msg, msg
+    import re
+
+    assert re.search(says, msg), msg
+    good = _padded_file(golden, tmp_path / "good.hdf5")  # the same rows unedited pass
+    BinnedSampler(discover_shards(good), ROWS, vocab_size=30528).next_batch()
+
+
+def test_a_bad_row_in_a_later_batch_of_a_4bin_file_is_named_with_its_row_in_the_file(golden, tmp_path):
+    d = _copy_bins(golden, tmp_path)
+    path = d / "512/part_2_of_8.hdf5"
+    with h5py.File(path, "a") as h:
+        row = h["input_ids"].shape[0] - 3
+        ids = h["input_ids"][row]
+        ids[1] = -2
+        h["input_ids"][row] = ids
+    s = BinnedSampler(discover_shards(d), 8, vocab_size=30528)
+    with pytest.raises(InputError, match=rf"{path} row {row} \(epoch 0 batch \d+\): input_ids holds the negative"):
+        for _ in range(s.steps_per_epoch):
+            s.next_batch()
+
+
+PACKED_CASES = {  # Habana's packed layout (the batch layout of both packed readers)
+    "mask 5": (lambda a: a["input_mask"].__setitem__((5, 1), 5), "input_mask holds 5; packed rows"),
+    "negative id": (lambda a: a["input_ids"].__setitem__((5, 1), -1), "input_ids holds the negative token id -1"),
+    "position 600": (lambda a: a["positions"].__setitem__((5, 1), 600), "positions holds 600"),
+    "masked position 600": (lambda a: a["masked_lm_positions"].__setitem__((5, 0), 600), "masked_lm_positions holds 600"),
+    "nsp position -1": (lambda a: a["next_sentence_positions"].__setitem__((5, 0), -1), "next_sentence_positions holds -1"),
+    "nsp weight 2": (lambda a: a["next_sentence_weights"].__setitem__((5, 0), 2), "next_sentence_weights holds 2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
+def test_a_bad_value_in_a_habana_pack_is_refused_naming_the_file_and_pack(golden, tmp_path, case):
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, training_sampler, write_habana
+
+    with h5py.File(golden / "sample.hdf5") as f:
+        rows = {k: f[k][:60] for k in FIELDS}
+    packed = pack_rows(rows, best_fit_packs(sequence_lengths(rows), 512, 3), 512)
+    n = len(packed["input_ids"])
+    edit, says = PACKED_CASES[case]
+    edit(packed)
+    (tmp_path / "p").mkdir()
+    path = tmp_path / "p" / "mixed_strategies_part_0.hdf5"
+    write_habana(path, packed)
+    s, layout = training_sampler(str(tmp_path / "p"), True, n, vocab_size=30528)
+    assert layout == "habana"
+    with pytest.raises(InputError, match=f"{path} row 5 .*{says}"):
+        s.next_batch()
+
+
+def test_the_check_is_cheap(bins):
+    s = BinnedSampler(bins, 32, vocab_size=30528)
+    arrays = s.next_batch().arrays
+    import time
+
+    t0 = time.perf_counter()
+    for _ in range(20):
+        check_values(arrays, 30528, str)
+    assert (time.perf_counter() - t0) / 20 < 0.02  # (~0.3 ms for 32 rows of 512 here)
