@@ -84,6 +84,10 @@ class Result:
     def unit_dir(self, shard: str = "") -> Path:
         return self.dir / shard if shard else self.dir
 
+    def manifest_dirs(self) -> list[Path]:
+        """Where this output's manifests are: its directory, or each shard's (a per-shard stage), in shard order."""
+        return [self.unit_dir(s) for s in sorted(self.manifests)]
+
     def path(self, name: str, shard: str = "") -> Path:
         return self.unit_dir(shard) / name
 
@@ -117,9 +121,11 @@ class Plan:
 
     def unit(self, *args: Any, shard: str = "", upstream: Sequence[str | Path] | None = None,
              **kwargs: Any) -> Unit:
-        """A unit of this stage; ``upstream`` defaults to the directories of every stage it reads."""
+        """A unit of this stage; ``upstream`` defaults to the directories of every stage it reads: a whole-stage
+        output's directory, or each shard's directory of a per-shard one (where its manifests are: the stage's
+        own directory holds none)."""
         if upstream is None:
-            upstream = [self._results[s].dir for s in self.stage.reads if s in self._results]
+            upstream = [d for s in self.stage.reads if s in self._results for d in self._results[s].manifest_dirs()]
         return Unit(stage=self.stage.name, key=self.key, shard=shard, out_dir=str(self.dir / shard if shard
                     else self.dir), run=self.stage.run, args=args, kwargs=kwargs,
                     upstream_dirs=tuple(str(u) for u in upstream), pass_upstream=self.stage.pass_upstream)
