@@ -498,7 +498,8 @@ def mlcommons_opener(meta_url: str, cfg: DownloadConfig) -> _Opener:
                              f"${SERVICE_ID_ENV} / ${SERVICE_SECRET_ENV}) holds spaces or control characters; "
                              "paste the single line it was given as")
     return _Opener(_ca_bundle(cfg), cfg.timeout_s, headers=headers,
-                   auth_message=auth_message(meta_url, token, service=bool(headers) and not token))
+                   auth_message=auth_message(meta_url, token, service=bool(headers) and not token),
+                   secret_origin=origin(meta_url))
 
 
 def _get_small(url: str, opener: _Opener, cfg: DownloadConfig, what: str) -> str:
@@ -873,7 +874,7 @@ class _Opener:
     with every request (MLCommons' ``cf-access-token``) and what to say when the server refuses access."""
 
     def __init__(self, ca_bundle: str | None, timeout_s: float, *, headers: dict[str, str] | None = None,
-                 auth_message: str | None = None) -> None:
+                 auth_message: str | None = None, secret_origin: tuple[str, str, int | None] | None = None) -> None:
         if ca_bundle and not Path(ca_bundle).is_file():
             raise InputError(f"CA bundle {ca_bundle} does not exist; fix --ca-bundle / $BERTPIPE_CA_BUNDLE")
         ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
@@ -882,9 +883,23 @@ class _Opener:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self.auth_message = auth_message  # None: a 401/403 is an ordinary HTTP error
+        # the origin (scheme, host, port) the secret headers were given for: they go to no other, whatever a
+        # metadata file or a listing names (None: the URL of the first request is that origin)
+        self.secret_origin = secret_origin
+        self._warned: set[tuple[str, str, int | None]] = set()
 
     def open(self, url: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
-        req = urllib.request.Request(_check_scheme(url), headers={"User-Agent": "bertpipe", **self.headers,
+        sent = self.headers
+        if any(k.lower() in _SECRET_HEADERS for k in sent):
+            if self.secret_origin is None:
+                self.secret_origin = origin(url)
+            if (o := origin(url)) != self.secret_origin:
+                sent = {k: v for k, v in sent.items() if k.lower() not in _SECRET_HEADERS}
+                if o not in self._warned:
+                    self._warned.add(o)
+                    log.warning("%s is on another origin (%s://%s:%s) than the one the access token was given for "
+                                "(%s://%s:%s): it is sent without the token", url, *o, *self.secret_origin)
+        req = urllib.request.Request(_check_scheme(url), headers={"User-Agent": "bertpipe", **sent,
                                                                   **(headers or {})})
         return self._opener.open(req, timeout=self.timeout_s)
 

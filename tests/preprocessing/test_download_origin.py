@@ -93,6 +93,37 @@ def test_a_302_to_another_port_of_the_same_host_gets_no_token(servers, cert, tmp
     assert all(h.get(dl.TOKEN_HEADER) == TOKEN for _, h in a.state.requests)
 
 
+def test_a_metadata_file_naming_its_base_on_another_port_gets_no_token_there(servers, cert, tmp_path, caplog):
+    """Issue 33.2: the .uri on port A names its base on port B: the files are fetched from B without the token (a
+    warning says so), and A still gets it."""
+    import logging
+
+    a, b = servers
+    data = b"a file on the other origin\n"
+    b.state.files["/w/notes.txt"] = data
+    a.state.files[f"/metadata/{WIKI}.uri"] = f"{b.url}/w\n".encode()
+    a.state.files[f"/metadata/{WIKI}.md5"] = f"{hashlib.md5(data).hexdigest()}  ./notes.txt\n".encode()
+    with caplog.at_level(logging.WARNING, logger="preprocessing.download"):
+        run_mlcommons_dataset(tmp_path / "out", cfg=cfg(cert))
+    assert (tmp_path / "out" / "notes.txt").read_bytes() == data
+    assert b.state.paths() == ["/w/notes.txt"] and _secret_headers(b) == []
+    assert a.state.requests and all(h.get(dl.TOKEN_HEADER) == TOKEN for _, h in a.state.requests)
+    assert any("without the token" in r.getMessage() for r in caplog.records)
+
+
+def test_a_service_token_stays_with_its_origin_too(servers, cert, tmp_path, monkeypatch):
+    a, b = servers
+    monkeypatch.setenv(dl.SERVICE_ID_ENV, "id-1")
+    monkeypatch.setenv(dl.SERVICE_SECRET_ENV, "secret-1")
+    data = b"x\n"
+    b.state.files["/w/notes.txt"] = data
+    a.state.token = None
+    a.state.files[f"/metadata/{WIKI}.uri"] = f"{b.url}/w\n".encode()
+    a.state.files[f"/metadata/{WIKI}.md5"] = f"{hashlib.md5(data).hexdigest()}  ./notes.txt\n".encode()
+    run_mlcommons_dataset(tmp_path / "out", cfg=cfg(cert, token=None))
+    assert _secret_headers(b) == [] and _secret_headers(a)
+
+
 def test_a_remote_metadata_file_may_name_only_https_bases(servers, cert, tmp_path):
     a, _ = servers
     secret = tmp_path / "local"
