@@ -1,34 +1,47 @@
 """NVIDIA's shards: the 500 padded part files resharded into N files (``chop_hdf5_files.py``), padded or packed.
 
-Reference: NVIDIA MLPerf BERT ``input_preprocessing/chop_hdf5_files.py`` (training_results v1.1 .. v3.1, the script
-v3.1's ``prepare_data.sh`` runs; spec §10), and its one-pass variant ``chop_hdf5_files_to_varlength.py`` (chop,
+Reference: NVIDIA MLPerf BERT ``input_preprocessing/chop_hdf5_files.py`` (training_results v1.1 and v3.1, the
+script ``prepare_data.sh`` runs; spec §10), and its one-pass variant ``chop_hdf5_files_to_varlength.py`` (chop,
 then the rows in NVIDIA's packed form, as ``convert_fixed2variable.py`` writes them: ``--varlength`` here).
 
-What the reference does (read from its source, v1.1/v2.0, the same in later copies):
+What the reference does (read from its source; both rounds in ``../shared/reference/``, run by the tests):
 
 * inputs ``sorted(glob(<input_hdf5_dir>/part-00???-of-00500.hdf5))``, rows counted from
   ``next_sentence_labels``; output ``<output_hdf5_dir>/hdf5_<N>_shards_uncompressed/part_<k:05d>_of_<N:05d>.hdf5``;
-* ``nominal = ceil(total / N)``, ``excess = N * nominal - total``; the comment says the first ``excess`` shards
-  get one row fewer, but the code resets its row counter *before* testing ``counter < excess``, so: shard 0
-  holds ``nominal - 1`` rows, every other shard ``nominal - 1`` when ``excess > 0`` and ``nominal`` when
-  ``excess == 0``. Rows go to shards in input order (no RNG). A shard is written when the row after it arrives,
-  so the rows beyond the N shards are **dropped**: ``N - excess`` rows when ``excess > 0``, the last row when
-  ``excess == 0``. When they reach a whole shard (``N - excess >= nominal``, e.g. fewer rows than shards) the
-  script crashes (IndexError: shard N does not exist); with no rows it fails at once (a negative array size);
+  rows go to shards in input order (no RNG); ``nominal = ceil(total / N)``, ``excess = N * nominal - total``.
+  The comment says the first ``excess`` shards get one row fewer; the two rounds' code differ in how:
+* **rule v3.1** (v3.1's ``input_preprocessing/chop_hdf5_files.py``, and ``chop_hdf5_files_to_varlength.py`` in both
+  rounds): tests ``ofile_idx < n_excess``: the first ``excess`` shards hold ``nominal - 1`` rows, the others
+  ``nominal``; every row is kept. The script crashes when ``excess`` is 0 (shard 0 still gets ``nominal - 1``, the
+  last row asks for shard N: IndexError) and when ``nominal`` is 1 with ``excess >= 2`` (a second empty shard:
+  IndexError). bertpipe, on purpose: ``excess`` 0 gives every shard ``nominal`` rows (the rule as its comment
+  states it; ``chop_hdf5_files_to_varlength.py`` would write one more shard, ``part_<N>``, holding the last row);
+  the empty-shard crash is refused in one line. With ``nominal`` 1 and ``excess`` 1, shard 0 comes out empty, as
+  in the script. This is the rule of v3.1's published ``4320_shards_varlength.chk`` (and its shuffled list).
+* **rule v1.1** (v1.1's ``chop_hdf5_files.py``, left in v3.1's ``cleanup_scripts/``): resets its row counter
+  *before* testing ``ofile_entry_idx < n_excess``, so shard 0 holds ``nominal - 1`` rows, every other shard
+  ``nominal - 1`` when ``excess > 0`` and ``nominal`` when ``excess == 0``. A shard is written when the row after
+  it arrives, so the rows beyond the N shards are **dropped**: ``N - excess`` rows when ``excess > 0``, the last
+  row when ``excess == 0``. When they reach a whole shard (``N - excess >= nominal``, e.g. fewer rows than shards)
+  the script crashes (IndexError: shard N does not exist). This is the rule of v1.1's ``4320_shards_varlength.chk``
+  and of ``2048_shards_varlength.chk`` (byte-identical in both rounds). With no rows both rules fail at once.
 * each shard: the six datasets from float64 buffers, ``create_dataset(name, data=buffer, dtype=...)`` in order
   ``input_ids i2, input_mask i1, segment_ids i1, masked_lm_positions i2, masked_lm_ids i2,
   next_sentence_labels i1`` (v1.1 and later; NVIDIA's 2019 script wrote ``i4`` ids), contiguous, uncompressed.
 
-Here: the same shard sizes and the same dropped rows (so NVIDIA's published checksums can match), counted in the
-manifest (``rows_dropped``) and logged; the crash cases are refused in one line naming the largest shard count
-that works. Values that do not fit ``i2`` (a vocabulary over 32,767 entries) are refused (the reference's cast
-would wrap them). Each dataset is created empty and filled chunk by chunk, one after the other in the order
-above, which gives the reference's bytes for the padded shards (same h5py/HDF5) with memory bounded by
-``chunk_rows``; ``--varlength`` shards hold NVIDIA's vlen datasets (``preprocessing/pack_varlength.py``; equal
-content, HDF5 bytes of their own). Shards are written in groups, in parallel (:mod:`core.pools`); any number of
-workers gives the same bytes.
+At NVIDIA's count (156,726,829 sequences) the rules agree on shards 0..2,770 of 4,320 and on shards 0..466 of 2,048.
+
+Here (``--rule v3.1`` by default, ``--rule v1.1``): the same shard sizes and, under v1.1, the same dropped rows (so
+NVIDIA's published checksums can match), counted in the manifest (``rows_dropped``) and logged; the crash cases
+are refused in one line naming the largest shard count that works. Values that do not fit ``i2`` (a vocabulary
+over 32,767 entries) are refused (the reference's cast would wrap them). Each dataset is created empty and filled
+chunk by chunk, one after the other in the order above, which gives the reference's bytes for the padded shards
+(same h5py/HDF5) with memory bounded by ``chunk_rows``; ``--varlength`` shards hold NVIDIA's vlen datasets
+(``preprocessing/pack_varlength.py``; equal content, HDF5 bytes of their own). Shards are written in groups, in
+parallel (:mod:`core.pools`); any number of workers gives the same bytes.
 
     bertpipe chop-hdf5 --input_hdf5_dir hdf5/training --output_hdf5_dir hdf5/training-4320 --num_shards 4320
+    bertpipe chop-hdf5 --rule v1.1 ... --num_shards 2048     # the rule of NVIDIA's 2,048-shard list
 """
 
 from __future__ import annotations
@@ -71,6 +84,8 @@ from preprocessing.hdf5_io import (
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
+#: The chop rules, named by the MLCommons training round whose ``chop_hdf5_files.py`` has them (the first: default).
+RULES = ("v3.1", "v1.1")
 #: The reference's input pattern (inside --input_hdf5_dir).
 INPUT_GLOB = "part-00???-of-00500.hdf5"
 #: NVIDIA's padded shard: (name, dtype, width kind), in creation order (v1.1 and later).
@@ -88,10 +103,14 @@ class ChopConfig:
     """Parameters of the resharding (the reference's flags)."""
 
     num_shards: int = 2048  # reference default (prepare_data.sh passes 4320 or 2048)
+    rule: str = RULES[0]  # which round's chop_hdf5_files.py: "v3.1" (keeps every row) or "v1.1" (drops the tail)
     max_seq_length: int = 512
     max_predictions_per_seq: int = 76
     varlength: bool = False  # chop_hdf5_files_to_varlength.py: shards in NVIDIA's packed (vlen) form
     chunk_rows: int = 4096  # rows read and written at once
+
+    def __post_init__(self) -> None:
+        check_rule(self.rule)
 
 
 def shard_name(k: int, n: int) -> str:
@@ -109,29 +128,45 @@ def input_files(input_dir: str | Path) -> list[Path]:
 
 
 # -- the reference's shard sizes ------------------------------------------------------------------------
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise InputError(f"unknown chop rule {rule!r}; choose from {', '.join(RULES)} (the MLCommons round whose "
+                         "chop_hdf5_files.py it is)")
+    return rule
+
+
 @dataclass(frozen=True)
 class ChopLayout:
-    """How ``chop_hdf5_files.py`` cuts ``rows`` rows into ``n_shards`` shards."""
+    """How ``chop_hdf5_files.py`` of round ``rule`` cuts ``rows`` rows into ``n_shards`` shards."""
 
     rows: int
     n_shards: int
     nominal: int
     excess: int
+    rule: str = RULES[0]
 
     @property
     def first_size(self) -> int:
-        return self.nominal - 1
+        return self.size(0)
 
     @property
     def other_size(self) -> int:
-        return self.nominal - 1 if self.excess > 0 else self.nominal
+        """Size of shard N-1 (v1.1: of every shard but 0)."""
+        return self.size(self.n_shards - 1) if self.n_shards > 1 else self.size(0)
 
     def size(self, k: int) -> int:
-        return self.first_size if k == 0 else self.other_size
+        if self.rule == "v1.1":
+            return self.nominal - 1 if k == 0 or self.excess > 0 else self.nominal
+        return self.nominal - 1 if k < self.excess else self.nominal
 
     def start(self, k: int) -> int:
         """Global index of shard k's first row."""
-        return 0 if k == 0 else self.first_size + (k - 1) * self.other_size
+        if self.rule == "v1.1":
+            return 0 if k == 0 else self.size(0) + (k - 1) * self.size(1)
+        return k * self.nominal - min(k, self.excess)
+
+    def sizes(self) -> list[int]:
+        return [self.size(k) for k in range(self.n_shards)]
 
     @property
     def kept(self) -> int:
@@ -142,38 +177,50 @@ class ChopLayout:
         return self.rows - self.kept
 
 
-def reference_crash(rows: int, n_shards: int) -> str:
-    """Why ``chop_hdf5_files.py`` fails on ``rows`` rows and ``n_shards`` shards ("" when it does not)."""
+def layout_of(rows: int, n_shards: int, rule: str = RULES[0]) -> ChopLayout:
+    """The rule's arithmetic alone (no crash check; ``rows`` >= 1, ``n_shards`` >= 1)."""
+    nominal = -(-rows // n_shards)
+    return ChopLayout(rows=rows, n_shards=n_shards, nominal=nominal, excess=n_shards * nominal - rows,
+                      rule=check_rule(rule))
+
+
+def reference_crash(rows: int, n_shards: int, rule: str = RULES[0]) -> str:
+    """Why ``chop_hdf5_files.py`` of round ``rule`` fails on ``rows`` rows and ``n_shards`` shards ("" when it does
+    not, or where bertpipe extends the rule on purpose: v3.1 with ``excess`` 0)."""
+    check_rule(rule)
     if rows <= 0:
         return "no rows (the script fails: a shard of -1 rows)"
     nominal = -(-rows // n_shards)
     excess = n_shards * nominal - rows
-    if excess > 0 and n_shards - excess >= nominal:
-        return (f"{rows} rows for {n_shards} shards: {nominal - 1} rows per shard leave {n_shards - excess} rows for "
-                "a shard that does not exist (the script crashes with IndexError)")
+    if rule == "v1.1":
+        if excess > 0 and n_shards - excess >= nominal:
+            return (f"{rows} rows for {n_shards} shards: {nominal - 1} rows per shard leave {n_shards - excess} rows "
+                    "for a shard that does not exist (the v1.1 script crashes with IndexError)")
+    elif nominal == 1 and excess >= 2:
+        return (f"{rows} rows for {n_shards} shards: the first {excess} shards would be empty (the v3.1 script "
+                "crashes with IndexError at the second empty shard)")
     return ""
 
 
-def largest_working_shards(rows: int, n_shards: int) -> int:
+def largest_working_shards(rows: int, n_shards: int, rule: str = RULES[0]) -> int:
     """The largest shard count <= ``n_shards`` that ``chop_hdf5_files.py`` handles for ``rows`` rows (0: none)."""
-    for n in range(min(n_shards, max(rows, 1)), 0, -1):
-        if not reference_crash(rows, n):
+    for n in range(min(n_shards, max(rows + 1, 1)), 0, -1):
+        if not reference_crash(rows, n, rule):
             return n
     return 0
 
 
-def chop_layout(rows: int, n_shards: int) -> ChopLayout:
+def chop_layout(rows: int, n_shards: int, rule: str = RULES[0]) -> ChopLayout:
     """The reference's layout, or InputError where the reference crashes (naming what works)."""
     if n_shards < 1:
         raise InputError(f"num_shards must be at least 1, got {n_shards}")
-    why = reference_crash(rows, n_shards)
+    why = reference_crash(rows, n_shards, rule)
     if why:
-        best = largest_working_shards(rows, n_shards)
+        best = largest_working_shards(rows, n_shards, rule)
         hint = f"; at most {best} shards work for these rows" if best else ""
-        raise InputError(f"chop_hdf5_files.py cannot cut these inputs into {n_shards} shards: {why}{hint} "
-                         "(--num_shards)")
-    nominal = -(-rows // n_shards)
-    return ChopLayout(rows=rows, n_shards=n_shards, nominal=nominal, excess=n_shards * nominal - rows)
+        raise InputError(f"chop_hdf5_files.py (rule {rule}) cannot cut these inputs into {n_shards} shards: {why}"
+                         f"{hint} (--num_shards)")
+    return layout_of(rows, n_shards, rule)
 
 
 # -- step 1: count ----------------------------------------------------------------------------------------
@@ -361,10 +408,14 @@ def finish_chop(out_dir: str | Path, layout: ChopLayout, written: Sequence[dict[
 
 # -- all steps in one call --------------------------------------------------------------------------------
 def _log_layout(layout: ChopLayout) -> None:
-    log.info("%d rows -> %d shards: shard 0 holds %d rows, the others %d", layout.rows, layout.n_shards,
-             layout.first_size, layout.other_size)
+    if layout.rule == "v1.1":
+        log.info("%d rows -> %d shards (rule v1.1): shard 0 holds %d rows, the others %d", layout.rows,
+                 layout.n_shards, layout.first_size, layout.other_size)
+    else:
+        log.info("%d rows -> %d shards (rule v3.1): %d shards hold %d rows, %d hold %d", layout.rows, layout.n_shards,
+                 layout.excess, layout.nominal - 1, layout.n_shards - layout.excess, layout.nominal)
     if layout.dropped:
-        log.warning("as chop_hdf5_files.py does, the last %d of %d rows are left out (the %d shards hold %d)",
+        log.warning("as v1.1's chop_hdf5_files.py does, the last %d of %d rows are left out (the %d shards hold %d)",
                     layout.dropped, layout.rows, layout.n_shards, layout.kept)
 
 
@@ -385,7 +436,7 @@ def run_nvidia_chop(inputs: Sequence[Path], out_dir: Path, cfg: ChopConfig = Cho
         raise InputError(f"chop-hdf5 got no input files (the reference reads <input_hdf5_dir>/{INPUT_GLOB})")
     verify_inputs(files, upstream, workers=workers)
     counts = run_all(count_rows, [(str(p), cfg) for p in files], workers)
-    layout = chop_layout(sum(counts), cfg.num_shards)
+    layout = chop_layout(sum(counts), cfg.num_shards, cfg.rule)
     _log_layout(layout)
     out_dir = Path(out_dir)
     _begin(out_dir, data_dir, manifest_name)
@@ -429,7 +480,7 @@ def _plan_chop(plan: Any) -> list[Any]:
 def _finish_chop(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:
     counts = [c for v in values if v["kind"] == "count-list" for c in v["counts"]]
     written = [v for v in values if v["kind"] == "shards"]
-    layout = chop_layout(sum(n for _, n in counts), plan.cfg.num_shards)
+    layout = chop_layout(sum(n for _, n in counts), plan.cfg.num_shards, plan.cfg.rule)
     if not written:
         _log_layout(layout)
         _begin(Path(plan.dir), "", MANIFEST_NAME)
@@ -441,19 +492,23 @@ def _finish_chop(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any
     return finish_chop(plan.dir, layout, written, plan.cfg, [m for m in upstream if m is not None])
 
 
-def _stage(name: str, n: int, targets: tuple[str, ...], output: str) -> Stage:
-    return Stage(name=name, title=f"chop_hdf5_files(_to_varlength): {n} of NVIDIA's variable-length shards",
-                 reads=("hdf5",), run=run_nvidia_chop, version=STAGE_VERSION, config=ChopConfig,
-                 configure=lambda p: ChopConfig(num_shards=dag_shards(p, n), varlength=True,
+def _stage(name: str, n: int, rule: str, targets: tuple[str, ...], output: str) -> Stage:
+    return Stage(name=name, title=f"chop_hdf5_files(_to_varlength), rule {rule}: {n} of NVIDIA's variable-length "
+                 "shards", reads=("hdf5",), run=run_nvidia_chop, version=STAGE_VERSION, config=ChopConfig,
+                 configure=lambda p: ChopConfig(num_shards=dag_shards(p, n), varlength=True, rule=rule,
                                                 max_seq_length=p.max_seq_length,
                                                 max_predictions_per_seq=p.max_predictions_per_seq),
                  key_params=stage_params, plan=_plan_chop, finish=_finish_chop, outputs={output: ""},
                  when=lambda p: any(t in _targets(p) for t in targets))
 
 
-#: The 4320-shard set (NVIDIA's hdf5_4320_shards_varlength: what ``nvidia-varlength`` hands to the trainer and
-#: ``nvidia-4320`` shuffles) and the 2048-shard one (``nvidia-2048``). ``nvidia-packed`` does not need them: it
-#: packs the padded parts (preprocessing/pack_nvidia.py). The shards lie at the top of the stage folder (NVIDIA's
-#: trainer takes the files whose name holds ``part``; the manifest's name does not).
-DAG_STAGES = (_stage("nvidia_4320", 4320, ("nvidia-4320", "nvidia-varlength"), "nvidia_4320_varlength_dir"),
-              _stage("nvidia_2048", 2048, ("nvidia-2048",), "nvidia_2048_varlength_dir"))
+#: Each stage pairs a rule with the published list it matches (the rule is in the stage key: ChopConfig.rule):
+#: the 4320-shard set by v3.1's rule (NVIDIA's hdf5_4320_shards_varlength as v3.1's 4320_shards_varlength.chk lists
+#: it: what ``nvidia-varlength`` hands to the trainer and ``nvidia-4320`` shuffles), the 2048-shard one by v1.1's
+#: rule (2048_shards_varlength.chk, the same in both rounds: ``nvidia-2048``) and the 4320-shard set by v1.1's rule
+#: (v1.1's 4320_shards_varlength.chk: ``nvidia-4320-v1.1``). ``nvidia-packed`` does not need them: it packs the
+#: padded parts (preprocessing/pack_nvidia.py). The shards lie at the top of the stage folder (NVIDIA's trainer takes
+#: the files whose name holds ``part_``; the manifest's name does not).
+DAG_STAGES = (_stage("nvidia_4320", 4320, "v3.1", ("nvidia-4320", "nvidia-varlength"), "nvidia_4320_varlength_dir"),
+              _stage("nvidia_2048", 2048, "v1.1", ("nvidia-2048",), "nvidia_2048_varlength_dir"),
+              _stage("nvidia_4320_v11", 4320, "v1.1", ("nvidia-4320-v1.1",), "nvidia_4320_v11_varlength_dir"))

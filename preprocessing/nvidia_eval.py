@@ -46,7 +46,12 @@ from preprocessing.hdf5_io import (
     verify_inputs,
 )
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"  # 2: the DAG's file in <stage>/eval_varlength/ (the manifest one level up)
+#: The trainer's eval folder inside the DAG's stage directory: it holds the HDF5 file alone, because NVIDIA's
+#: ``create_eval_dataset`` takes every file of --eval_dir whose full path contains ``part`` (a manifest beside it
+#: would be read as HDF5 under a path like /data/part1/...); the manifest stays one level up, as train_dir's does.
+DAG_DATA_DIR = "eval_varlength"
+DAG_FILE = f"{DAG_DATA_DIR}/part_eval_10k.hdf5"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +142,7 @@ def run_pick_eval_varlength(input_hdf5: Path, out_dir: Path, cfg: PickVarlenConf
 
 # -- the DAG's declaration (core/stage.py); the lead wires it into preprocessing/registry.py -----------------------
 def _plan_eval(plan: Any) -> list[Any]:
-    return [plan.unit(str(plan.result("eval_hdf5").path("eval_10k.hdf5")), cfg=plan.cfg)]
+    return [plan.unit(str(plan.result("eval_hdf5").path("eval_10k.hdf5")), cfg=plan.cfg, output_name=DAG_FILE)]
 
 
 def _configure(p: Any) -> PickVarlenConfig:
@@ -146,10 +151,11 @@ def _configure(p: Any) -> PickVarlenConfig:
                             max_predictions_per_seq=p.max_predictions_per_seq)
 
 
-#: NVIDIA's eval file: bertpipe's eval_10k.hdf5 in the packed form, ``part_eval_10k.hdf5``, for every NVIDIA target
+#: NVIDIA's eval file: bertpipe's eval_10k.hdf5 in the packed form, ``eval_varlength/part_eval_10k.hdf5`` (that
+#: folder is the trainer's --eval_dir), for every NVIDIA target
 #: (preprocessing/targets.py: their names start with ``nvidia-``).
 DAG_STAGES = (Stage(name="nvidia_eval", title="pick_eval_samples_varlength: the eval set in NVIDIA's packed form",
                     reads=("eval_hdf5",), run=run_pick_eval_varlength, version=STAGE_VERSION,
                     config=PickVarlenConfig, configure=_configure, key_params=stage_params, plan=_plan_eval,
-                    outputs={"nvidia_eval_varlength": "part_eval_10k.hdf5"},
+                    outputs={"nvidia_eval_varlength": DAG_FILE},
                     when=lambda p: any(t.startswith("nvidia-") for t in tuple(getattr(p, "targets", ()) or ()))),)

@@ -11,9 +11,11 @@ variable-length row hashes as ``"[101, 2023, ...]"``, a padded row with its padd
 in chunks (the script reads row by row) and the outer md5 is fed piece by piece: same digest, bounded memory.
 
 NVIDIA publishes the digests of its own build (``4320_shards_varlength.chk`` etc., one ``name\\tdigest`` line per
-shard). The lists found in the MLCommons results repositories ship in ``preprocessing/nvidia_chk/``: the 4,320
-chopped shards (``nvidia-4320``), the same rows shuffled across shards (``nvidia-4320-shuffled``) and the eval
-file (``nvidia-eval``); its README says where each came from, and that the 2,048-shard list could not be found.
+shard). Every list of the MLCommons results repositories ships in ``preprocessing/nvidia_chk/``, each named by the
+chop rule that made it (preprocessing/nvidia_chop.py): the 4,320 chopped shards by v3.1's rule (``nvidia-4320``,
+v3.1's list) and by v1.1's (``nvidia-4320-v1.1``, v1.1's list), v3.1's shuffled across shards
+(``nvidia-4320-shuffled``), the 2,048 shards by v1.1's rule (``nvidia-2048``, the same list in both rounds) and the
+eval file (``nvidia-eval``); its README says where each came from.
 :func:`verify_against` checks a folder shard by shard against one.
 """
 
@@ -35,14 +37,19 @@ CHK_DIR = Path(__file__).resolve().parent / "nvidia_chk"
 #: ``--against`` names -> list file (the lists that ship with bertpipe). Written as pairs: these names of NVIDIA's
 #: published lists are also the names of the DAG stages that build those sets, and a dict of three stage names is
 #: what tests/test_registry.py reads as a stage table kept outside the registry (this is a table of lists).
-#: ``nvidia-2048`` names NVIDIA's 2,048-shard list, which is not in the searchable copies of the results repositories:
-#: it does not ship, and ``--against nvidia-2048`` says so in one line (README there).
+#: Each name pairs a chop rule with its list: nvidia-4320 (rule v3.1, v3.1's list: the default), nvidia-4320-v1.1
+#: (rule v1.1, v1.1's list), nvidia-4320-shuffled (v3.1's shuffle of the v3.1 shards), nvidia-2048 (rule v1.1; the
+#: list is byte-identical in v1.1 and v3.1), nvidia-eval.
 PUBLISHED = dict((
     ("nvidia-4320", "4320_shards_varlength.chk"),
     ("nvidia-4320-shuffled", "4320_shards_varlength_shuffled.chk"),
+    ("nvidia-4320-v1.1", "4320_shards_varlength_v1.1.chk"),
     ("nvidia-2048", "2048_shards_varlength.chk"),
     ("nvidia-eval", "eval_varlength.chk"),
 ))
+#: The chop rule of each published shard list (None: not a chop output of its own); pairs, as PUBLISHED.
+RULE_OF = dict((("nvidia-4320", "v3.1"), ("nvidia-4320-shuffled", "v3.1"), ("nvidia-4320-v1.1", "v1.1"),
+                ("nvidia-2048", "v1.1"), ("nvidia-eval", None)))
 _LINE = re.compile(r"^(\S+)\s+([0-9a-fA-F]{32})\s*$")
 
 

@@ -53,6 +53,7 @@ STAGES: tuple[Stage, ...] = (
     nvidia_shuffle.DAG_STAGES[0],  # nvidia_4320_shuffled
     nvidia_chop.DAG_STAGES[1],  # nvidia_2048
     nvidia_shuffle.DAG_STAGES[1],  # nvidia_2048_shuffled
+    nvidia_chop.DAG_STAGES[2],  # nvidia_4320_v11 (v1.1's rule)
     *pack_nvidia.DAG_STAGES,
     *pack_habana.DAG_STAGES,
     *create_pretraining_data.DAG_STAGES[1:],  # eval_tfrecord

@@ -7,11 +7,17 @@ library function); here are only the targets' names, what they are, and which ``
 their folders. This module is light (no NumPy): the CLI's --help and DataParams read it.
 
     samsung-4bins      the 4 length bins (bins stage)                            Samsung's MLPerf trainer, bertpipe train
-    nvidia-4320        4,320 variable-length shards, shuffled across shards      NVIDIA's MLPerf trainer v3.x (DATADIR_PHASE2)
-    nvidia-2048        the same with 2,048 shards
-    nvidia-varlength   4,320 variable-length shards in part order                NVIDIA's MLPerf trainer v1.1-v2.x
+    nvidia-4320        4,320 variable-length shards (v3.1 rule), shuffled        NVIDIA's MLPerf trainer v3.x (DATADIR_PHASE2)
+    nvidia-2048        2,048 shards (v1.1 rule: the 2,048 list), shuffled
+    nvidia-varlength   4,320 variable-length shards (v3.1 rule) in part order    NVIDIA's trainer; v3.1's 4,320 list
+    nvidia-4320-v1.1   4,320 variable-length shards (v1.1 rule) in part order    NVIDIA's trainer v1.1; v1.1's 4,320 list
     nvidia-packed      NVIDIA's packed set (<= 3 sequences a sample)             NVIDIA's trainer --packed_samples
     habana-packed      Habana's packed set (<= 3 sequences a pack) + metadata   Habana's trainer, packed mode (its default)
+
+Which published checksum list (``bertpipe verify --against``) checks which folder: ``nvidia-4320`` the shards of
+``nvidia-varlength`` (and the chop stage of ``nvidia-4320``), ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
+``nvidia-4320-v1.1`` those of ``nvidia-4320-v1.1``, ``nvidia-2048`` the chop stage of ``nvidia-2048`` (no shuffled
+2,048 list is published), ``nvidia-eval`` every NVIDIA target's eval file.
 
 Every NVIDIA target comes with NVIDIA's variable-length eval file (``nvidia_eval``); every run builds the padded
 eval file (``eval_hdf5``: Samsung's, Habana's and bertpipe's eval).
@@ -41,14 +47,19 @@ class Target:
 TARGETS: tuple[Target, ...] = (
     Target("samsung-4bins", "4 length bins x N shards of padded rows (Samsung's MLPerf trainer, bertpipe train)",
            train="train_dir", eval="eval_hdf5"),
-    Target("nvidia-4320", "NVIDIA's 4,320 variable-length shards shuffled across shards "
-           "(hdf5_4320_shards_varlength_shuffled: its MLPerf trainer v3.x) and its variable-length eval",
+    Target("nvidia-4320", "NVIDIA's 4,320 variable-length shards (chopped by v3.1's rule) shuffled across shards "
+           "(hdf5_4320_shards_varlength_shuffled: its MLPerf trainer v3.x; v3.1's shuffled list) and its "
+           "variable-length eval",
            train="nvidia_4320_shuffled_dir", eval="nvidia_eval_varlength"),
-    Target("nvidia-2048", "the same with 2,048 shards (hdf5_2048_shards_varlength, then shuffled)",
+    Target("nvidia-2048", "2,048 shards chopped by v1.1's rule (hdf5_2048_shards_varlength, which NVIDIA's "
+           "2,048 list checks), then shuffled",
            train="nvidia_2048_shuffled_dir", eval="nvidia_eval_varlength"),
-    Target("nvidia-varlength", "NVIDIA's 4,320 variable-length shards in part order (hdf5_4320_shards_varlength: "
-           "its MLPerf trainer v1.1-v2.x) and its variable-length eval",
+    Target("nvidia-varlength", "NVIDIA's 4,320 variable-length shards (v3.1's rule) in part order "
+           "(hdf5_4320_shards_varlength, as v3.1's 4,320 list) and its variable-length eval",
            train="nvidia_4320_varlength_dir", eval="nvidia_eval_varlength"),
+    Target("nvidia-4320-v1.1", "NVIDIA's 4,320 variable-length shards chopped by v1.1's rule (rows past the last "
+           "shard dropped), in part order, as v1.1's 4,320 list and its trainer; and its variable-length eval",
+           train="nvidia_4320_v11_varlength_dir", eval="nvidia_eval_varlength"),
     Target("nvidia-packed", "NVIDIA's packed set, <= 3 sequences a sample (packed_data: its trainer's "
            "--packed_samples) and its variable-length eval", train="nvidia_packed_dir", eval="nvidia_eval_varlength"),
     Target("habana-packed", "Habana's packed set, <= 3 sequences a pack, and its metadata (its trainer's packed mode, "

@@ -2,15 +2,20 @@
 
   bertpipe chop-hdf5 --input_hdf5_dir hdf5/training --output_hdf5_dir hdf5/training-4320 --num_shards 4320
   bertpipe chop-hdf5 --varlength ...            # chop_hdf5_files_to_varlength.py: the shards in the packed form
+  bertpipe chop-hdf5 --rule v1.1 ...            # v1.1's chop rule (the 2,048 list, v1.1's 4,320 list)
   bertpipe shuffle-samples --input_hdf5 training-4320/hdf5_4320_shards_varlength \\
       --output_hdf5 training-4320/hdf5_4320_shards_varlength_shuffled
   bertpipe pick-eval-samples-varlength --input_hdf5_file eval/eval_all.hdf5 \\
       --output_hdf5_file eval_varlength/part_eval_10k --num_examples_to_pick 10000
 
-Each takes the script's flags (and the dashed spelling: --num-shards). Where the script crashes, bertpipe refuses
-in one line; where it silently drops rows (chop-hdf5), bertpipe drops the same rows and says so. Check the result
-against NVIDIA's published checksums with `bertpipe verify --against nvidia-4320 --dir <shards folder>` (the
-output of shuffle-samples: --against nvidia-4320-shuffled).
+Each takes the script's flags (and the dashed spelling: --num-shards). chop-hdf5 --rule names the round whose
+chop_hdf5_files.py it follows: v3.1 (default; the first `excess` shards one row short, every row kept) or v1.1
+(every shard one row short, the rows past the last shard dropped). Where the script crashes, bertpipe refuses in one
+line (v3.1 when the rows fill the shards evenly: every shard gets `nominal` rows instead, on purpose); where it
+silently drops rows (v1.1), bertpipe drops the same rows and says so. Check the result against NVIDIA's published
+checksums with `bertpipe verify --against LIST --dir <shards folder>`: nvidia-4320 (4,320 shards, rule v3.1),
+nvidia-4320-v1.1 (4,320, rule v1.1), nvidia-2048 (2,048, rule v1.1), nvidia-4320-shuffled (the output of
+shuffle-samples on the v3.1 4,320 shards).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from core.paths import path_arg
 log = logging.getLogger(__name__)
 
 _HELP = {
-    "chop-hdf5": "chop_hdf5_files.py: the padded part files resharded into N shards (--varlength: "
+    "chop-hdf5": "chop_hdf5_files.py (--rule: v3.1's or v1.1's): the padded part files resharded into N shards "
+                 "(--varlength: "
                  "chop_hdf5_files_to_varlength.py); inputs sorted <input_hdf5_dir>/part-00???-of-00500.hdf5, outputs "
                  "<output_hdf5_dir>/hdf5_<N>_shards_uncompressed/ (or _varlength/) part_<k:05d>_of_<N:05d>.hdf5",
     "shuffle-samples": "shuffle_samples.py (v3.x, both steps): the rows of <input_hdf5>/part_0*.hdf5 shuffled across "
@@ -55,6 +61,10 @@ def add_arguments_for(command: str, p: argparse.ArgumentParser) -> None:
         flag(p, "num_shards", type=positive_int(1 << 20), default=2048, help="output shards (default: 2048; "
              "NVIDIA's prepare_data.sh: 4320, or 2048 below 256 nodes)")
         _widths(p)
+        flag(p, "rule", choices=("v3.1", "v1.1"), default="v3.1",  # preprocessing.nvidia_chop.RULES (--help stays light)
+             help="whose chop_hdf5_files.py: v3.1 (default: the first `excess` shards hold nominal-1 rows, the "
+                  "others nominal, no row dropped; NVIDIA's current 4,320 lists) or v1.1 (every shard nominal-1 rows, "
+                  "the rest dropped; the 2,048 list and v1.1's 4,320 list)")
         p.add_argument("--varlength", action="store_true",
                        help="write the shards in NVIDIA's packed form (chop_hdf5_files_to_varlength.py; the "
                             "folder is hdf5_<N>_shards_varlength)")
@@ -117,7 +127,7 @@ def _chop(args: argparse.Namespace) -> int:
         shards_folder,
     )
 
-    cfg = ChopConfig(num_shards=args.num_shards, max_seq_length=args.max_seq_length,
+    cfg = ChopConfig(num_shards=args.num_shards, max_seq_length=args.max_seq_length, rule=args.rule,
                      max_predictions_per_seq=args.max_predictions_per_seq, varlength=args.varlength)
     pc = PathCheck(overwrite=args.overwrite)
     in_dir = pc.input_dir("--input_hdf5_dir", args.input_hdf5_dir)
@@ -129,7 +139,7 @@ def _chop(args: argparse.Namespace) -> int:
                          "NVIDIA's 500 part files, e.g. part-00000-of-00500.hdf5)")
     expected = {shard_name(k, cfg.num_shards) for k in range(cfg.num_shards)} | {MANIFEST_NAME}
     _foreign(out, expected, "--output_hdf5_dir")
-    chop_layout(sum(count_rows(p, cfg) for p in files), cfg.num_shards)  # the reference's crash cases, before writing
+    chop_layout(sum(count_rows(p, cfg) for p in files), cfg.num_shards, cfg.rule)  # the reference's crash cases, before writing
     try:
         m = run_nvidia_chop(files, out, cfg, workers=_workers_of(args))
     except BaseException:
@@ -138,7 +148,7 @@ def _chop(args: argparse.Namespace) -> int:
         raise
     c = m.counters
     log.info("%d of %d rows -> %d shards in %s%s", c["rows"], c["rows_in"], c["files"], out,
-             f" ({c['rows_dropped']} left out, as the reference does)" if c["rows_dropped"] else "")
+             f" ({c['rows_dropped']} left out, as v1.1's script does)" if c["rows_dropped"] else "")
     return 0
 
 

@@ -9,10 +9,11 @@ last run made (work/last_run.json) that is gone; the next `bertpipe run` redoes 
   bertpipe verify --against nvidia-4320 --dir hdf5/training-4320/hdf5_4320_shards_varlength
 
 checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's published checksums (hdf5_md5.py digests).
-The lists that ship with bertpipe: nvidia-4320 (the 4,320 chopped shards, hdf5_4320_shards_varlength: --target
-nvidia-varlength), nvidia-4320-shuffled (the same rows shuffled across shards, hdf5_4320_shards_varlength_shuffled:
---target nvidia-4320) and nvidia-eval (part_eval_10k.hdf5); nvidia-2048 is refused in one line (NVIDIA's 2,048-shard
-list was not found to ship); or give the path of any .chk list. Exit 1 if a shard differs or is missing.
+The lists that ship with bertpipe, each named with the chop rule that made it: nvidia-4320 (v3.1's list, rule v3.1:
+hdf5_4320_shards_varlength, --target nvidia-varlength), nvidia-4320-shuffled (v3.1's shuffled list:
+hdf5_4320_shards_varlength_shuffled, --target nvidia-4320), nvidia-4320-v1.1 (v1.1's list, rule v1.1: --target
+nvidia-4320-v1.1), nvidia-2048 (rule v1.1, the same list in both rounds: the chop stage of --target nvidia-2048) and
+nvidia-eval (part_eval_10k.hdf5); or give the path of any .chk list. Exit 1 if a shard differs or is missing.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=path_arg, default=Path("work"))
     p.add_argument("--against", metavar="LIST",
                    help="check the shards of --dir against NVIDIA's published checksums instead: nvidia-4320 "
-                        "(hdf5_4320_shards_varlength), nvidia-4320-shuffled (hdf5_4320_shards_varlength_shuffled) "
-                        "or nvidia-eval, the lists that ship with bertpipe (preprocessing/nvidia_chk/README.md; "
-                        "nvidia-2048 does not ship), or the path of any .chk file")
+                        "(hdf5_4320_shards_varlength, chop rule v3.1), nvidia-4320-shuffled "
+                        "(hdf5_4320_shards_varlength_shuffled), nvidia-4320-v1.1 (4,320 shards, rule v1.1), "
+                        "nvidia-2048 (2,048 shards, rule v1.1) or nvidia-eval, the lists that ship with bertpipe "
+                        "(preprocessing/nvidia_chk/README.md), or the path of any .chk file")
     p.add_argument("--dir", dest="shard_dir", type=path_arg, metavar="DIR",
                    help="with --against: the folder of shards to check (e.g. hdf5_4320_shards_varlength)")
 

@@ -1,7 +1,8 @@
-"""chop-hdf5 = NVIDIA's chop_hdf5_files.py (and chop_hdf5_files_to_varlength.py), compared with the script's loop
-re-enacted row by row (tests/preprocessing/nvidia_reference.py) on the golden sample and on made-up inputs:
+"""chop-hdf5 --rule v1.1 = v1.1's chop_hdf5_files.py (and chop_hdf5_files_to_varlength.py), compared with the script's
+loop re-enacted row by row (tests/preprocessing/nvidia_reference.py) on the golden sample and on made-up inputs:
 several parts (one empty, one of one row), every length from 1 to 512, shard counts that leave rows out, and the
-counts where the script crashes."""
+counts where the script crashes. Fast and without ../shared; tests/preprocessing/test_nvidia_scripts.py runs the
+scripts themselves (both rules) against bertpipe."""
 
 from __future__ import annotations
 
@@ -57,27 +58,32 @@ def test_shard_sizes_are_the_scripts_on_every_count():
             try:
                 sizes, left = ref.chop_shard_sizes(files, n)
             except (IndexError, ValueError):
-                assert reference_crash(rows, n), (rows, n)
+                assert reference_crash(rows, n, "v1.1"), (rows, n)
                 with pytest.raises(InputError, match="--num_shards"):
-                    chop_layout(rows, n)
+                    chop_layout(rows, n, "v1.1")
                 continue
-            assert not reference_crash(rows, n), (rows, n)
-            lay = chop_layout(rows, n)
+            assert not reference_crash(rows, n, "v1.1"), (rows, n)
+            lay = chop_layout(rows, n, "v1.1")
             assert sizes == [lay.size(k) for k in range(n)], (rows, n)
             assert left == lay.dropped and sum(sizes) == lay.kept, (rows, n)
 
 
 def test_a_large_layout():
-    """4320 shards of ~36,000 rows (NVIDIA's default count): every shard nominal-1 rows when rows don't divide."""
-    lay = chop_layout(4320 * 36280 - 3947, 4320)
+    """4320 shards of ~36,000 rows (NVIDIA's default count): under v1.1 every shard nominal-1 rows when rows don't
+    divide; under v3.1 the first `excess` shards, nothing dropped."""
+    lay = chop_layout(4320 * 36280 - 3947, 4320, "v1.1")
     assert (lay.nominal, lay.excess) == (36280, 3947)
     assert lay.size(0) == lay.size(4319) == 36279 and lay.dropped == 4320 - 3947
+    lay = chop_layout(4320 * 36280 - 3947, 4320)
+    assert (lay.rule, lay.size(0), lay.size(3946), lay.size(3947), lay.size(4319)) == ("v3.1", 36279, 36279, 36280,
+                                                                                       36280)
+    assert lay.dropped == 0 and lay.kept == lay.rows
 
 
 @pytest.mark.parametrize("n", [1, 8, 93])
 def test_padded_shards_equal_the_scripts_bytes(parts, tmp_path, n):
     want = Path(ref.chop_hdf5_files(str(parts), str(tmp_path / "ref"), n))
-    cfg = ChopConfig(num_shards=n, chunk_rows=37)
+    cfg = ChopConfig(num_shards=n, chunk_rows=37, rule="v1.1")
     m = run_nvidia_chop(input_files(parts), tmp_path / "ours", cfg)
     assert m.counters["rows_in"] == 563 and m.counters["rows"] + m.counters["rows_dropped"] == 563
     names = sorted(p.name for p in (tmp_path / "ours").iterdir())
@@ -102,7 +108,8 @@ def test_varlength_shards_equal_chop_then_convert_fixed2variable(parts, tmp_path
     """chop_hdf5_files_to_varlength.py = chop_hdf5_files.py then convert_fixed2variable.py on each shard."""
     n = 7
     padded = Path(ref.chop_hdf5_files(str(parts), str(tmp_path / "ref"), n))
-    m = run_nvidia_chop(input_files(parts), tmp_path / "ours", ChopConfig(num_shards=n, varlength=True, chunk_rows=50))
+    m = run_nvidia_chop(input_files(parts), tmp_path / "ours", ChopConfig(num_shards=n, varlength=True, chunk_rows=50,
+                                                                           rule="v1.1"))
     assert m.counters["rows"] == 560 and m.counters["rows_dropped"] == 3
     for k in range(n):
         theirs = tmp_path / f"conv_{k}.hdf5"
@@ -120,12 +127,13 @@ def test_golden_sample_as_the_only_part(golden, tmp_path):
     src.mkdir()
     (src / "part-00000-of-00500.hdf5").symlink_to(golden / "sample.hdf5")
     want = Path(ref.chop_hdf5_files(str(src), str(tmp_path / "ref"), 8))
-    m = run_nvidia_chop(input_files(src), tmp_path / "ours", ChopConfig(num_shards=8))
+    m = run_nvidia_chop(input_files(src), tmp_path / "ours", ChopConfig(num_shards=8, rule="v1.1"))
     assert (m.counters["rows"], m.counters["rows_dropped"]) == (12600, 6)
     for k in range(8):
         assert md5(tmp_path / "ours" / shard_name(k, 8)) == md5(want / shard_name(k, 8))
     with pytest.raises(InputError, match="at most 4202 shards"):  # NVIDIA's 4320 would crash the script here
-        run_nvidia_chop(input_files(src), tmp_path / "big", ChopConfig(num_shards=4320))
+        run_nvidia_chop(input_files(src), tmp_path / "big", ChopConfig(num_shards=4320, rule="v1.1"))
+    assert run_nvidia_chop(input_files(src), tmp_path / "v31", ChopConfig(num_shards=8)).counters["rows_dropped"] == 0
     with pytest.raises(IndexError):  # the script's loop (counters only: 4,320 real files take a minute)
         ref.chop_shard_sizes([12606], 4320)
 
@@ -141,7 +149,12 @@ def test_cli_writes_the_reference_folder_and_refuses_crash_cases(parts, tmp_path
                                                                      "hdf5_8_shards_varlength"]
     assert shards_folder(ChopConfig(num_shards=8, varlength=True)) == "hdf5_8_shards_varlength"
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    assert main(["chop-hdf5", "--input_hdf5_dir", str(parts), "--output_hdf5_dir", "out", "--num_shards", "100"]) == 2
+    assert main(["chop-hdf5", "--input_hdf5_dir", str(parts), "--output_hdf5_dir", "out", "--num_shards", "100",
+                 "--rule", "v1.1"]) == 2
+    assert main(["chop-hdf5", "--input_hdf5_dir", str(parts), "--output_hdf5_dir", "out", "--num_shards", "600"]) == 2
+    with pytest.raises(SystemExit):
+        main(["chop-hdf5", "--input_hdf5_dir", str(parts), "--output_hdf5_dir", "out", "--num_shards", "8",
+              "--rule", "v2.0"])
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
@@ -171,8 +184,14 @@ def test_dag_declaration_runs_as_pieces(parts, tmp_path):
     m = run_pieces(DAG_STAGES[0], {"hdf5": h5}, work, targets=("nvidia-4320",), is_sample=True, n_output_shards=8)
     direct = run_nvidia_chop(input_files(parts), tmp_path / "direct", ChopConfig(num_shards=8, varlength=True))
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
-    assert m.counters["rows_dropped"] == 3
-    assert [s.name for s in DAG_STAGES] == ["nvidia_4320", "nvidia_2048"]
+    assert m.counters["rows_dropped"] == 0 and m.params["rule"] == "v3.1"  # the rule is in the stage key
+    m11 = run_pieces(DAG_STAGES[2], {"hdf5": h5}, work, targets=("nvidia-4320-v1.1",), is_sample=True,
+                     n_output_shards=8)
+    assert m11.counters["rows_dropped"] == 3 and m11.params["rule"] == "v1.1"
+    assert [s.name for s in DAG_STAGES] == ["nvidia_4320", "nvidia_2048", "nvidia_4320_v11"]
+    p = type("P", (), {"max_seq_length": 512, "max_predictions_per_seq": 76, "is_sample": False})()
+    assert [s.configure(p).rule for s in DAG_STAGES] == ["v3.1", "v1.1", "v1.1"]
+    assert DAG_STAGES[2].when(type("P", (), {"targets": ("nvidia-4320-v1.1",)})())
     assert DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-varlength",)})())
     assert not DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-packed",)})())  # it packs the padded parts
     assert not DAG_STAGES[0].when(type("P", (), {"targets": ("samsung-4bins",)})())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def test_dag_declaration(golden, tmp_path):
     assert cfg.num_examples_to_pick == 0
     units = stage.plan(Plan(stage, None, cfg, "key", tmp_path, {"eval_hdf5": res}, {}))
     m = units[0].call()
-    ref.assert_same_content(tmp_path / "nvidia_eval" / "key" / "part_eval_10k.hdf5",
+    assert sorted(os.listdir(tmp_path / "nvidia_eval" / "key" / "eval_varlength")) == ["part_eval_10k.hdf5"]
+    ref.assert_same_content(tmp_path / "nvidia_eval" / "key" / "eval_varlength" / "part_eval_10k.hdf5",
                             golden / "nvidia_varlength" / "eval_100_varlength.numpy1.hdf5")
     assert m.counters["picked"] == 100

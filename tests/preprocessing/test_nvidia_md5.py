@@ -27,9 +27,21 @@ SHIPPED = {
     "nvidia-4320-shuffled": ("4320_shards_varlength_shuffled.chk", "6b740b99e4042500934a98482dd7f75a",
                              "part_00000_of_04320.hdf5\ta0592b1f501328540c6fe8404a1c7f81",
                              "part_04319_of_04320.hdf5\t40fed5d528ee7472f15c64608b0982d3"),
+    "nvidia-4320-v1.1": ("4320_shards_varlength_v1.1.chk", "9fc35f3f241c939a10bc3f703f1dd5ab",
+                         "part_00000_of_04320.hdf5\te25b1a34b8d14179b2774d1dbf3b7561",
+                         "part_04319_of_04320.hdf5\t76985d700c2ea35390a32549492fe914"),
+    "nvidia-2048": ("2048_shards_varlength.chk", "f1d1ad660560d2b62f3c3818bf2361fc",
+                    "part_00000_of_02048.hdf5\tac517231f748d9ae0dad04cce21ab01d",
+                    "part_02047_of_02048.hdf5\t7460162aaa6952ee5192e6fb3c5d5805"),
     "nvidia-eval": ("eval_varlength.chk", "b2feddc2a83409843d5f56c2143af81e",
                     "part_eval_10k.hdf5\t611d8bae26646145e1c33338a27ba124", None),
 }
+#: Where each shipped list comes from in ../shared/reference (the vendors' folders; README there and in nvidia_chk).
+SOURCE = {"nvidia-4320": "nvidia-v3.1/input_preprocessing/4320_shards_varlength.chk",
+          "nvidia-4320-shuffled": "nvidia-v3.1/input_preprocessing/4320_shards_varlength_shuffled.chk",
+          "nvidia-4320-v1.1": "nvidia-v1.1/input_preprocessing/4320_shards_varlength.chk",
+          "nvidia-2048": "nvidia-v3.1/input_preprocessing/2048_shards_varlength.chk",
+          "nvidia-eval": "nvidia-v3.1/input_preprocessing/eval_varlength.chk"}
 
 
 @pytest.mark.parametrize("name", ["eval_100.hdf5", "nvidia_varlength/eval_100_varlength.numpy1.hdf5"])
@@ -63,15 +75,31 @@ def test_chk_format(tmp_path):
         read_chk(p)
 
 
-def test_every_published_name_is_shipped_or_refused():
-    """The names --against knows: the shipped lists, and nvidia-2048, whose list was not found (it is refused in
-    one line naming the file and what to do, never made up)."""
-    assert set(PUBLISHED) == set(SHIPPED) | {"nvidia-2048"}
+def test_every_published_name_is_shipped(monkeypatch, tmp_path):
+    """The names --against knows are exactly the lists that ship, each paired with the chop rule that made it; a list
+    missing from an installation is refused in one line naming the file and what to do, never made up."""
+    assert set(PUBLISHED) == set(SHIPPED) == set(nvidia_md5.RULE_OF)
     assert {n: PUBLISHED[n] for n in SHIPPED} == {n: v[0] for n, v in SHIPPED.items()}
     assert sorted(p.name for p in CHK_DIR.glob("*.chk")) == sorted(v[0] for v in SHIPPED.values())
+    assert nvidia_md5.RULE_OF == {"nvidia-4320": "v3.1", "nvidia-4320-shuffled": "v3.1", "nvidia-4320-v1.1": "v1.1",
+                                  "nvidia-2048": "v1.1", "nvidia-eval": None}
+    monkeypatch.setattr(nvidia_md5, "CHK_DIR", tmp_path)
     with pytest.raises(InputError, match=r"^--against nvidia-2048: the list 2048_shards_varlength.chk is not "
                                          r"shipped with this bertpipe .*give the path of a \.chk file instead$"):
         resolve_chk("nvidia-2048")
+
+
+@pytest.mark.parametrize("against", sorted(SOURCE))
+def test_shipped_lists_are_the_vendors_files(against):
+    """Each shipped list is byte for byte the file in the vendors' folder (../shared/reference) its README names."""
+    from tests.conftest import SHARED
+
+    src = SHARED / "reference" / SOURCE[against]
+    if not src.is_file():
+        pytest.skip(f"{src} is absent (../shared/reference)")
+    assert (CHK_DIR / PUBLISHED[against]).read_bytes() == src.read_bytes()
+    readme = (CHK_DIR / "README.md").read_text()
+    assert f"`{PUBLISHED[against]}`" in readme and SOURCE[against].split("/input_preprocessing/")[1] in readme
 
 
 @pytest.mark.parametrize("against", sorted(SHIPPED))
@@ -90,10 +118,11 @@ def test_shipped_lists(against):
     if against == "nvidia-eval":
         assert chk == {"part_eval_10k.hdf5": "611d8bae26646145e1c33338a27ba124"}
         return
-    names = [nvidia_chop.shard_name(k, 4320) for k in range(4320)]
-    assert names == [nvidia_shuffle.shard_name(k, 4320) for k in range(4320)]
-    assert [line.split("\t")[0] for line in lines[:-1]] == names  # 4,320 lines, in order, nothing else
-    assert list(chk) == names and len(set(chk.values())) == 4320
+    n = 2048 if against == "nvidia-2048" else 4320
+    names = [nvidia_chop.shard_name(k, n) for k in range(n)]
+    assert names == [nvidia_shuffle.shard_name(k, n) for k in range(n)]
+    assert [line.split("\t")[0] for line in lines[:-1]] == names  # n lines, in order, nothing else
+    assert list(chk) == names and len(set(chk.values())) == n
     assert all(len(line) == 57 for line in lines[:-1])  # name<TAB>32 lowercase hex digits, no stray spaces
 
 
@@ -152,7 +181,7 @@ def test_verify_against_the_shipped_shuffled_list(golden, tmp_path, monkeypatch,
                       "4320_shards_varlength_shuffled.chk lists c4ec4cc268d8e3b8b68064bcb36fd04f")
     assert out[2:] == [f"BAD  part_{k:05d}_of_04320.hdf5: missing (listed in 4320_shards_varlength_shuffled.chk)"
                        for k in range(2, 4320)]
-    assert main(["verify", "--against", "nvidia-2048", "--dir", str(tmp_path / "shards")]) == 2
+    assert main(["verify", "--against", "nvidia-2048", "--dir", str(tmp_path / "shards")]) == 1  # ships: all missing
 
 
 def test_verify_against(golden, tmp_path, monkeypatch):
