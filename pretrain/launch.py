@@ -55,7 +55,9 @@ VERBOSE_ENV = "BERTPIPE_VERBOSE"
 LAUNCHER_LOG = "launcher.log"
 _STEP = re.compile(r"\[rank0\] INFO pretrain\.train: step (\d+)/(\d+): ")
 _WORTH = re.compile(r"\[rank\d+\] (INFO|WARNING|ERROR|CRITICAL) pretrain\.|\[rank\d+\] (WARNING|ERROR|CRITICAL) "
-                    r"|^pretrain/train\.py \[rank \d+\]: error: ")
+                    r"|^(\S+: )?pretrain/train\.py \[rank \d+\]: error: ")
+#: a rank's one error line (pretrain/train.py's ``_fail``), perhaps behind pdsh's "host: "
+_RANK_ERROR = re.compile(r"^(?:\S+: )?(pretrain/train\.py \[rank \d+\]: error: .*)$")
 
 
 def verbose_from_env() -> bool:
@@ -95,12 +97,72 @@ class _LauncherLog:
             self._f.close()
 
 
-def _pump(pipe, sink: _LauncherLog, stream) -> None:
-    """Each line of ``pipe`` into the log, and onto ``stream`` if it belongs on a quiet console."""
+class _Failure:
+    """The first rank error line of a launch: shown once, and the whole training stopped at once (the other
+    ranks would only add their view of it: a collective whose peer is gone, launcher tracebacks)."""
+
+    def __init__(self) -> None:
+        self.line: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def see(self, line: str) -> str | None:
+        """The rank's error line when ``line`` is the first one (then the training is being stopped)."""
+        m = _RANK_ERROR.match(line)
+        if not m:
+            return None
+        with self._lock:
+            if self.line is not None:
+                return None
+            self.line = m[1]
+        if self.proc is not None:
+            stop_training(self.proc.pid)
+        return self.line
+
+    @property
+    def status(self) -> int:
+        """2 for a refusal of the data or inputs (a rank's InputError, a non-finite loss), 1 for a crash."""
+        return 1 if self.line is None or "(traceback: " in self.line else 2
+
+
+def stop_training(launcher_pid: int) -> None:
+    """SIGKILL the launcher, every process below it (torchrun's workers run in sessions of their own) and its
+    process group: the ranks' descendants are listed first, before their parents die and they are reparented."""
+    procs = []
+    try:
+        import psutil
+
+        try:
+            procs = psutil.Process(launcher_pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+    except ImportError:
+        pass
+    try:
+        os.killpg(launcher_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(pipe, sink: _LauncherLog | None, stream, failure: _Failure | None = None, everything: bool = False
+          ) -> None:
+    """Each line of ``pipe`` into the log, and onto ``stream`` if it belongs on a quiet console (``everything``:
+    every line); after a rank's error line (``failure``), that line only."""
     for raw in pipe:
         line = raw.rstrip("\n")
-        sink.write(line)
-        if console_line(line):
+        if sink is not None:
+            sink.write(line)
+        if failure is not None and failure.line is not None:
+            continue
+        error = failure.see(line) if failure is not None else None
+        if error is not None:
+            print(error, file=stream, flush=True)
+        elif everything or console_line(line):
             print(line, file=stream, flush=True)
     pipe.close()
 
@@ -313,22 +375,32 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
     extra[OWNER_ENV] = owner_token()  # each rank's watchdog: stop when this process is gone
     quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
     sink = _LauncherLog(Path(cfg.output_dir) / LAUNCHER_LOG) if quiet or on_output is not None else None
+    failure = _Failure()  # the first rank error line: shown alone, and the whole training stopped
     if quiet:
         print(f"(launcher and rank output: {sink.path}; bertpipe -v shows it here)", flush=True)
-        # one merged pipe: the log (and its last lines on failure) keeps the order the lines were written in
-        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
     elif on_output is not None:
-        pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
         relay = on_output
 
         def on_output(line: str) -> None:  # the callback's lines go to launcher.log as well
             sink.write(line)
-            relay(line)
-    else:
-        pipe = {}
+            if failure.line is not None:  # after a rank's error line, the log only
+                return
+            error = failure.see(line)
+            relay(error if error is not None else line)
+    # one merged pipe: the log (and its last lines on failure) keeps the order the lines were written in; -v:
+    # stdout and stderr each to theirs, every line
+    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT if sink else subprocess.PIPE, text=True,
+                errors="replace", bufsize=1)
     # (the exec wrapper gives the launcher a parent-death signal: it dies when this thread's process does)
     proc = subprocess.Popen(exec_wrapper(cmd), env={**os.environ, **extra}, start_new_session=True, **pipe)
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, sink, sys.stderr), daemon=True)] if quiet else []
+    failure.proc = proc
+    if quiet:
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, sink, sys.stderr, failure), daemon=True)]
+    elif on_output is None:
+        pumps = [threading.Thread(target=_pump, args=(pipe_, None, stream, failure, True), daemon=True)
+                 for pipe_, stream in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    else:
+        pumps = []
     for t in pumps:
         t.start()
 
@@ -362,6 +434,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
             print(f"training stopped by {name}: " + (f"checkpoint {tag} saved in {cfg.output_dir}; add --resume to "
                   "continue" if tag else "no checkpoint yet (stopped before the first one)"), file=sys.stderr)
             return 128 + stopped[0]
+        if failure.line is not None:  # a rank's one error line is shown: it is the whole report
+            return failure.status
         if quiet and rc != 0:
             print(f"training failed (exit status {rc}); the last lines of {sink.path}:", file=sys.stderr)
             for last in sink.last:

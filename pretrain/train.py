@@ -645,9 +645,47 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(from_args(args))
     except (BertpipeError, NonFiniteLossError) as exc:
-        print(f"pretrain/train.py [rank {rank}]: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        _fail(rank, str(exc), 2)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a crash, or a peer's end seen in a collective
+        _fail(rank, _crash_line(exc), 1, traceback=True)
     return 0
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank (or its node) ended."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(k in text for k in ("DistBackendError", "DistNetworkError", "Connection closed by peer",
+                                   "Connection reset by peer", "Broken pipe", "Socket Timeout", "Gloo", "gloo",
+                                   "NCCL", "ProcessGroup", "TCPStore", "recvValue", "Connection refused"))
+
+
+def _crash_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if _peer_lost(exc):
+        return (f"lost contact with another rank ({type(exc).__name__}: {first}): a rank or a node ended; its own "
+                f"error line says why (traceback: {LAUNCHER_LOG_HINT})")
+    return f"{type(exc).__name__}: {first} (traceback: {LAUNCHER_LOG_HINT})"
+
+
+#: where a rank's traceback goes (its stderr: the launcher's log, OUTPUT_DIR/launcher.log under bertpipe train)
+LAUNCHER_LOG_HINT = "launcher.log"
+
+
+def _fail(rank: int, message: str, status: int, traceback: bool = False) -> None:
+    """End this rank at once with one error line (the launcher shows the first rank's and stops the others):
+    ``os._exit``, as a rank whose peers are gone can hang in the process group's and threads' shutdown."""
+    try:
+        if traceback:
+            import traceback as tb
+
+            tb.print_exc(file=sys.stderr)  # into the launcher's log; the console shows the line below
+        sys.stdout.flush()
+        print(f"pretrain/train.py [rank {rank}]: error: {message}", file=sys.stderr, flush=True)
+    finally:
+        logging.shutdown()
+        os._exit(status)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,9 @@ def test_the_launcher_dies_with_its_owner_even_on_kill_9():
         print(p.pid, flush=True); time.sleep(300)
     """)
     launcher = int(owner.stdout.readline())
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # (a loaded machine: the wrapper's Python takes a while to exec)
+    while Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"  # the wrapper exec'd
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
@@ -248,3 +250,56 @@ def test_a_rank_waiting_on_a_build_lock_says_so_within_seconds(tmp_path, caplog)
     assert caplog.records, "nothing said about the lock"
     msg = caplog.records[0].getMessage()
     assert caplog.records[0].levelname == "WARNING" and str(lock) in msg and f"rm {lock}" in msg
+
+
+# --- a rank's error ends the whole training: one line, nothing left (issue 33, item 6) --------------------------
+
+FAILING_LAUNCH = r"""
+import os, subprocess, sys, time
+# a "launcher" with two "ranks": one in its own session (as torchrun's workers), blocked as in a collective,
+# the other fails after a moment with its one error line, a traceback-like chatter before it
+blocked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+print(blocked.pid, file=open(sys.argv[1], "w"), flush=True)
+failing = subprocess.Popen([sys.executable, "-c", '''
+import sys, time
+time.sleep(1.5)
+print("Traceback (most recent call last):", file=sys.stderr)
+print("  File x, line 1", file=sys.stderr)
+print("pretrain/train.py [rank 1]: error: bad training data in /d/part_1.hdf5 row 17: input_ids holds the "
+      "negative token id -5 (column 3); re-create the file", file=sys.stderr, flush=True)
+sys.exit(2)
+'''])
+failing.wait()
+print("pretrain/train.py [rank 0]: error: lost contact with another rank (RuntimeError: Connection closed by peer)",
+      file=sys.stderr, flush=True)
+time.sleep(300)  # a launcher that never notices
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "callback"])
+def test_a_rank_error_ends_every_rank_and_the_launch_with_its_one_line(tmp_path, monkeypatch, capfd, mode):
+    import pretrain.launch as launch_mod
+    from pretrain.launch import launch
+    from pretrain.train_config import TrainConfig
+
+    script, pid_file = tmp_path / "launcher.py", tmp_path / "blocked.pid"
+    script.write_text(FAILING_LAUNCH)
+    monkeypatch.setattr(launch_mod, "build_command", lambda cfg, nproc, **kw: [sys.executable, str(script),
+                                                                                 str(pid_file)])
+    monkeypatch.delenv(launch_mod.VERBOSE_ENV, raising=False)
+    lines: list[str] = []
+    t0 = time.monotonic()
+    rc = launch(TrainConfig(train_dir=str(tmp_path), output_dir=str(tmp_path / "out"), device="cpu"), 2, check=False,
+                on_output=lines.append if mode == "callback" else None)
+    took = time.monotonic() - t0
+    assert rc == 2 and took < 30, (rc, took)
+    blocked = int(pid_file.read_text())
+    assert _gone(blocked, 5), "the blocked rank (a session of its own) was left running"
+    out, err = capfd.readouterr()
+    # the console: that line only; a callback (Prefect's logs) gets every line up to it, none after
+    shown = (lines[-1:] if mode == "callback" else err.splitlines())
+    assert sum("error:" in line for line in lines) == (1 if mode == "callback" else 0)
+    assert shown == ["pretrain/train.py [rank 1]: error: bad training data in /d/part_1.hdf5 row 17: input_ids "
+                     "holds the negative token id -5 (column 3); re-create the file"], shown
+    log = (tmp_path / "out" / "launcher.log").read_text()
+    assert "Traceback" in log and "row 17" in log
