@@ -13,9 +13,18 @@
   number (1, 2, 3 ...; 0 = padding). A token attends only to the tokens of its own sequence, position ids
   restart at each sequence, the pooler and NSP head run on each sequence's [CLS], and the losses are those
   of the same sequences unpadded, one per row (mean over all masked tokens of the batch, mean NSP loss over
-  its sequences). Attention: ``flash_attn_varlen_func`` on the unpadded tokens where the ``flash_attn``
-  package imports and the model runs on CUDA in fp16/bf16; else PyTorch SDPA with a block-diagonal boolean
-  mask built from the sequence numbers (``BertForPreTraining.packed_attention`` says which ran).
+  its sequences). Attention runs per sequence, never over the whole row: the rows' tokens go through the
+  encoder flat ([B*S, H]) with ``cu_seqlens`` marking each sequence (and each row's padding, a run of its own
+  that no real token sees), and a varlen kernel attends within each run. Kernels (``PACKED_KERNELS``; the
+  default "auto" picks per device, dtype and dropout, ``BertForPreTraining.packed_attention`` says which ran):
+  - ``torch_varlen``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (flash, CUDA fp16/bf16, no
+    dropout): static shapes, no host sync (cu_seqlens via ``nonzero_static``), torch.compile-friendly;
+  - ``nested_varlen``: SDPA on a jagged nested tensor (PyTorch's flash kernel with dropout on CUDA);
+  - ``flash_varlen``: the optional ``flash_attn`` package (CUDA fp16/bf16, dropout), only where it imports;
+  - ``flex_varlen``: FlexAttention with a document BlockMask (compile it for speed; no dropout);
+  - ``split_varlen``: one SDPA per sequence on views of the flat tensor (the fastest exact path measured on
+    CPU; any device, dropout);
+  - None: the old SDPA over the whole row with a block-diagonal boolean mask (for comparison).
 
 Parameter names (see `hf_export.py` / `tf_import.py` for the mappings):
   embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
@@ -192,12 +201,116 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
     return _flash_attn_varlen()(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
 
 
+flash_varlen.static_shapes = True
+
+
+def _lengths(cu_seqlens: Tensor) -> list[int]:
+    """Each sequence's length (host ints; a host sync on an accelerator)."""
+    return (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+
+
+def split_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """One SDPA call per sequence on ``split`` views of q, k, v [T, heads, head_dim] (no mask, no copy in; the
+    backward is one concatenation, not a zero-filled gradient per slice): attention FLOPs sum(len^2) instead
+    of rows x S^2. Any device (a host sync for the lengths), any dtype, dropout."""
+    lengths = _lengths(cu_seqlens)
+    out = []
+    for a, b, c in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
+        if a.shape[0] == 0:
+            out.append(a)
+            continue
+        out.append(F.scaled_dot_product_attention(a.transpose(0, 1), b.transpose(0, 1), c.transpose(0, 1),
+                                                  dropout_p=dropout_p).transpose(0, 1))
+    return torch.cat(out)
+
+
+def torch_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """PyTorch's ``varlen_attn`` (flash; CUDA, fp16/bf16). It has no dropout: dropout_p must be 0."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    if dropout_p:
+        raise ValueError("torch_varlen has no attention dropout (use nested_varlen, split_varlen or flash_varlen)")
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+
+
+torch_varlen.static_shapes = True  # takes cu_seqlens padded with zero-length sequences and max_seqlen >= the longest
+
+
+def nested_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """SDPA on jagged nested tensors (flash with dropout on CUDA fp16/bf16; a slow fallback on CPU)."""
+    offsets = cu_seqlens.long()
+    nt = [torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=1, max_seqlen=max_seqlen
+                                                 ).transpose(1, 2)
+          for t in (q, k, v)]
+    return F.scaled_dot_product_attention(*nt, dropout_p=dropout_p).transpose(1, 2).values()
+
+
+def flex_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
+    """FlexAttention over all T tokens as one sequence with a document mask (a token attends only within its
+    cu_seqlens run; fully masked blocks are skipped). No dropout. Eager FlexAttention is a slow reference:
+    compile the model (or use ``torch.compile(flex_attention)``) for speed."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if dropout_p:
+        raise ValueError("flex_varlen has no attention dropout")
+    t = q.shape[0]
+    doc = torch.searchsorted(cu_seqlens[1:].long(), torch.arange(t, device=q.device), right=True)
+
+    def same_doc(b, h, qi, ki):  # noqa: ANN001, ANN202 - FlexAttention's mask_mod signature
+        return doc[qi] == doc[ki]
+
+    mask = create_block_mask(same_doc, None, None, t, t, device=q.device)
+    out = _flex(flex_attention, q.device)(*(x.transpose(0, 1)[None] for x in (q, k, v)), block_mask=mask)
+    return out[0].transpose(0, 1)
+
+
+_FLEX_FN = None
+#: compile flex_attention (once) when called eagerly: None = on accelerators only (on CPU compiling needs a C++
+#: toolchain and minutes on a small machine; eager FlexAttention is then the reference), True, False
+FLEX_COMPILE: bool | None = None
+
+
+def _flex(fn, device: torch.device):  # noqa: ANN001, ANN202
+    global _FLEX_FN
+    if torch.compiler.is_compiling() or not (FLEX_COMPILE if FLEX_COMPILE is not None else device.type != "cpu"):
+        return fn
+    if _FLEX_FN is None:
+        _FLEX_FN = torch.compile(fn, dynamic=False)
+    return _FLEX_FN
+
+
 def reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
     """The varlen kernel's function with plain SDPA, one sequence at a time (any device; for tests)."""
     bounds = cu_seqlens.tolist()
     out = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), dropout_p=dropout_p
                                           ).transpose(0, 1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return torch.cat(out) if out else q.new_zeros(q.shape)
+
+
+PACKED_KERNELS = {"split_varlen": split_varlen, "torch_varlen": torch_varlen, "nested_varlen": nested_varlen,
+                  "flex_varlen": flex_varlen, "flash_varlen": flash_varlen, "reference_varlen": reference_varlen,
+                  "sdpa_mask": None}
+
+
+def torch_varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def auto_varlen_kernel(device: torch.device, dtype: torch.dtype, dropout_p: float):  # noqa: ANN201
+    """The packed attention kernel "auto" picks: on CUDA in fp16/bf16, flash_attn's varlen kernel where the
+    package imports, else PyTorch's ``varlen_attn`` without attention dropout and SDPA on nested (jagged)
+    tensors with it (both PyTorch's flash kernel); everywhere else (CPU, HPU, CUDA fp32) ``split_varlen``."""
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        if _flash_attn_varlen() is not None:
+            return flash_varlen
+        if not dropout_p and torch_varlen_available():
+            return torch_varlen
+        return nested_varlen
+    return split_varlen
 
 
 def valid_mask(masked_lm_positions: Tensor) -> Tensor:
@@ -221,8 +334,8 @@ class BertForPreTraining(nn.Module):
         super().__init__()
         self.config = config
         self.static_mlm = static_mlm
-        #: packed rows' attention kernel: "auto" (flash_varlen on CUDA fp16/bf16 when flash_attn imports, else
-        #: SDPA with a block-diagonal mask), None (always the SDPA mask) or a varlen kernel (reference_varlen)
+        #: packed rows' attention kernel: "auto" (:func:`auto_varlen_kernel`), None (SDPA over the whole row with
+        #: a block-diagonal mask), a name of PACKED_KERNELS or a varlen kernel function
         self.varlen_kernel: object = "auto"
         self.packed_attention = ""  # what the last packed batch used: "sdpa-block-diagonal-mask" or "varlen:<kernel>"
         self.embeddings = BertEmbeddings(config)
@@ -250,9 +363,11 @@ class BertForPreTraining(nn.Module):
         return x, torch.tanh(self.pooler(x[:, 0]))
 
     def sequence_output(self, input_ids: Tensor, segment_ids: Tensor, input_mask: Tensor,
-                        positions: Tensor | None = None) -> Tensor:
+                        positions: Tensor | None = None, max_sequences: int | None = None) -> Tensor:
         """The encoder's output [B, S, H]. With ``positions`` the rows are packed: ``input_mask`` holds each
-        token's sequence number (0 = padding) and a token attends only within its sequence."""
+        token's sequence number (0 = padding) and a token attends only within its sequence; ``max_sequences``
+        (sequences a row holds at most, e.g. next_sentence_positions' width) lets static-shape kernels skip
+        the host sync."""
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"batch is padded to {input_ids.shape[1]} tokens, longer than the model's "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
@@ -261,32 +376,41 @@ class BertForPreTraining(nn.Module):
             key_mask = (input_mask != 0)[:, None, None, :]  # [B, 1, 1, S]: True = attend to this key
             return self.encoder(x, key_mask)
         kernel = self.varlen_kernel
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if kernel == "auto":
-            cuda_half = x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16)
-            kernel = flash_varlen if cuda_half and _flash_attn_varlen() is not None else None
+            kernel = auto_varlen_kernel(x.device, x.dtype, dropout)
+        elif isinstance(kernel, str):
+            kernel = PACKED_KERNELS[kernel]
         if kernel is None:
             self.packed_attention = "sdpa-block-diagonal-mask"
             # [B, 1, S, S]: query i attends key j iff they carry the same sequence number (padding attends
             # padding only, so no row is all-masked; real tokens never see padding or another sequence)
             return self.encoder(x, (input_mask[:, :, None] == input_mask[:, None, :])[:, None])
         self.packed_attention = f"varlen:{getattr(kernel, '__name__', type(kernel).__name__)}"
-        return self._encode_unpadded(x, input_mask, kernel)
+        return self._encode_flat(x, input_mask, kernel, max_sequences)
 
-    def _encode_unpadded(self, x: Tensor, seq_ids: Tensor, kernel) -> Tensor:  # noqa: ANN001 - a varlen kernel
-        """The encoder on the real tokens only ([T, H]), sequences delimited by cu_seqlens; padding rows of the
-        result are 0. Sequences must be contiguous runs of one number within a row (as every packer writes)."""
+    def _encode_flat(self, x: Tensor, seq_ids: Tensor, kernel, max_sequences: int | None) -> Tensor:  # noqa: ANN001
+        """The encoder on the rows' B*S tokens flat ([B*S, H]), each run of one sequence number within a row
+        (a sequence, or the row's padding) a varlen sequence of its own; padding positions of the result are 0.
+        Sequences must be contiguous runs of one number within a row (as every packer writes). Kernels marked
+        ``static_shapes`` get cu_seqlens of a fixed length B*(max_sequences+1)+1, padded with zero-length
+        sequences, and max_seqlen = S: no host sync and no data-dependent shape (torch.compile, CUDA graphs)."""
         b, s, h = x.shape
         ids = seq_ids.reshape(-1)
-        keep = torch.nonzero(ids != 0).squeeze(1)  # row-major token indices (one host sync)
-        if keep.numel() == 0:
-            return torch.zeros_like(x)
-        key = (keep // s) * (1 << 16) + ids.index_select(0, keep).long()  # (row, sequence) of each kept token
-        start = torch.ones_like(key, dtype=torch.bool)
-        start[1:] = key[1:] != key[:-1]
-        cu = torch.cat([torch.nonzero(start).squeeze(1), keep.new_tensor([keep.numel()])]).to(torch.int32)
-        max_len = int((cu[1:] - cu[:-1]).max())
-        flat = self.encoder(x.reshape(b * s, h).index_select(0, keep), Varlen(cu, max_len, kernel))
-        return x.new_zeros(b * s, h).index_copy(0, keep, flat).view(b, s, h)
+        start = torch.ones_like(ids, dtype=torch.bool)
+        start[1:] = ids[1:] != ids[:-1]
+        start[::s] = True  # every row starts a run
+        if getattr(kernel, "static_shapes", False) and max_sequences is not None:
+            starts = torch.nonzero_static(start, size=b * (max_sequences + 1), fill_value=b * s).squeeze(1)
+            max_len = s
+        else:
+            starts = torch.nonzero(start).squeeze(1)  # (a host sync)
+            max_len = None
+        cu = torch.cat([starts, starts.new_full((1,), b * s)]).to(torch.int32)
+        if max_len is None:
+            max_len = int((cu[1:] - cu[:-1]).max())
+        flat = self.encoder(x.reshape(b * s, h), Varlen(cu, max_len, kernel)).view(b, s, h)
+        return flat * (seq_ids != 0).unsqueeze(-1).to(flat.dtype)
 
     def mlm_scores(self, hidden: Tensor) -> Tensor:
         """MLM logits [..., vocab_size] for any hidden states (e.g. all positions, for tests/eval)."""
@@ -317,7 +441,8 @@ class BertForPreTraining(nn.Module):
             next_sentence_positions: packed rows only, [B, N]: where each sequence's [CLS] is in the row.
             next_sentence_weights: packed rows only, [B, N]: 1 for a sequence, 0 for an empty slot.
         """
-        seq = self.sequence_output(input_ids, segment_ids, input_mask, positions)
+        seq = self.sequence_output(input_ids, segment_ids, input_mask, positions,
+                                   None if next_sentence_positions is None else next_sentence_positions.shape[1])
         b, s, h = seq.shape
         valid = valid_mask(masked_lm_positions)
         flat_index = torch.arange(b, device=seq.device)[:, None] * s + masked_lm_positions.long()

@@ -97,15 +97,16 @@ def padded_reference(case):
     return get
 
 
-@pytest.mark.parametrize("kernel", ["sdpa-mask", "varlen"])
+@pytest.mark.parametrize("kernel", ["sdpa-mask", "varlen", "split_varlen", "nested_varlen"])  # (flex: no CPU backward)
 @pytest.mark.parametrize("large", [False, True])
 def test_packed_batch_has_the_loss_and_gradients_of_the_same_sequences_padded(case, padded_reference, kernel, large):
     _, packed = case
     m = model(large)
-    m.varlen_kernel = None if kernel == "sdpa-mask" else reference_varlen
+    m.varlen_kernel = {"sdpa-mask": None, "varlen": reference_varlen}.get(kernel, kernel)
     ref, ref_grads = padded_reference(large)
     out, grads = loss_and_grads(m, packed)
-    assert m.packed_attention == ("sdpa-block-diagonal-mask" if kernel == "sdpa-mask" else "varlen:reference_varlen")
+    assert m.packed_attention == {"sdpa-mask": "sdpa-block-diagonal-mask", "varlen": "varlen:reference_varlen"
+                                  }.get(kernel, f"varlen:{kernel}")
     assert int(out.mlm_count) == int(ref.mlm_count) > 0 and int(out.mlm_correct) == int(ref.mlm_correct)
     diffs = {f: rel(getattr(out, f), getattr(ref, f)) for f in ("loss", "mlm_loss", "nsp_loss")}
     assert set(grads) == set(ref_grads) and all(g.abs().max() > 0 for g in ref_grads.values())
@@ -127,7 +128,7 @@ def test_static_shapes_packed_equal_dynamic(case):
     torch.testing.assert_close(b.nsp_logits[keep], a.nsp_logits, rtol=TOL, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", [None, reference_varlen])
+@pytest.mark.parametrize("kernel", [None, reference_varlen, "split_varlen", "nested_varlen", "flex_varlen"])
 def test_attention_never_crosses_sequences(case, kernel):
     """Changing one sequence of a pack leaves every other sequence's outputs bit for bit the same."""
     _, packed = case
