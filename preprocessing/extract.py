@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -47,6 +48,22 @@ from preprocessing.textio import check_output_dir
 log = logging.getLogger(__name__)
 
 STAGE_VERSION = "1"
+EXTRACTOR_31 = "wikiextractor-3.1"  # the PyPI package wikiextractor 3.1.0 (this module)
+EXTRACTOR_MLPERF = "mlperf"  # the script MLPerf pins (preprocessing/mlperf_extractor.py)
+EXTRACTORS = (EXTRACTOR_MLPERF, EXTRACTOR_31)
+MLPERF_DUMP = "enwiki-20200101"  # the dump of MLPerf's data set: MLPerf's extractor is its default
+
+
+def default_extractor(source: str | None) -> str:
+    """MLPerf's extractor for MLPerf's dump (the preset, or a file named after it); 3.1.0 for any other."""
+    name = os.path.basename(str(source or ""))
+    return EXTRACTOR_MLPERF if name.startswith(MLPERF_DUMP) else EXTRACTOR_31
+
+
+def check_extractor(name: str, what: str = "--extractor") -> str:
+    if name not in EXTRACTORS:
+        raise InputError(f"{what} {name!r}: choose {' or '.join(EXTRACTORS)}")
+    return name
 _OUTPUT_FILE = re.compile(r"^[A-Z]{2}/wiki_\d{2}$")
 
 
@@ -59,12 +76,24 @@ class ExtractConfig:
     url_base: str = "https://en.wikipedia.org/wiki"  # <doc url=...> base when the dump has no <siteinfo><base>
     batch_pages: int = 32  # pages per job sent to a worker process (throughput only)
     multistream: bool = True  # workers decompress a multistream dump's bz2 streams themselves (same output)
+    extractor: str = "wikiextractor-3.1"  # or "mlperf": WikiExtractor.py @ 3162bb6c (preprocessing/mlperf_extractor.py)
+    extractor_script: str | None = None  # mlperf: an offline copy of the pinned script (default: fetched, cached)
+    gather_templates: bool = False  # mlperf: collect the dump's templates first (the script's --templates FILE;
+    #                                 MLPerf's command line has none: its templates expand to nothing)
 
     def params(self) -> dict[str, Any]:
-        """The fields that decide output bytes (the stage key); worker count and batch size do not."""
+        """The fields that decide output bytes (the stage key); worker count and batch size do not. The
+        extractor is in it; for MLPerf's, the pinned script's sha256 (not where the copy lies)."""
         d = asdict(self)
-        for k in ("processes", "batch_pages", "multistream"):
+        for k in ("processes", "batch_pages", "multistream", "extractor_script"):
             d.pop(k)
+        if self.extractor != EXTRACTOR_MLPERF:
+            d.pop("gather_templates")
+        else:
+            from preprocessing.mlperf_extractor import SCRIPT_SHA256
+
+            d.pop("url_base")  # the script takes the <siteinfo> base (or none)
+            d["extractor_sha256"] = SCRIPT_SHA256
         return d
 
 
@@ -87,7 +116,10 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
         ChecksumError / ManifestError: the dump does not match its upstream (download) manifest.
     """
     dump, out_dir = Path(dump), Path(out_dir)
+    check_extractor(cfg.extractor, "extractor")
     _check_dump(dump, upstream)
+    if cfg.extractor == EXTRACTOR_MLPERF:
+        return _run_mlperf(dump, out_dir, cfg, upstream)
     if not can_fork(cfg.processes):  # a daemonic process (a Dask worker under its nanny): the work runs here
         cfg = replace(cfg, processes=1)
     clock = clock_values(cfg.current_time)
@@ -114,6 +146,73 @@ def run_extract(dump: Path, out_dir: Path, cfg: ExtractConfig = ExtractConfig(),
     log.info("extract: %s -> %s: %d articles in %d files, %.1fs (%d processes, %s)", dump, out_dir,
              out.manifest.counters["articles"], writer.files, time.perf_counter() - t0, cfg.processes, readers)
     return out.manifest
+
+
+def _run_mlperf(dump: Path, out_dir: Path, cfg: ExtractConfig, upstream: Sequence[Manifest]) -> Manifest:
+    """MLPerf's extractor (preprocessing/mlperf_extractor.py): the bytes of ``WikiExtractor.py DUMP -o OUT``."""
+    from preprocessing import extract_streams
+    from preprocessing import mlperf_extractor as mx
+
+    script = mx.script_path(cfg.extractor_script)
+    if not can_fork(cfg.processes):
+        cfg = replace(cfg, processes=1)
+    now = cfg.current_time or datetime.now().replace(microsecond=0).isoformat()  # one time for the whole run
+    mx.pinned_struct_time(now)
+    check_output_dir(out_dir)
+    t0 = time.perf_counter()
+    with open(dump, "rb") as f:
+        if dump.suffix == ".bz2" and f.read(3) != b"BZh":
+            raise InputError(f"{dump} is not a bz2 file (it does not start with 'BZh'); "
+                             "give the .xml.bz2 dump as downloaded, or an uncompressed .xml")
+    _check_mediawiki(dump)
+    chunks = extract_streams.plan_chunks(dump, cfg.processes) if cfg.multistream and _is_bz2(dump) else []
+    state, chunks = mx.gather(dump, script, now, cfg.expand_templates, cfg.gather_templates, cfg.processes, chunks)
+    try:
+        out = _write_mlperf(dump, out_dir, cfg, upstream, script, now, state, chunks)
+    except mx.Serial as why:  # found while extracting: the whole output again, one reader
+        log.info("extract: %s: %s; extracting it again with one reader", dump, why)
+        chunks = []
+        out = _write_mlperf(dump, out_dir, cfg, upstream, script, now, state, chunks)
+    c = out.manifest.counters
+    log.info("extract (MLPerf's WikiExtractor.py): %s -> %s: %d articles in %d files, %.1fs (%d processes, %s)",
+             dump, out_dir, c["articles"], c["files"], time.perf_counter() - t0, cfg.processes,
+             "bz2 streams in the workers" if chunks else "one reader")
+    return out.manifest
+
+
+def _write_mlperf(dump: Path, out_dir: Path, cfg: ExtractConfig, upstream: Sequence[Manifest], script: Path,
+                  now: str, state: dict[str, Any] | None, chunks: list[tuple[int, int]]) -> StageOutput:
+    from preprocessing import mlperf_extractor as mx
+
+    with StageOutput(out_dir, "extract", params=cfg.params(), upstream=upstream, code_version=STAGE_VERSION) as out:
+        _remove_old_outputs(out_dir)
+        with mx.state_pickle(state or {}, out_dir) as state_file, mx.ScriptSplitter(out, cfg.bytes_per_file) as writer:
+            pages = [] if state is None else mx.texts(dump, script, now, cfg.expand_templates, cfg.gather_templates,
+                                                      cfg.processes, chunks, state_file)
+            for text in pages:
+                writer.write(text)
+                out.count("articles" if text else "pages_failed")
+        if not out.manifest.counters.get("articles"):
+            raise InputError(f"{dump} holds no articles that MLPerf's WikiExtractor.py extracts (no main-namespace, "
+                             "non-redirect <page> after a complete <siteinfo>); is it the right dump?")
+        out.manifest.counters.update(files=writer.files, current_time=now, processes=cfg.processes,
+                                     dump_bytes=dump.stat().st_size, bz2_chunks=len(chunks),
+                                     templates=len((state or {}).get("templates", {})), extractor=EXTRACTOR_MLPERF)
+    return out
+
+
+def _check_mediawiki(dump: Path) -> None:
+    """The start of the dump is a MediaWiki export, and (bz2) the whole stream decompresses: one InputError."""
+    with open_lines(dump, f"check {dump.name}") as lines:
+        for i, line in enumerate(lines):
+            if "<mediawiki" in line:
+                break
+            if i >= 50 or "<page" in line:
+                raise InputError(f"{dump} is not a MediaWiki XML dump (no <mediawiki> root element at its start); "
+                                 "give a pages-articles dump from dumps.wikimedia.org")
+        else:
+            raise InputError(f"{dump} is not a MediaWiki XML dump (no <mediawiki> root element at its start); "
+                             "give a pages-articles dump from dumps.wikimedia.org")
 
 
 def clock_values(current_time: str | None) -> dict[str, str]:
@@ -411,10 +510,20 @@ def _plan_extract(plan: Any) -> list[Any]:
 def _extract_config(p: Any) -> ExtractConfig:
     from core.pools import default_workers
 
-    return ExtractConfig(current_time=p.resolved_current_time(), processes=p.workers or default_workers())
+    return ExtractConfig(current_time=p.resolved_current_time(), processes=p.workers or default_workers(),
+                         extractor=p.resolved_extractor(), extractor_script=p.extractor_script)
+
+
+def _check_extract(p: Any) -> None:
+    """Before any stage runs: MLPerf's extractor is there (fetched, or the given copy) and checks out."""
+    if p.source_kind == "dump" and p.resolved_extractor() == EXTRACTOR_MLPERF:
+        from preprocessing.mlperf_extractor import script_path
+
+        script_path(p.extractor_script)
 
 
 DAG_STAGES = (Stage(name="extract", title="WikiExtractor: the dump's articles as text/AA/wiki_00 ...",
                     reads=("download",), run=run_extract, version=STAGE_VERSION, config=ExtractConfig,
+                    check=_check_extract,
                     configure=_extract_config, key_params=ExtractConfig.params, plan=_plan_extract,
                     when=lambda p: p.source_kind == "dump"),)

@@ -233,6 +233,19 @@ class _Collect:
         self.items.append((title, text))
 
 
+def _read_chunk_bytes(dump: str, start: int, end: int) -> bytes:
+    """The decompressed bytes of one range of whole bz2 streams (raises _ChunkError naming the file)."""
+    with open(dump, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        return bz2.decompress(data)
+    except (EOFError, ValueError):
+        raise _ChunkError(f"{dump} is truncated (the bz2 stream at byte {start} ends early); download it again") from None
+    except OSError as exc:
+        raise _ChunkError(f"{dump} is not a valid bz2 file at bytes {start}-{end} ({exc}); download it again") from None
+
+
 def _read_chunk(dump: str, start: int, end: int) -> str:
     with open(dump, "rb") as f:
         f.seek(start)

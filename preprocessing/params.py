@@ -75,6 +75,12 @@ class DataParams:
                                           group="source")
     current_time: str | None = param(None, "ISO time that {{CURRENTYEAR}} & co. expand to during extraction "
                                      "(default: now; sample 2026-01-01)", group="source")
+    extractor: str | None = param(None, "the dump's extractor: 'mlperf' (WikiExtractor.py @ 3162bb6c, the script "
+                                  "MLPerf pins: MLPerf's bytes) or 'wikiextractor-3.1' (the PyPI package 3.1.0) "
+                                  "(default: mlperf for enwiki-20200101, else wikiextractor-3.1)", group="source")
+    extractor_script: str | None = param(None, "mlperf: a copy of the pinned WikiExtractor.py (sha256-checked; "
+                                         "default: fetched from its commit into ~/.cache/bertpipe)", group="source",
+                                         metavar="PATH")
     max_seq_length: int = param(512, "tokens per instance", ge=5, le=1 << 16)
     max_predictions_per_seq: int = param(76, "masked positions per instance", ge=1, le=1 << 16)
     dupe_factor: int = param(10, "passes over the documents, each with other masks", ge=1, le=100_000)
@@ -146,6 +152,10 @@ class DataParams:
                                      f"add {spell('targets')} {adding[0]}")
         if self.text_dir and self.source not in (SAMPLE, ""):
             raise InputError(f"give either {spell('text_dir')} or {spell('source')}, not both")
+        if self.extractor is not None:
+            from preprocessing.extract import check_extractor
+
+            check_extractor(self.extractor, spell("extractor"))
         if self.runner not in ("local", "prefect-process", "dask"):
             raise InputError(f"{spell('runner')} {self.runner!r}: choose local, prefect-process or dask")
         if self.keep not in ("all", "training"):
@@ -175,6 +185,11 @@ class DataParams:
 
     def resolved_current_time(self) -> str | None:
         return self.current_time or (SAMPLE_TIME if self.is_sample else None)
+
+    def resolved_extractor(self) -> str:
+        from preprocessing.extract import default_extractor
+
+        return self.extractor or default_extractor(self.source)
 
     def resolved_nvidia_shards(self, n: int = NVIDIA_SHARDS) -> int:
         """Shards of an NVIDIA set of ``n`` shards: ``n``, or on the built-in sample its shards per bin (NVIDIA's
