@@ -7,8 +7,13 @@ MLPerf trainer on variable-length rows (v1.1 and later: 0 rows with a wrong atte
 
 Two runs in the default suite: MLPerf's 512/76 with the 4-bin and NVIDIA's variable-length targets, and 128/20 with
 every target but the bins (Samsung's splitter is for 512; SciPy's NNLS of the packing recipe takes ~25 CPU-s a round
-at 512 and well under a second at 128). Slow: all six targets in one run at 512, and the 128 run again on a local
+at 512 and well under a second at 128). Slow: every target in one run at 512, and the 128 run again on a local
 Dask cluster (the same bytes as the local pool).
+
+Cached stays cached (issue 28.4): a second run of each of those runs, with all its targets at once, and a run of each
+target alone on a copy of the work dir that built it, run nothing: every stage of the summary is cached, every Prefect
+task run of the flow run is Cached (a stage written as pieces and found done has no task run at all), no manifest is
+rewritten. The slow run checks every target at once the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flowhelpers import last_run, output_md5s, run_cli
+from flowhelpers import last_flow_run_task_states, last_run, manifest_mtimes, output_md5s, run_cli
 
 from bertpipe.cli import main
+from preprocessing import targets as target_list
 from tests.loader_rules import (
     HabanaPackedDataset,
     NvidiaPackedDataset,
@@ -40,9 +46,9 @@ from tests.loader_rules import (
     wrong_masks,
 )
 
-ALL = ("samsung-4bins", "nvidia-4320", "nvidia-2048", "nvidia-varlength", "nvidia-packed", "habana-packed")
+ALL = tuple(target_list.names())  # every target of `bertpipe run --target`
 AT_512 = ("samsung-4bins", "nvidia-4320", "nvidia-varlength")
-AT_128 = ("nvidia-4320", "nvidia-2048", "nvidia-varlength", "nvidia-packed", "habana-packed")
+AT_128 = tuple(t for t in ALL if t != "samsung-4bins")
 SHORT = ("--max-seq-length", "128", "--max-predictions-per-seq", "20")
 
 
@@ -231,11 +237,63 @@ def test_packed_and_every_nvidia_set(dag_128: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "no").exists()  # no 4-bin set was built: refused, nothing made
 
 
+# -- cached stays cached (issue 28.4) -----------------------------------------------------------------------------------
+def assert_runs_nothing(work: Path, targets: tuple[str, ...], *extra: str) -> dict:
+    """`bertpipe run` of ``targets`` again on ``work``: every stage cached in the summary (none redone), every task
+    run of the flow run Cached in Prefect, no manifest rewritten. The run's summary."""
+    before = manifest_mtimes(work)
+    _run(work, targets, *extra)
+    s = last_run(work)
+    assert set(s["targets"]) == set(targets)
+    ran = {n: (st["calls"], st["cached"], st.get("redone")) for n, st in s["stages"].items()
+           if st["cached"] != st["calls"] or st.get("redone")}
+    assert s["stages"] and not ran, ran
+    states = last_flow_run_task_states()
+    assert all(v == "Cached" for v in states.values()), {k: v for k, v in states.items() if v != "Cached"}
+    assert manifest_mtimes(work) == before
+    return s
+
+
+def _built(target: str) -> str:
+    return "dag_512" if target not in AT_128 else "dag_128"
+
+
+@pytest.fixture
+def copy_of(request, tmp_path: Path):
+    """A copy of a module run's work dir (mtimes kept: the manifests' size/mtime checks hold), so re-running it with
+    other targets leaves that run's last_run.json alone."""
+    import shutil
+
+    def make(fixture: str) -> Path:
+        return Path(shutil.copytree(request.getfixturevalue(fixture), tmp_path / "w", symlinks=True))
+    return make
+
+
+@pytest.mark.parametrize("built", ["dag_512", "dag_128"])
+def test_a_second_run_of_every_target_at_once_runs_nothing(built: str, copy_of) -> None:
+    work = copy_of(built)
+    first = {n: st["key"] for n, st in last_run(work)["stages"].items()}
+    targets, extra = (AT_512, ()) if built == "dag_512" else (AT_128, SHORT)
+    s = assert_runs_nothing(work, targets, *extra)
+    assert {n: st["key"] for n, st in s["stages"].items()} == first  # the same stages, found by the same keys
+
+
+@pytest.mark.parametrize("target", ALL)
+def test_each_target_alone_runs_nothing_on_a_built_work_dir(target: str, copy_of) -> None:
+    """Every target of --target, run alone on the work dir that built it (with others): all its stages cached."""
+    built = _built(target)
+    work = copy_of(built)
+    s = assert_runs_nothing(work, (target,), *(SHORT if built == "dag_128" else ()))
+    assert s["targets"][target]["train"]  # its trainer's folder, found done
+
+
 # -- slow ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_all_six_targets_in_one_run_at_mlperf_shape(prefect_harness, tmp_path: Path) -> None:
     work = _run(tmp_path / "w", ALL)
     assert set(last_run(work)["targets"]) == set(ALL)
+    stages = set(last_run(work)["stages"])
+    assert set(assert_runs_nothing(work, ALL)["stages"]) == stages  # every target at once, again: nothing runs
     check_samsung_and_flat(work, tmp_path)
     for target in ("nvidia-4320", "nvidia-2048", "nvidia-varlength"):
         check_nvidia_layout(work, tmp_path / target, target, 512)
