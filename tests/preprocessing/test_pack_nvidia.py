@@ -29,8 +29,6 @@ from preprocessing.pack_nvidia import (
 from tests.loader_rules import NvidiaPackedDataset, nvidia_mlperf_training_files, nvidia_packed_batch
 from tests.preprocessing import nvidia_packed_reference as ref
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT.parent / "shared" / "data" / "golden" / "sample.hdf5"
 SIX = ref.SIX
 DTYPES = {"input_ids": "i4", "input_mask": "i1", "segment_ids": "i1", "masked_lm_positions": "i4",
           "masked_lm_ids": "i4", "next_sentence_labels": "i1"}
@@ -68,12 +66,11 @@ def to_varlength(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def golden_parts(tmp_path_factory) -> list[Path]:
-    """Three padded parts of the golden sample's rows of length <= 128 (real MLPerf instances), in order."""
-    if not GOLDEN.is_file():
-        pytest.skip(f"{GOLDEN} is absent (../shared holds the golden files)")
+def golden_parts(golden: Path, tmp_path_factory) -> list[Path]:
+    """Three padded parts of the golden sample's rows of length <= 128 (real MLPerf instances), in order (the
+    ``golden`` fixture: ../shared, or in a clone the same sample.hdf5 rebuilt from tests/golden)."""
     d = tmp_path_factory.mktemp("golden_parts")
-    with h5py.File(GOLDEN, "r") as f:
+    with h5py.File(golden / "sample.hdf5", "r") as f:
         data = {k: f[k][:] for k in SIX}
     keep = np.flatnonzero(data["input_mask"].sum(axis=1) <= 128)
     return [write_padded(d / f"part-{i:05d}-of-00003.hdf5", {k: v[idx] for k, v in data.items()})
@@ -327,10 +324,8 @@ def test_bad_inputs_name_the_file(tmp_path):
 
 # -- at 512 (slow: the NNLS over 22,102 strategies) ---------------------------------------------------------------------------
 @pytest.mark.slow
-def test_golden_sample_at_512_equals_the_reference(tmp_path):
-    if not GOLDEN.is_file():
-        pytest.skip(f"{GOLDEN} is absent")
-    with h5py.File(GOLDEN, "r") as f:
+def test_golden_sample_at_512_equals_the_reference(golden, tmp_path):
+    with h5py.File(golden / "sample.hdf5", "r") as f:
         data = {k: f[k][:] for k in SIX}
     parts = [write_padded(tmp_path / f"part-{i:05d}.hdf5", {k: v[idx] for k, v in data.items()})
              for i, idx in enumerate(np.array_split(np.arange(len(data["input_ids"])), 4))]
