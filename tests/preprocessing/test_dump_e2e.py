@@ -80,3 +80,43 @@ def test_command_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, expect):
     err = capsys.readouterr().err.strip()
     assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "o" / MANIFEST_NAME).exists()
+
+
+# -- MLPerf's extractor (the pinned WikiExtractor.py): MLPerf's text chain byte for byte -------------------------
+_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "reference" / "wikiextractor-3162bb6c" / "WikiExtractor.py"
+_GOLDEN_TIME = "2026-11-27T12:00:00"  # the golden chain's clock: its two "2026" are {{CURRENTYEAR}}
+
+
+@pytest.mark.skipif(not _SCRIPT.is_file(), reason="../shared/reference/wikiextractor-3162bb6c absent")
+def test_mlperf_extractor_then_text_stages_give_the_golden_text_chain(real_dump, golden, tmp_path):
+    from preprocessing.extract import ExtractConfig, run_extract
+    from preprocessing.text_pipeline import TextConfig, run_text_stages
+
+    run_extract(real_dump.path, tmp_path / "extract", ExtractConfig(
+        extractor="mlperf", extractor_script=str(_SCRIPT), current_time=_GOLDEN_TIME, processes=2))
+    run_text_stages(tmp_path / "extract", tmp_path / "text", TextConfig(num_test_articles=20, workers=2))
+    for name in ("part-00000-of-00500", "eval.txt", "eval.md5"):
+        assert (tmp_path / "text" / name).read_bytes() == (golden / "text_chain" / name).read_bytes(), name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _SCRIPT.is_file(), reason="../shared/reference/wikiextractor-3162bb6c absent")
+def test_bertpipe_run_dump_with_mlperf_extractor_gives_the_golden_text_chain(real_dump, golden, tmp_path):
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    r = subprocess.run([str(Path(sys.executable).parent / "bertpipe"), "run", "--dump", str(real_dump.path),
+                        "--dump-md5", "55899abfb7caa0e50d2665787fa4afca", "--extractor", "mlperf",
+                        "--extractor-script", str(_SCRIPT), "--current-time", _GOLDEN_TIME,
+                        "--num-test-articles", "20", "--only", "text", "--work-dir", str(work), "--workers", "2", "-q"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (text,) = (work / "text").iterdir()
+    for name in ("part-00000-of-00500", "eval.txt", "eval.md5"):
+        assert (text / name).read_bytes() == (golden / "text_chain" / name).read_bytes(), name
+    (ex,) = (work / "extract").iterdir()
+    import json
+
+    params = json.loads((ex / MANIFEST_NAME).read_text())["params"]
+    assert params["extractor"] == "mlperf" and params["current_time"] == _GOLDEN_TIME
