@@ -2,7 +2,8 @@
 
   bertpipe run --work-dir work                                       # built-in sample, learned vocab
   bertpipe run --text-dir results --vocab vocab.txt --work-dir work  # MLCommons' text, MLPerf flags
-  bertpipe run --dump enwiki-20200101 --vocab vocab.txt --work-dir work --workers 16
+  bertpipe run --dump enwiki-20200101 --vocab vocab.txt --work-dir work --workers 16   # MLPerf's extractor
+  bertpipe run --dump DUMP --extractor mlperf --extractor-script WikiExtractor.py --current-time 2020-01-01T00:00:00
   bertpipe run ... --only hdf5          # one stage; fails naming the missing upstream stage if needed
   bertpipe run ... --force tfrecord     # redo a stage even though its manifests verify
   bertpipe run ... --dask-address tcp://scheduler:8786                # shard tasks on a Dask cluster
