@@ -180,13 +180,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the rendezvous port of a multi-node run when none is given (DeepSpeed's and torchrun's default)
+MULTINODE_PORT = 29500
+
+
+def rdzv_id_for(output_dir: str | os.PathLike) -> str:
+    """torchrun's --rdzv-id of a run: the same on every node that names the same output dir."""
+    import hashlib
+
+    return "bertpipe-" + hashlib.md5(str(Path(output_dir).resolve()).encode()).hexdigest()[:12]
+
+
+def check_nodes(launcher: str, hostfile: str, num_nodes: int, master_addr: str, node_rank: int) -> None:
+    """Refuse (ValueError, one line) a multi-node set-up the launchers would fail on, or hang in."""
+    if node_rank < 0:
+        if launcher == "torchrun" and num_nodes > 1:
+            raise ValueError("torchrun on several nodes: run `bertpipe train ... --num-nodes N --node-rank K "
+                             "--master-addr HOST` on each node (K = 0 on the node that owns --output-dir, 1 .. N-1 "
+                             "on the others)")
+        return
+    if num_nodes < 2 or node_rank >= num_nodes:
+        raise ValueError(f"--node-rank {node_rank} needs --num-nodes N > 1 and 0 <= K < N (got --num-nodes {num_nodes})")
+    if not master_addr:
+        raise ValueError("--node-rank needs --master-addr: the address of node 0, which every node can reach")
+    if launcher == "deepspeed" and not hostfile:
+        raise ValueError("--node-rank with the deepspeed launcher needs --hostfile (its nodes and slots, the same "
+                         "file on every node)")
+
+
 def build_command(cfg: TrainConfig, nproc: int, *, launcher: str = "deepspeed", hostfile: str = "",
-                  num_nodes: int = 0, master_addr: str = "", master_port: int = 0) -> list[str]:
-    """The exact argv that starts ``nproc`` ranks per node of ``pretrain/train.py`` with ``cfg``."""
+                  num_nodes: int = 0, master_addr: str = "", master_port: int = 0, node_rank: int = -1,
+                  rdzv_id: str = "") -> list[str]:
+    """The exact argv that starts ``nproc`` ranks per node of ``pretrain/train.py`` with ``cfg``.
+
+    ``node_rank`` >= 0: this node's ranks only (one command per node, no ssh): DeepSpeed's ``--no_ssh
+    --node_rank K`` (the hostfile names the nodes), or torchrun's c10d rendezvous at ``master_addr:master_port``
+    (``--rdzv-id``: ``rdzv_id``, default from the output dir; the rendezvous numbers the nodes)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    check_nodes(launcher, hostfile, num_nodes, master_addr, node_rank)
     if launcher == "deepspeed":
         cmd = [_tool("deepspeed")]
         if hostfile:
@@ -194,6 +228,8 @@ def build_command(cfg: TrainConfig, nproc: int, *, launcher: str = "deepspeed", 
         if num_nodes:
             cmd += ["--num_nodes", str(num_nodes)]
         cmd += ["--num_gpus", str(nproc)]
+        if node_rank >= 0:
+            cmd += ["--no_ssh", "--node_rank", str(node_rank)]
         if master_addr:
             cmd += ["--master_addr", master_addr]
         if master_port:
@@ -202,6 +238,10 @@ def build_command(cfg: TrainConfig, nproc: int, *, launcher: str = "deepspeed", 
         if hostfile:
             raise ValueError("--hostfile needs the deepspeed launcher (torchrun takes --nnodes/--rdzv-endpoint)")
         cmd = [_tool("torchrun"), "--nproc_per_node", str(nproc)]
+        if node_rank >= 0:
+            cmd += ["--nnodes", str(num_nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    f"{master_addr}:{master_port or MULTINODE_PORT}", "--rdzv-id", rdzv_id or rdzv_id_for(cfg.output_dir)]
+            return cmd + [str(TRAIN_SCRIPT)] + to_argv(cfg)
         if num_nodes:
             cmd += ["--nnodes", str(num_nodes)]
         if master_addr:
@@ -314,7 +354,8 @@ def signal_ranks(launcher_pid: int, sig: int) -> int:
 
 def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hostfile: str = "",
            num_nodes: int = 0, master_addr: str = "", master_port: int = 0, dry_run: bool = False,
-           check: bool = True, on_output: Callable[[str], None] | None = None, verbose: bool | None = None) -> int:
+           check: bool = True, on_output: Callable[[str], None] | None = None, verbose: bool | None = None,
+           node_rank: int = -1, rdzv_id: str = "") -> int:
     """Print the launcher command, run it, and return its exit code (0 when ``dry_run``).
 
     Holds :func:`output_dir_lock` throughout (dry runs excepted). SIGTERM/SIGINT received here are
@@ -327,20 +368,24 @@ def launch(cfg: TrainConfig, nproc: int = 1, *, launcher: str = "deepspeed", hos
     shown, plus the log's last lines if the launch fails; ``verbose`` (default: ``bertpipe -v``, via
     BERTPIPE_VERBOSE) shows everything on the console instead (and writes no launcher.log).
     """
+    nodes = (node_rank, rdzv_id)
     if dry_run:
         return _launch(cfg, nproc, launcher, hostfile, num_nodes, master_addr, master_port, True, check, on_output,
-                       verbose)
+                       verbose, nodes)
+    if node_rank > 0:  # a node joining node 0's training: node 0's command holds the output dir's lock
+        return _launch(cfg, nproc, launcher, hostfile, num_nodes, master_addr, master_port, False, check, on_output,
+                       verbose, nodes)
     from pretrain.liveness import wait_for_old_ranks
 
     with output_dir_lock(cfg.output_dir):
         wait_for_old_ranks(cfg.output_dir)
         return _launch(cfg, nproc, launcher, hostfile, num_nodes, master_addr, master_port, False, check, on_output,
-                       verbose)
+                       verbose, nodes)
 
 
 def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_nodes: int, master_addr: str,
             master_port: int, dry_run: bool, check: bool, on_output: Callable[[str], None] | None,
-            verbose: bool | None) -> int:
+            verbose: bool | None, nodes: tuple[int, str] = (-1, "")) -> int:
     from pretrain import checkpoint as ckpt
     from pretrain.extensions import build_roots, recover_stale_locks
     from pretrain.liveness import OWNER_ENV, exec_wrapper, owner_token
@@ -357,14 +402,15 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
 
     # what the run uses (lr schedule, clipping, batches' bins); contradicting flags are refused here, in one line
     recipe = recipe_line(cfg, packed=bool(cfg.train_dir) and packed_files(cfg.train_dir) is not None)
+    node_rank, rdzv_id = nodes
     if start and start.note:  # `latest` is missing, damaged or names an incomplete checkpoint
-        if not dry_run:
+        if not dry_run and node_rank <= 0:  # (node 0 repairs it)
             ckpt.write_latest(cfg.output_dir, start.tag)  # so the ranks resume the verified one
         say(start.note + ("" if dry_run else "; checkpoints/latest now names it"))
-    if not master_port and not hostfile:
+    if not master_port and not hostfile and node_rank < 0:
         master_port = free_port()
     cmd = build_command(cfg, nproc, launcher=launcher, hostfile=hostfile, num_nodes=num_nodes,
-                        master_addr=master_addr, master_port=master_port)
+                        master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv_id=rdzv_id)
     extra = launch_env(cfg, nproc)
     line = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + (" " if extra else "") + shlex.join(cmd)
     say(recipe)
@@ -374,7 +420,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
     recover_stale_locks(build_roots({**os.environ, **extra}), say=say)
     extra[OWNER_ENV] = owner_token()  # each rank's watchdog: stop when this process is gone
     quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
-    sink = _LauncherLog(Path(cfg.output_dir) / LAUNCHER_LOG) if quiet or on_output is not None else None
+    log_name = LAUNCHER_LOG if node_rank <= 0 else f"launcher.node{node_rank}.log"  # (a shared output dir)
+    sink = _LauncherLog(Path(cfg.output_dir) / log_name) if quiet or on_output is not None else None
     failure = _Failure()  # the first rank error line: shown alone, and the whole training stopped
     if quiet:
         print(f"(launcher and rank output: {sink.path}; bertpipe -v shows it here)", flush=True)

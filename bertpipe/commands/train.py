@@ -4,7 +4,11 @@ Examples:
   bertpipe train --train-dir work/4bins --eval-file work/eval_10k.hdf5 --model tiny --max-steps 50 \\
       --nproc 2 --output-dir results/tiny              # 2 CPU ranks (DS_ACCELERATOR=cpu is set for you)
   bertpipe train ... --model 1.5b --deepspeed-config deployments/ds_config_bert_1.5b.json --nproc 8
-  bertpipe train ... --hostfile hostsfile --num-nodes 4 --nproc 8 --master-addr 10.10.100.101
+  bertpipe train ... --hostfile hostsfile --num-nodes 4 --nproc 8 --master-addr 10.10.100.101   # over ssh (pdsh)
+  bertpipe train ... --num-nodes 2 --node-rank K --master-addr 10.0.0.1 --nproc 8 --hostfile hostsfile
+                                                       # on each node K: DeepSpeed's --no_ssh, no ssh needed
+  bertpipe train ... --launcher torchrun --num-nodes 2 --node-rank K --master-addr 10.0.0.1 --nproc 8
+                                                       # on each node K: torchrun's c10d rendezvous
   bertpipe train ... --resume                          # continue from OUTPUT_DIR/checkpoints/latest
   bertpipe train ... --overwrite                       # start at step 1 over a run's checkpoints (removed)
   bertpipe train ... --model large --init-checkpoint tf1_ckpt/model.ckpt-28252   # MLPerf's initial weights
@@ -69,6 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="address of the first node (multi-node)")
     g.add_argument("--master-port", "--master_port", dest="master_port", type=number(int, 0, 65535), default=0,
                    help="rendezvous port (0: a free port for local runs, 29500 for multi-node)")
+    g.add_argument("--node-rank", "--node_rank", dest="node_rank", type=number(int, 0, 1 << 16), default=-1,
+                   help="start this node's ranks only, one command per node (no ssh): K = 0 on the node that owns "
+                        "--output-dir (it takes its lock), 1 .. N-1 on the others; needs --num-nodes and "
+                        "--master-addr (deepspeed: --hostfile too; torchrun: c10d rendezvous at "
+                        "MASTER_ADDR:MASTER_PORT)")
+    g.add_argument("--rdzv-id", dest="rdzv_id", default="",
+                   help="torchrun's rendezvous id, the same on every node (default: from the output dir's path)")
     g.add_argument("--dry-run", action="store_true", help="check the inputs and print the command only")
     add_train_arguments(p)
 
@@ -121,7 +132,17 @@ def run(args: argparse.Namespace) -> int:
 
     from_work_dir(args)
     check_paths(args)
+    from core.errors import InputError
+    from pretrain.launch import check_nodes
+
+    try:
+        check_nodes(args.launcher, args.hostfile, args.num_nodes, args.master_addr, args.node_rank)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    if args.hostfile and args.launcher == "torchrun":
+        raise InputError("--hostfile needs the deepspeed launcher (torchrun takes --num-nodes, --node-rank and "
+                         "--master-addr)")
     with reading(args.train_dir, "--train-dir"):  # a refresh never prunes the data set a training reads
         return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
                       num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
-                      dry_run=args.dry_run)
+                      dry_run=args.dry_run, node_rank=args.node_rank, rdzv_id=args.rdzv_id)

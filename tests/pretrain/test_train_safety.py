@@ -193,3 +193,94 @@ def test_sigterm_during_the_final_eval_saves_a_checkpoint_and_a_busy_output_dir_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_eval_mlm_accuracy"] == evals[0]["eval_mlm_accuracy"] and not summary["eval_pending"]
     assert _steps(out) == [1, 2]
+
+
+# --- bad data on one rank: every rank and the command end within 30 s, one line naming file and row (issue 33) ---
+
+def _habana_packs(golden: Path, folder: Path, bad) -> tuple[Path, int]:
+    """Two Habana packed files of the golden sample's first 240 rows; ``bad(arrays)`` edits the second file's
+    packs (rank 1 reads that file). Returns (the second file, the packs in it)."""
+    import h5py
+
+    from core.schema import HDF5_FIELDS
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, write_habana
+
+    with h5py.File(golden / "sample.hdf5") as f:
+        rows = {k: f[k][:240] for k in HDF5_FIELDS}
+    packed = pack_rows(rows, best_fit_packs(sequence_lengths(rows), 512, 3), 512)
+    folder.mkdir()
+    half = len(packed["input_ids"]) // 2
+    first, second = ({k: v[:half] for k, v in packed.items()}, {k: v[half:] for k, v in packed.items()})
+    bad(second)
+    write_habana(folder / "mixed_strategies_part_0.hdf5", first)
+    write_habana(folder / "mixed_strategies_part_1.hdf5", second)
+    return folder / "mixed_strategies_part_1.hdf5", len(second["input_ids"])
+
+
+def _padded_bins(golden: Path, folder: Path, bad) -> tuple[Path, int]:
+    """The golden 4 bins with ``bad(arrays)`` applied to the last rows of 512/part_5_of_8 (rank 1's share, past
+    the preflight's sample)."""
+    import h5py
+
+    shutil.copytree(golden / "4bins", folder)
+    path = folder / "512" / "part_5_of_8.hdf5"
+    with h5py.File(path, "a") as h:
+        n = h["input_ids"].shape[0]
+        arrays = {k: h[k][:] for k in h}
+        bad(arrays, n)
+        for k in h:
+            h[k][...] = arrays[k]
+    return path, n
+
+
+def _negative_id(a):  # Habana packs with a negative token id in every pack of the file
+    a["input_ids"][:, 2] = -5
+
+
+def _mask_5(a):
+    a["input_mask"][:, 1] = 5
+
+
+def _position_600(a, n):
+    a["masked_lm_positions"][n - 40:, 0] = 600
+
+
+@pytest.mark.parametrize("case", ["habana negative id", "habana input_mask 5", "padded masked position 600"])
+def test_bad_data_on_one_rank_ends_every_rank_and_the_command_within_30_s_in_one_line(golden, tmp_path, case):
+    out = tmp_path / "run"
+    if case.startswith("habana"):
+        bad, packs = _habana_packs(golden, tmp_path / "packed", _negative_id if "negative" in case else _mask_5)
+        argv = ["train", "--train-dir", str(tmp_path / "packed"), "--output-dir", str(out), "--model", "tiny",
+                "--device", "cpu", "--micro-batch", "2", "--nproc", "2", "--no-tensorboard", "--max-steps", "400"]
+        says = "input_ids holds the negative token id -5 (column 2)" if "negative" in case else "input_mask holds 5"
+    else:
+        bad, n = _padded_bins(golden, tmp_path / "4bins", _position_600)
+        argv = _argv(tmp_path, out, "--max-steps", "4000", "--batch-mix", "one-bin")
+        says = "masked_lm_positions holds 600, outside the row's 512 columns (column 0)"
+    log = tmp_path / "train.log"
+    proc = _start(argv, log)
+    deadline = time.monotonic() + 1500
+    seen = None
+    while proc.poll() is None and time.monotonic() < deadline:
+        if seen is None and (out / "launcher.log").is_file() and ": error: " in (out / "launcher.log").read_text():
+            seen = time.monotonic()  # the first rank's error line
+        if seen is not None and time.monotonic() - seen > 60:
+            break
+        time.sleep(0.1)
+    pids = _training_pids(out)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+        pytest.fail(f"bertpipe train still runs {time.monotonic() - (seen or deadline):.0f} s after a rank's error: "
+                    + log.read_text()[-3000:])
+    took = time.monotonic() - seen if seen else 0.0
+    text = log.read_text()
+    assert proc.returncode == 2, text[-3000:]
+    assert seen is not None and took < 30, (took, text[-3000:])
+    errors = [ln for ln in text.splitlines() if "error" in ln.lower() or "Traceback" in ln]
+    assert len(errors) == 1, text[-3000:]
+    assert errors == [ln for ln in text.splitlines()[-1:]]  # the last line, nothing after it
+    assert f"bad training data in {bad} row " in errors[0] and says in errors[0], errors
+    assert not pids, f"left running: {pids}"
+    print(f"\n{case}: the command ended {took:.1f} s after the rank's error line: {errors[0]}")
