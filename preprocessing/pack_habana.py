@@ -96,6 +96,7 @@ from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_tex
 from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
+from preprocessing.hdf5_check import check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.pack_nvidia import save_array as _save
 from preprocessing.pack_nvidia import take_runs
@@ -167,9 +168,9 @@ def check_config(cfg: HabanaPackConfig) -> None:
 
 
 def training_files(input_dir: Path | str) -> list[Path]:
-    """The script's inputs, sorted: regular files (links followed) of ``input_dir`` whose name holds "training"."""
-    d = Path(input_dir)
-    return sorted(d / n for n in os.listdir(d) if "training" in n and (d / n).is_file())
+    """The script's inputs, sorted: the entries of ``input_dir`` whose name holds "training", each a plain file (or
+    a link to one): a folder, a FIFO or a broken link of such a name is refused in one line, not skipped."""
+    return folder_entries(input_dir, lambda n: "training" in n)
 
 
 # -- 1. reading the inputs ---------------------------------------------------------------------------------------
@@ -247,13 +248,8 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
                         else ": the file is corrupt, re-create it")
                 raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
                                   f"Habana's packer needs 1..{L}{more}")
+            check_padded(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids})
             p = np.count_nonzero(ids, axis=1)
-            inside = np.arange(pos.shape[1]) < p[:, None]
-            wrong = inside & ((pos < 0) | (pos >= s[:, None]))
-            if wrong.any():
-                r = int(np.flatnonzero(wrong.any(axis=1))[0])
-                raise RecordError(f"{path}: row {a + r} has a masked position outside its {int(s[r])} tokens "
-                                  f"({pos[r].tolist()[:int(p[r])]}); the file is corrupt, re-create it")
             seq[a:b] = s
             pred[a:b] = p
     return seq, pred
@@ -520,6 +516,8 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
             with reading(p, f"rows {a}..{b - 1}"):
                 d = {name: ds[a:b] for name, ds in dsets.items()}
             d["next_sentence_labels"] = d["next_sentence_labels"].reshape(b - a)
+            check_padded(p, a, {"input_ids": d["input_ids"], "segment_ids": d["segment_ids"],
+                                "next_sentence_labels": d["next_sentence_labels"]})
             if not use.all():
                 d = {name: v[use] for name, v in d.items()}
             s, q = seq[a:b][use], pred[a:b][use]

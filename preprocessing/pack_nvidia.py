@@ -118,6 +118,7 @@ from core.pools import default_workers, run_all
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing import pack_fast
+from preprocessing.hdf5_check import check_compact, check_padded
 from preprocessing.hdf5_io import chunks, h5_create, reading, stage_params, tmp_path, verify_inputs
 
 log = logging.getLogger(__name__)
@@ -369,6 +370,9 @@ class InputFile:
                                       f"{int(want[r - a])}; the file is corrupt, re-create it")
             ids, seg, pos, mlm = (_flat(d[k]) for k in ("input_ids", "segment_ids", "masked_lm_positions",
                                                          "masked_lm_ids"))
+        if self.kind == "padded":
+            check_padded(self.path, a, {"input_mask": mask})
+        check_compact(self.path, a, seq, pred, ids=ids, seg=seg, pos=pos, mlm=mlm, nsl=d["next_sentence_labels"])
         rows = [ids, seg, pos, mlm, d["next_sentence_labels"]]
         names = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
         dts = ("int16", "int8", "int16", "int16", "int8")
@@ -436,7 +440,13 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
         maps = f.mapped()
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
-            seq = maps["input_mask"][a:b].sum(axis=1, dtype=np.int64) if maps else f.lengths(a, b)
+            if maps:  # the padded rows' masks, masked positions and labels (ids and segments: when gathered)
+                check_padded(p, a, {"input_mask": maps["input_mask"][a:b],
+                                    "masked_lm_positions": maps["masked_lm_positions"][a:b],
+                                    "next_sentence_labels": maps["next_sentence_labels"][a:b]})
+                seq = maps["input_mask"][a:b].sum(axis=1, dtype=np.int64)
+            else:
+                seq = f.lengths(a, b)
             _check_lengths(seq, cfg, p, a)
             parts.append(seq.astype(np.int16))
     lengths = np.concatenate(parts) if parts else np.zeros(0, np.int16)
@@ -781,6 +791,8 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
         except pack_fast.OutOfRange:
             raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
     nsl = np.asarray(maps["next_sentence_labels"])
+    check_compact(p, 0, out["seq"], out["pred"], ids=out["input_ids"], seg=out["segment_ids"],
+                  pos=out["masked_lm_positions"], mlm=out["masked_lm_ids"], row_ids=perm)
     info = np.iinfo(np.int8)
     if nsl.size and (nsl.min() < info.min or nsl.max() > info.max):
         raise _out_of_range(p, "next_sentence_labels", "int8",

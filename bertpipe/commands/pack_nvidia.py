@@ -59,13 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def expand_inputs(spec: str) -> list[Path]:
-    """A folder (its files whose name holds "part", sorted), one file, or a glob (sorted matches)."""
+    """A folder (its entries whose name holds "part", sorted), one file, or a glob (sorted matches); every entry
+    must be a plain file (or a link to one)."""
+    from preprocessing.hdf5_check import check_kinds, folder_entries
+
     p = Path(spec)
-    if p.is_dir():
-        return sorted(x for x in p.iterdir() if x.is_file() and "part" in x.name and not x.name.startswith("."))
+    if p.is_dir():  # an input-like name that is a folder, a FIFO or a broken link is refused, not skipped
+        return folder_entries(p, lambda n: "part" in n and not n.startswith("."))
     if p.exists() or not glob.has_magic(spec):
         return [p]
-    return sorted(Path(x) for x in glob.glob(spec) if Path(x).is_file())
+    found = sorted(Path(x) for x in glob.glob(spec))
+    check_kinds(found)
+    return found
 
 
 def run(args: argparse.Namespace) -> int:

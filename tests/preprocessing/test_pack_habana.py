@@ -118,7 +118,6 @@ def golden_128(golden: Path, tmp_path_factory) -> Path:
         lengths = f["input_mask"][:].sum(axis=1, dtype=np.int64)
     split_into(golden / "sample.hdf5", d, np.flatnonzero(lengths <= 128), 128, 3)
     write_padded(d / "eval_part.hdf5", [5, 9], width=128, preds=76, seed=1)  # no "training" in the name
-    (d / "old_training").mkdir()  # not a file
     return d
 
 
@@ -439,7 +438,7 @@ def test_cli_refuses_in_one_line(every_128, tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("bad,needle,err", [
     ("zero-length", "row 1 has sequence length 0", RecordError),
     ("too-long", "raise --max_sequence_length", RecordError),
-    ("masked-outside", "row 0 has a masked position outside", RecordError),
+    ("masked-outside", "dataset 'masked_lm_positions' row 0: position 11 outside the row's 10 tokens", RecordError),
     ("too-many-predictions", "raise --max_predictions_per_sequence", InputError),
     ("missing-dataset", "no dataset 'masked_lm_ids'", InputError),
     ("not-hdf5", "not a readable HDF5", InputError),

@@ -1,0 +1,147 @@
+"""One validation of HDF5 inputs (issue 33, item 4): the rules of preprocessing/hdf5_check.py, and both packers'
+command lines refusing each bad value and each bad file kind in one line naming the file, the dataset and the row
+(the generated cases of the issue: positions 600 and -1, segment id 300, negative ids, masks of 5 or with a gap,
+NSP labels of 2; a dangling or looping link, a FIFO, a folder named like an input)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from bertpipe.cli import main
+from core.errors import RecordError
+from preprocessing.hdf5_check import check_compact, check_padded, kind_problem
+from tests.preprocessing.test_pack_habana import write_padded
+
+WIDTH, PREDS = 64, 12
+LENGTHS = [10, 4, 20, 30, 2, 9, 17, 40]
+
+#: name -> (dataset, row, how to break it, what the refusal says)
+BAD = {
+    "position-600": ("masked_lm_positions", 3, lambda f: f["masked_lm_positions"].__setitem__((3, 0), 600),
+                     "position 600 outside the row's 30 tokens"),
+    "position-minus-1": ("masked_lm_positions", 2, lambda f: f["masked_lm_positions"].__setitem__((2, 1), -1),
+                         "position -1 outside"),
+    "segment-300": ("segment_ids", 5, lambda f: f["segment_ids"].__setitem__((5, 3), 300 if f["segment_ids"].dtype.itemsize > 1 else 2),
+                    "(expected 0 or 1)"),
+    "negative-id": ("input_ids", 6, lambda f: f["input_ids"].__setitem__((6, 2), -7), "token id -7 outside"),
+    "mask-5": ("input_mask", 0, lambda f: f["input_mask"].__setitem__((0, 1), 5), "value 5 (expected 0 or 1)"),
+    "mask-gap": ("input_mask", 7, lambda f: f["input_mask"].__setitem__((7, 50), 1), "a 1 after a 0"),
+    "nsp-2": ("next_sentence_labels", 4, lambda f: f["next_sentence_labels"].__setitem__(4, 2), "value 2"),
+}
+
+
+def _bad_file(path: Path, case: str) -> None:
+    write_padded(path, LENGTHS, width=WIDTH, preds=PREDS, seed=3)
+    with h5py.File(path, "r+") as f:
+        if case == "segment-300" and f["segment_ids"].dtype.itemsize == 1:
+            data = f["segment_ids"][:].astype(np.int32)
+            del f["segment_ids"]
+            f.create_dataset("segment_ids", data=data)
+        BAD[case][2](f)
+
+
+def test_the_sample_rows_pass(tmp_path):
+    p = tmp_path / "good.hdf5"
+    write_padded(p, LENGTHS, width=WIDTH, preds=PREDS, seed=3)
+    with h5py.File(p, "r") as f:
+        rows = {k: f[k][:] for k in f}
+    seq = check_padded(p, 0, rows, vocab_size=30522)
+    assert seq.tolist() == LENGTHS
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_check_padded_names_dataset_and_row(case, tmp_path):
+    p = tmp_path / "x.hdf5"
+    _bad_file(p, case)
+    with h5py.File(p, "r") as f:
+        rows = {k: f[k][:] for k in f}
+    with pytest.raises(RecordError) as e:
+        check_padded(p, 100, rows)
+    name, row, _, say = BAD[case]
+    msg = str(e.value)
+    assert f"dataset {name!r} row {100 + row}:" in msg and say in msg and str(p) in msg and "\n" not in msg
+
+
+def test_check_compact_names_the_file_row_of_gathered_rows():
+    seq = np.array([3, 4, 5])
+    pred = np.array([1, 2, 1])
+    pos = np.array([1, 2, 3, 9])  # the third row (5 tokens) has a position 9
+    with pytest.raises(RecordError, match=r"'masked_lm_positions' row 70: position 9 outside the row's 5 tokens"):
+        check_compact("f.hdf5", 0, seq, pred, pos=pos, row_ids=np.array([50, 60, 70]))
+    check_compact("f.hdf5", 0, seq, pred, pos=np.array([1, 2, 3, 4]), ids=np.arange(12), seg=np.zeros(12, int))
+    with pytest.raises(RecordError, match=r"'input_ids' row 1: token id 40 outside 0..29"):
+        check_compact("f.hdf5", 0, seq, pred, ids=np.r_[np.zeros(4, int), [40], np.zeros(7, int)], vocab_size=30)
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("packer", ["pack-habana", "pack-nvidia"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_packers_refuse_bad_values_in_one_line(packer, case, tmp_path, capsys):
+    d = tmp_path / "in"
+    d.mkdir()
+    name = "part-00000-of-00500_training.hdf5"
+    _bad_file(d / name, case)
+    if packer == "pack-habana":
+        argv = ["pack-habana", "--input_dir", str(d), "--output_dir", str(tmp_path / "o"), "--max_sequence_length",
+                str(WIDTH), "--max_predictions_per_sequence", str(PREDS)]
+    else:
+        argv = ["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o"), "--max_seq_length",
+                str(WIDTH), "--shards_num", "2"]
+    rc, err = _cli(argv, capsys)
+    lines = err.splitlines()
+    ds, row, _, say = BAD[case]
+    assert rc != 0 and len(lines) == 1, err
+    if packer == "pack-nvidia" and case == "segment-300":  # its int8 store's range check speaks first
+        assert f"row {row}: segment_ids holds a value outside int8" in lines[0] and name in lines[0], lines[0]
+    elif not (packer == "pack-habana" and case in ("mask-5", "mask-gap")):  # a length check may speak first
+        assert f"dataset {ds!r} row {row}:" in lines[0] and say in lines[0] and name in lines[0], lines[0]
+    else:
+        assert f"row {row}" in lines[0] and name in lines[0], lines[0]
+    assert not list((tmp_path / "o").glob("*.hdf5")) if (tmp_path / "o").exists() else True
+
+
+def _plant(d: Path, kind: str, name: str) -> None:
+    p = d / name
+    if kind == "dangling-link":
+        os.symlink(d / "nowhere", p)
+    elif kind == "looping-link":
+        os.symlink(p, p)
+    elif kind == "fifo":
+        os.mkfifo(p)
+    else:
+        p.mkdir()
+
+
+@pytest.mark.parametrize("packer", ["pack-habana", "pack-nvidia"])
+@pytest.mark.parametrize("kind,say", [("dangling-link", "dangling symbolic link"),
+                                      ("looping-link", "cannot be followed"), ("fifo", "FIFO"),
+                                      ("folder", "is a folder")])
+def test_packers_refuse_an_input_named_entry_that_is_no_file(packer, kind, say, tmp_path, capsys):
+    d = tmp_path / "in"
+    d.mkdir()
+    write_padded(d / "part-00000-of-00500_training.hdf5", LENGTHS, width=WIDTH, preds=PREDS, seed=3)
+    _plant(d, kind, "part-00001-of-00500_training.hdf5")
+    assert kind_problem(d / "part-00001-of-00500_training.hdf5")
+    if packer == "pack-habana":
+        argv = ["pack-habana", "--input_dir", str(d), "--output_dir", str(tmp_path / "o"), "--max_sequence_length",
+                str(WIDTH), "--max_predictions_per_sequence", str(PREDS)]
+    else:
+        argv = ["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o"), "--max_seq_length",
+                str(WIDTH), "--shards_num", "2"]
+    rc, err = _cli(argv, capsys)
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and say in lines[0] and "part-00001-of-00500_training.hdf5" in lines[0], err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
