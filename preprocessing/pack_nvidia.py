@@ -67,10 +67,9 @@ Differences from the reference, where it is unseeded, unordered or crashes:
   the same shard lists.
 * **Order of the parts**: step 2 concatenates ``glob(part-*/)``, in directory order (file-system dependent);
   bertpipe takes the inputs in the order given (the CLI: sorted names).
-* **Output names**: the v2.0-v3.1 ``create_packed_trainset.py`` writes ``output_NNNNN`` into the *current
-  directory* (``--output_hdf5`` is parsed but unused), names NVIDIA's trainer does not pick up (it reads files
-  whose name holds ``part_``). bertpipe writes ``<output>/part_NNNNN.hdf5`` (``reference_names``:
-  ``<output>/output_NNNNN``) beside the shard lists, as NVIDIA's README lays the folder out.
+* **Output names**: v3.1's ``create_packed_trainset.py`` writes ``<output_hdf5>/part_NNNNN`` (no suffix; the
+  trainer reads files whose name holds ``part_``). bertpipe writes ``<output>/part_NNNNN.hdf5``
+  (``reference_names``: ``<output>/part_NNNNN``, the script's names) beside the shard lists.
 * A shard with no packs (fewer packs than shards): the reference writes the file, then crashes on it
   (``oindex`` unbound); bertpipe writes it (seven datasets of 0 rows) and goes on.
 * A length-``max_seq_length`` sequence left over after the NNLS rounds: the reference looks up the strategy
@@ -148,12 +147,12 @@ class PackNvidiaConfig:
     max_seq_per_sample: int = 3  # --max_seq_per_sample
     shards_num: int = 4320  # --shards_num
     seed: int = DEFAULT_SEED  # random.Random(seed) draws the shuffles (the reference: unseeded)
-    reference_names: bool = False  # shards named output_NNNNN (the script's) instead of part_NNNNN.hdf5
+    reference_names: bool = False  # shards named part_NNNNN (v3.1 script's) instead of part_NNNNN.hdf5
     chunk_rows: int = 4096  # input rows read at once (execution only)
 
 
 def shard_name(k: int, cfg: PackNvidiaConfig) -> str:
-    return f"output_{k:05d}" if cfg.reference_names else f"part_{k:05d}.hdf5"
+    return f"part_{k:05d}" if cfg.reference_names else f"part_{k:05d}.hdf5"
 
 
 def list_name(k: int) -> str:

@@ -12,7 +12,7 @@ unshuffled re-sharding of them, padded or variable-length (chop_hdf5_files.py / 
 shards); not shuffle_samples.py's output.
 
 --output_hdf5 gets shard_list_NNNNN.lst (the packing strategy, JSON, as generate_packing_strategy.py writes it),
-part_NNNNN.hdf5 (the packs: what run_pretraining.py --packed_samples reads; --reference_names: output_NNNNN, the
+part_NNNNN.hdf5 (the packs: what run_pretraining.py --packed_samples reads; --reference_names: part_NNNNN, v3.1
 script's names) and _manifest.json (last). The packing report (the "expected speed-up from packing") is logged.
 NVIDIA's generate_packing_strategy.py leaves Python's random unseeded; bertpipe seeds it (--seed): the script
 with random.seed(SEED) at its top writes the same shard lists. Memory: the largest input file plus ~24 bytes per
@@ -50,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flag(p, "shards_num", type=positive_int(1 << 20), default=4320, help="output shards (default: 4320)")
     flag(p, "seed", type=nonneg_int((1 << 63) - 1), default=12345,
          help="seed of the shuffles (NVIDIA's script: unseeded) (default: 12345)")
-    bool_flag(p, "reference_names", False, "name the shards output_NNNNN as the script does (NVIDIA's trainer "
-              "only reads files whose name holds part_)")
+    bool_flag(p, "reference_names", False, "name the shards part_NNNNN (no .hdf5) as v3.1's "
+              "create_packed_trainset.py does")
     flag(p, "workers", type=nonneg_int(4096), default=0,
          help="processes that read the inputs and write groups of shards; same bytes for any number "
               "(default: 0 = one per CPU)")

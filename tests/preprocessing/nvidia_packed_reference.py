@@ -199,7 +199,7 @@ def create_packed_shard(train_sentences: dict[int, dict], shard_list_text: str, 
 def reference_pack(part_files: list[str | Path], out_dir: str | Path, max_seq_length: int = 512,
                    max_seq_per_sample: int = 3, shards_num: int = 4320, seed: int = 12345) -> list[str]:
     """All four steps on padded part files (in this order): ``out_dir/shard_list_NNNNN.lst`` and
-    ``out_dir/output_NNNNN``; returns the shard lists' texts."""
+    ``out_dir/part_NNNNN`` (v3.1 create_packed_trainset.py's names); returns the shard lists' texts."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = [per_seqlength(p) for p in part_files]
@@ -208,5 +208,5 @@ def reference_pack(part_files: list[str | Path], out_dir: str | Path, max_seq_le
     texts = generate_packing_strategy(counts, max_seq_length, max_seq_per_sample, shards_num, seed)
     for i, text in enumerate(texts):
         (out / f"shard_list_{i:05}.lst").write_text(text)
-        create_packed_shard(train_sentences, text, out / f"output_{i:05}")
+        create_packed_shard(train_sentences, text, out / f"part_{i:05}")
     return texts

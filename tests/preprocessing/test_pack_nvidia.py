@@ -95,11 +95,11 @@ def assert_same_content(ours: Path, theirs: Path) -> None:
 
 def assert_equals_reference(out: Path, ref_dir: Path, texts: list[str], cfg: PackNvidiaConfig) -> None:
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-    shards = [f"output_{i:05d}" if cfg.reference_names else f"part_{i:05d}.hdf5" for i in range(cfg.shards_num)]
+    shards = [f"part_{i:05d}" if cfg.reference_names else f"part_{i:05d}.hdf5" for i in range(cfg.shards_num)]
     assert names == sorted(["_manifest.json", *shards, *(f"shard_list_{i:05d}.lst" for i in range(cfg.shards_num))])
     for i, text in enumerate(texts):
         assert (out / f"shard_list_{i:05d}.lst").read_text() == text, i
-        assert_same_content(out / shards[i], ref_dir / f"output_{i:05d}")
+        assert_same_content(out / shards[i], ref_dir / f"part_{i:05d}")
 
 
 def run_both(parts: list[Path], tmp_path: Path, cfg: PackNvidiaConfig, inputs: list[Path] | None = None,
