@@ -330,6 +330,26 @@ def preflight(cfg: TrainConfig):
     return start
 
 
+def ds_env_file(output_dir: str | os.PathLike, extra: dict[str, str]) -> Path:
+    """``OUTPUT_DIR/.deepspeed_env``: the lines DeepSpeed's launcher would export to every node over pdsh/ssh
+    (``$DS_ENV_FILE``, else ``~/.deepspeed_env`` and ``./.deepspeed_env``), then ``extra`` (the device, thread
+    count and this command's owner token), so the ranks of every node run as those of this one; the launcher
+    reads it through ``DS_ENV_FILE``."""
+    names = [os.environ["DS_ENV_FILE"]] if os.environ.get("DS_ENV_FILE") else [".deepspeed_env"]
+    lines: list[str] = []
+    for folder in (Path.home(), Path.cwd()):
+        for name in names:
+            path = folder / name
+            if path.is_file():
+                lines += [ln for ln in path.read_text().splitlines() if "=" in ln]
+    keys = set(extra)
+    lines = [ln for ln in lines if ln.split("=", 1)[0] not in keys] + [f"{k}={v}" for k, v in extra.items()]
+    out = Path(output_dir) / ".deepspeed_env"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(ln + "\n" for ln in lines))
+    return out.resolve()
+
+
 def signal_ranks(launcher_pid: int, sig: int) -> int:
     """Send ``sig`` to the rank processes (``pretrain/train.py``) below the launcher; returns how many got it
     (0 when none runs yet, or psutil is missing)."""
@@ -419,6 +439,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
         return 0
     recover_stale_locks(build_roots({**os.environ, **extra}), say=say)
     extra[OWNER_ENV] = owner_token()  # each rank's watchdog: stop when this process is gone
+    if launcher == "deepspeed" and hostfile and node_rank < 0:  # over ssh: the other nodes' ranks need them too
+        extra["DS_ENV_FILE"] = str(ds_env_file(cfg.output_dir, extra))
     quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
     log_name = LAUNCHER_LOG if node_rank <= 0 else f"launcher.node{node_rank}.log"  # (a shared output dir)
     sink = _LauncherLog(Path(cfg.output_dir) / log_name) if quiet or on_output is not None else None
