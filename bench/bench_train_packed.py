@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -56,6 +57,44 @@ def load_rows(path: Path) -> dict[str, np.ndarray]:
     return rows_or_synthetic(path)
 
 
+def mlperf_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """n sequence lengths shaped like MLPerf's full training set (mean ~254 of 512; NVIDIA's packing of the
+    full set reports an expected speed-up of 1.999 at <= 3 a pack): 20 % full 512-token rows, the rest
+    20 + Gamma(1.5, 125) tokens, cut at 511. Synthetic: the full set's histogram is not in this repo."""
+    rng = np.random.default_rng(seed)
+    full = rng.random(n) < 0.20
+    short = np.minimum(20 + rng.gamma(1.5, 125.0, n), 511).astype(np.int64)
+    return np.where(full, 512, short)
+
+
+def synthetic_rows(lengths: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
+    """Padded rows (512 columns, 76 prediction slots, 15 % masked) of the given lengths, random tokens."""
+    rng = np.random.default_rng(seed)
+    n = len(lengths)
+    cols = np.arange(512)
+    rows = {"input_ids": rng.integers(1000, 30522, (n, 512), dtype=np.int32),
+            "input_mask": (cols[None] < lengths[:, None]).astype(np.int8),
+            "segment_ids": ((cols[None] >= lengths[:, None] // 2) & (cols[None] < lengths[:, None])).astype(np.int8),
+            "masked_lm_positions": np.zeros((n, 76), np.int32),
+            "masked_lm_ids": rng.integers(1000, 30522, (n, 76), dtype=np.int32),
+            "next_sentence_labels": rng.integers(0, 2, n, dtype=np.int8)}
+    rows["input_ids"][:, 0] = 101
+    rows["input_ids"] *= rows["input_mask"]
+    for r, length in enumerate(lengths):
+        k = min(76, max(1, round(int(length) * 0.15)))
+        rows["masked_lm_positions"][r, :k] = np.sort(rng.choice(np.arange(1, length - 1), k, replace=False))
+    slots = np.arange(76)[None] < np.minimum(76, np.maximum(1, np.round(lengths * 0.15)))[:, None]
+    rows["masked_lm_ids"] *= slots
+    return rows
+
+
+def bench_rows(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """--lengths mlperf: synthetic rows of the full set's lengths (--n-rows of them); golden: --rows."""
+    if args.lengths == "mlperf":
+        return synthetic_rows(mlperf_lengths(args.n_rows))
+    return load_rows(args.rows)
+
+
 # --- CPU: real 2-rank training runs --------------------------------------------------------------------------
 
 
@@ -63,10 +102,28 @@ def prepare_cpu_data(args: argparse.Namespace, tmp: Path) -> dict[str, Path]:
     """The three train dirs, same sequences: padded file, 4 bins, Habana packs."""
     from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, write_habana
 
-    rows = load_rows(args.rows)
+    from core.schema import BIN_BOUNDS
+
+    rows = bench_rows(args)
     padded = tmp / "padded"
     padded.mkdir()
-    (padded / "sample.hdf5").symlink_to(args.rows.resolve())
+    if args.lengths == "golden":
+        (padded / "sample.hdf5").symlink_to(args.rows.resolve())
+    else:  # the same rows as one padded file and as 4 bins (one part each)
+        import h5py
+
+        def write(path: Path, arrays: dict[str, np.ndarray]) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with h5py.File(path, "w") as f:
+                for k, v in arrays.items():
+                    f.create_dataset(k, data=v)
+
+        write(padded / "rows.hdf5", rows)
+        lengths = sequence_lengths(rows)
+        for bound in BIN_BOUNDS:
+            sel = np.flatnonzero((lengths > bound - 128) & (lengths <= bound))
+            write(tmp / "bins" / str(bound) / "part_0_of_1.hdf5", {k: v[sel] for k, v in rows.items()})
+        args.bins = tmp / "bins"
     packed = tmp / "packed"
     packed.mkdir()
     packs = best_fit_packs(sequence_lengths(rows), 512, 3)
@@ -104,21 +161,28 @@ def cpu_bench(args: argparse.Namespace) -> list[dict]:
         for rnd in range(args.rounds):
             for mode in args.modes:
                 out = Path(tmp) / f"out_{mode}_{rnd}"
-                cmd = [sys.executable, __file__, "--one", mode, "--one-dir", str(dirs[mode]), "--one-out", str(out),
+                kind, _, kernel = mode.partition("@")  # packed@sdpa_mask: the packed rows with another kernel
+                cmd = [sys.executable, __file__, "--one", kind, "--one-dir", str(dirs[kind]), "--one-out", str(out),
                        "--steps", str(args.steps), "--nproc", str(args.nproc), "--model", args.model,
-                       "--micro-batch", str(args.micro_batch)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                       "--micro-batch", str(args.micro_batch if kind == "packed" else
+                                            args.padded_micro_batch or args.micro_batch)]
+                env = {**os.environ, **({"BERTPIPE_PACKED_ATTENTION": kernel} if kernel else {})}
+                load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if proc.returncode:
                     sys.exit(f"{mode} run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
                 s = json.loads(proc.stdout.strip().splitlines()[-1])
                 r = {"mode": mode, "round": rnd, "tokens_per_s": s["training_real_tokens_per_second"],
                      "sequences_per_s": s["training_real_sequences_per_second"],
                      "rows_per_s": s.get("training_rows_per_second", s["training_sequences_per_second"]), "peak_rss_mb": s["peak_rss_mb"],
-                     "train_time_s": s["raw_train_time"], "layout": s["data_layout"]}
+                     "train_time_s": s["raw_train_time"], "layout": s["data_layout"],
+                     "attention": s.get("packed_attention", ""), "loader_wait_s": s.get("loader_wait_per_step"),
+                     "load_before": load}
                 runs.append(r)
                 print(f"round {rnd + 1} {mode:7s}: {r['tokens_per_s']:9.0f} real tokens/s  {r['sequences_per_s']:7.1f} "
                       f"real seq/s  ({r['rows_per_s']:6.1f} rows/s, {args.steps} steps in {r['train_time_s']:.1f} s)  "
-                      f"peak RSS of a rank {r['peak_rss_mb']:.0f} MB", flush=True)
+                      f"peak RSS of a rank {r['peak_rss_mb']:.0f} MB  attention {r['attention'] or '-'}  "
+                      f"loadavg before {load}", flush=True)
     print(f"{args.nproc} ranks, model {args.model}, micro-batch {args.micro_batch} rows (packs when packed); best of "
           f"{args.rounds} round(s); ratio = median over rounds of (mode / padded of the same round)")
     for mode in args.modes:
@@ -126,8 +190,12 @@ def cpu_bench(args: argparse.Namespace) -> list[dict]:
         best = max(mine, key=lambda r: r["tokens_per_s"])
         ratios = sorted(r["tokens_per_s"] / p["tokens_per_s"] for r in mine for p in runs
                         if p["mode"] == "padded" and p["round"] == r["round"])
+        vs_binned = sorted(r["tokens_per_s"] / p["tokens_per_s"] for r in mine for p in runs
+                           if p["mode"] == "binned" and p["round"] == r["round"])
         ratio = f"  vs padded {ratios[len(ratios) // 2]:.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})" \
             if ratios and mode != "padded" else ""
+        if vs_binned and mode.startswith("packed"):
+            ratio += f"; vs binned {vs_binned[len(vs_binned) // 2]:.2f}x ({', '.join(f'{x:.2f}' for x in vs_binned)})"
         print(f"{mode:7s}: {best['tokens_per_s']:9.0f} real tokens/s  {best['sequences_per_s']:7.1f} real seq/s  "
               f"peak RSS of a rank {max(r['peak_rss_mb'] for r in mine):.0f} MB{ratio}", flush=True)
     return runs
@@ -170,12 +238,39 @@ def gpu_batches(rows: dict[str, np.ndarray], mode: str, batch_tokens: int, n: in
     return out
 
 
+def parse_run(spec: str) -> dict:
+    """A GPU run: ``mode[:kernel][:ad0][:compile]``, e.g. ``packed:torch_varlen:ad0:compile`` (ad0: attention
+    dropout 0 for this run; torch_varlen and flex_varlen have none, so they imply it)."""
+    from pretrain.model import PACKED_KERNELS
+
+    mode, *opts = spec.split(":")
+    if mode not in MODES:
+        raise SystemExit(f"--runs: unknown mode {mode!r} in {spec!r}; choose from {', '.join(MODES)}")
+    run = {"spec": spec, "mode": mode, "kernel": "auto", "compile": False, "ad0": False}
+    for o in opts:
+        if o == "compile":
+            run["compile"] = True
+        elif o == "ad0":
+            run["ad0"] = True
+        elif o in PACKED_KERNELS or o == "auto":
+            run["kernel"] = o
+        else:
+            raise SystemExit(f"--runs: unknown option {o!r} in {spec!r}")
+    run["ad0"] = run["ad0"] or run["kernel"] in ("torch_varlen", "flex_varlen")
+    return run
+
+
+#: in order of importance (--budget-s may cut the tail): eager with the model's attention dropout (0.1; packed
+#: rows: nested_varlen), eager without it (packed: torch_varlen), then the same compiled
+GPU_RUNS = ("padded,packed,padded:ad0,packed:torch_varlen,packed:torch_varlen:compile,padded:ad0:compile,"
+            "packed:compile,padded:compile")
+
+
 def gpu_bench(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from bench.gpu_bench import PEAK_BF16_TFLOPS, flops_per_sequence
     from pretrain.config import model_config
-    from pretrain.model import BertForPreTraining
     from pretrain.packing import sequence_lengths, valid_slots
 
     device = torch.device(args.device)
@@ -187,61 +282,96 @@ def gpu_bench(args: argparse.Namespace) -> list[dict]:
     else:
         name = args.device
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS if k in name), 989.0)
-    cfg = model_config(args.model)
-    rows = load_rows(args.rows)
+    rows = bench_rows(args)
     lengths = sequence_lengths(rows)
     n_pred = valid_slots(rows["masked_lm_positions"]).sum(axis=1)
     print(f"device {name}, torch {torch.__version__}, model {args.model}, bf16, peak {peak:g} TFLOP/s, "
           f"{len(lengths)} rows (mean {lengths.mean():.0f} tokens) from "
-          f"{args.rows if args.rows.is_file() else 'synthetic lengths'}", flush=True)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+          f"{'synthetic MLPerf-full-set lengths' if args.lengths == 'mlperf' else args.rows}", flush=True)
     results = []
-    for mode in args.modes:
-        torch.manual_seed(0)
-        model = BertForPreTraining(cfg, static_mlm=not args.dynamic_mlm).to(device).to(torch.bfloat16)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
-        step_model = torch.compile(model) if args.compile else model
-        batches = gpu_batches(rows, mode, args.batch_tokens, args.warmup + args.steps)
-        on_device = [{k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in b.items()} for b, _ in batches]
-        useful = [sum(flops_per_sequence(cfg, int(lengths[r]), int(n_pred[r])) for r in idx) for _, idx in batches]
-        executed = [len(b["input_ids"]) * flops_per_sequence(cfg, b["input_ids"].shape[1], b["masked_lm_positions"].shape[1])
-                    for b, _ in batches]
-        tokens = [int(lengths[idx].sum()) for _, idx in batches]
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        elapsed = 0.0
-        for i, batch in enumerate(on_device):
-            if i == args.warmup:
-                sync()
-                t0 = time.perf_counter()
-            loss = step_model(**batch).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        sync()
-        elapsed = time.perf_counter() - t0
-        timed = slice(args.warmup, None)
-        r = {"mode": mode, "rows_per_batch": len(batches[0][0]["input_ids"]), "steps": args.steps,
-             "tokens_per_s": sum(tokens[timed]) / elapsed,
-             "sequences_per_s": sum(len(idx) for _, idx in batches[timed]) / elapsed,
-             "mfu_real": sum(useful[timed]) / elapsed / (peak * 1e12),
-             "mfu_executed": sum(executed[timed]) / elapsed / (peak * 1e12),
-             "attention": model.packed_attention or "sdpa-key-padding-mask",
-             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
-             "loss": float(loss.detach())}
+    started = time.perf_counter()
+    for spec in args.runs:
+        run = parse_run(spec)
+        if args.budget_s and time.perf_counter() - started > args.budget_s:
+            print(f"{spec}: skipped (past --budget-s {args.budget_s:g} s)", flush=True)
+            continue
+        try:
+            r = gpu_run(args, run, rows, lengths, n_pred, peak, device)
+        except Exception as exc:  # one failing run (a compile error, OOM) must not lose the others
+            print(f"{spec}: FAILED {type(exc).__name__}: {str(exc)[:800]}", flush=True)
+            r = {"spec": spec, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
         results.append(r)
-        print(f"{mode:7s}: {r['tokens_per_s']:10.0f} real tokens/s  {r['sequences_per_s']:8.1f} real seq/s  "
-              f"MFU on real tokens {100 * r['mfu_real']:5.1f} %  (executed {100 * r['mfu_executed']:5.1f} %)  "
-              f"attention {r['attention']}  peak mem {r['peak_mem_gib']:.1f} GiB  loss {r['loss']:.3f}", flush=True)
-        del model, step_model, opt, on_device
+        if args.json_out:  # after every run: a timeout keeps what finished
+            args.json_out.write_text(json.dumps({"device": name, "torch": torch.__version__, "peak_tflops": peak,
+                                                 "args": {k: str(v) for k, v in vars(args).items()},
+                                                 "results": results}, indent=2) + "\n")
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    base = next((r for r in results if r["mode"] == "padded"), None)
-    if base:
-        print("vs padded (real tokens/s): " + ", ".join(
-            f"{r['mode']} {r['tokens_per_s'] / base['tokens_per_s']:.2f}x" for r in results if r is not base))
+    ok = [r for r in results if "error" not in r]
+    for r in ok:
+        base = next((b for b in ok if b["mode"] == "padded" and b["compile"] == r["compile"] and b["ad0"] == r["ad0"]),
+                    None)
+        if base and r is not base:
+            print(f"{r['spec']}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}x the real tokens/s of {base['spec']}")
     return results
+
+
+def gpu_run(args, run: dict, rows, lengths, n_pred, peak: float, device) -> dict:  # noqa: ANN001
+    import torch
+    import torch._dynamo
+
+    from bench.gpu_bench import flops_per_sequence
+    from pretrain.config import model_config
+    from pretrain.model import BertForPreTraining
+
+    mode = run["mode"]
+    cfg = model_config(args.model, **({"attention_probs_dropout_prob": 0.0} if run["ad0"] else {}))
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = BertForPreTraining(cfg, static_mlm=not args.dynamic_mlm).to(device).to(torch.bfloat16)
+    model.varlen_kernel = run["kernel"]
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
+    step_model = torch.compile(model) if run["compile"] else model
+    batches = gpu_batches(rows, mode, args.batch_tokens, args.warmup + args.steps)
+    on_device = [{k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in b.items()} for b, _ in batches]
+    useful = [sum(flops_per_sequence(cfg, int(lengths[r]), int(n_pred[r])) for r in idx) for _, idx in batches]
+    executed = [len(b["input_ids"]) * flops_per_sequence(cfg, b["input_ids"].shape[1],
+                                                         b["masked_lm_positions"].shape[1]) for b, _ in batches]
+    tokens = [int(lengths[idx].sum()) for _, idx in batches]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t_start = time.perf_counter()
+    for i, batch in enumerate(on_device):
+        if i == args.warmup:
+            sync()
+            warm_s = time.perf_counter() - t_start
+            t0 = time.perf_counter()
+        loss = step_model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync()
+    elapsed = time.perf_counter() - t0
+    timed = slice(args.warmup, None)
+    seqs = sum(len(idx) for _, idx in batches[timed])
+    r = {**run, "rows_per_batch": len(batches[0][0]["input_ids"]), "steps": args.steps,
+         "step_ms": 1e3 * elapsed / args.steps, "warmup_s": warm_s,
+         "tokens_per_s": sum(tokens[timed]) / elapsed, "sequences_per_s": seqs / elapsed,
+         "mfu_real": sum(useful[timed]) / elapsed / (peak * 1e12),
+         "mfu_executed": sum(executed[timed]) / elapsed / (peak * 1e12),
+         "attention": model.packed_attention or "sdpa-key-padding-mask",
+         "attention_dropout": cfg.attention_probs_dropout_prob,
+         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+         "loss": float(loss.detach())}
+    print(f"{run['spec']:32s}: {r['sequences_per_s']:8.1f} real seq/s  {r['tokens_per_s']:10.0f} real tokens/s  "
+          f"MFU on real tokens {100 * r['mfu_real']:5.1f} %  (executed {100 * r['mfu_executed']:5.1f} %)  "
+          f"{r['step_ms']:.1f} ms/step ({r['rows_per_batch']} rows)  attention {r['attention']} "
+          f"(dropout {r['attention_dropout']:g})  warm-up {warm_s:.0f} s  peak mem {r['peak_mem_gib']:.1f} GiB  "
+          f"loss {r['loss']:.3f}", flush=True)
+    del model, step_model, opt, on_device
+    return r
 
 
 def main() -> None:
@@ -264,12 +394,21 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="GPU: torch.compile the model")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="GPU: dense bf16 peak (default from the name)")
     p.add_argument("--json-out", type=Path, help="also write the results here")
+    p.add_argument("--lengths", choices=("golden", "mlperf"), default="golden",
+                   help="golden: the rows of --rows; mlperf: synthetic rows of the full set's lengths (mean ~254)")
+    p.add_argument("--n-rows", type=int, default=4000, help="--lengths mlperf: how many rows")
+    p.add_argument("--padded-micro-batch", type=int, default=0,
+                   help="CPU: rows per rank and step of the padded and binned runs (default --micro-batch)")
+    p.add_argument("--runs", default=GPU_RUNS,
+                   help="GPU: comma-separated mode[:kernel][:ad0][:compile] (ad0: attention dropout 0)")
+    p.add_argument("--budget-s", type=float, default=0.0, help="GPU: start no run after this many seconds")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--one-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--one-out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
-    if bad := [m for m in args.modes if m not in MODES]:
+    args.runs = [r + (":compile" if args.compile and ":compile" not in r else "") for r in args.runs.split(",") if r]
+    if bad := [m for m in args.modes if m.partition("@")[0] not in MODES]:
         p.error(f"--modes: unknown {', '.join(bad)}; choose from {', '.join(MODES)}")
     if args.one:
         args.model = args.model or "tiny"

@@ -18,7 +18,7 @@
   that no real token sees), and a varlen kernel attends within each run. Kernels (``PACKED_KERNELS``; the
   default "auto" picks per device, dtype and dropout, ``BertForPreTraining.packed_attention`` says which ran):
   - ``torch_varlen``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (flash, CUDA fp16/bf16, no
-    dropout): static shapes, no host sync (cu_seqlens via ``nonzero_static``), torch.compile-friendly;
+    dropout): static shapes, no host sync (cu_seqlens by a scatter-min), torch.compile-friendly;
   - ``nested_varlen``: SDPA on a jagged nested tensor (PyTorch's flash kernel with dropout on CUDA);
   - ``flash_varlen``: the optional ``flash_attn`` package (CUDA fp16/bf16, dropout), only where it imports;
   - ``flex_varlen``: FlexAttention with a document BlockMask (compile it for speed; no dropout);
@@ -35,6 +35,7 @@ The MLM decoder is tied to embeddings.word_embeddings.weight (no separate parame
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -180,6 +181,11 @@ class BertMLMHead(nn.Module):
         return F.linear(x, decoder_weight, self.bias)[..., : self.vocab_size]
 
 
+try:  # PyTorch's own varlen flash attention (torch >= 2.9; CUDA)
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # older torch: nested_varlen / split_varlen instead
+    _varlen_attn = None
+
 _UNSET = object()
 _FLASH_VARLEN = _UNSET
 
@@ -226,11 +232,9 @@ def split_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
 
 def torch_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
     """PyTorch's ``varlen_attn`` (flash; CUDA, fp16/bf16). It has no dropout: dropout_p must be 0."""
-    from torch.nn.attention.varlen import varlen_attn
-
     if dropout_p:
         raise ValueError("torch_varlen has no attention dropout (use nested_varlen, split_varlen or flash_varlen)")
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+    return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
 
 
 torch_varlen.static_shapes = True  # takes cu_seqlens padded with zero-length sequences and max_seqlen >= the longest
@@ -293,11 +297,7 @@ PACKED_KERNELS = {"split_varlen": split_varlen, "torch_varlen": torch_varlen, "n
 
 
 def torch_varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _varlen_attn is not None
 
 
 def auto_varlen_kernel(device: torch.device, dtype: torch.dtype, dropout_p: float):  # noqa: ANN201
@@ -336,7 +336,7 @@ class BertForPreTraining(nn.Module):
         self.static_mlm = static_mlm
         #: packed rows' attention kernel: "auto" (:func:`auto_varlen_kernel`), None (SDPA over the whole row with
         #: a block-diagonal mask), a name of PACKED_KERNELS or a varlen kernel function
-        self.varlen_kernel: object = "auto"
+        self.varlen_kernel: object = os.environ.get("BERTPIPE_PACKED_ATTENTION", "auto")  # (benches compare)
         self.packed_attention = ""  # what the last packed batch used: "sdpa-block-diagonal-mask" or "varlen:<kernel>"
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
@@ -401,12 +401,18 @@ class BertForPreTraining(nn.Module):
         start[1:] = ids[1:] != ids[:-1]
         start[::s] = True  # every row starts a run
         if getattr(kernel, "static_shapes", False) and max_sequences is not None:
-            starts = torch.nonzero_static(start, size=b * (max_sequences + 1), fill_value=b * s).squeeze(1)
-            max_len = s
+            # run r starts at the smallest token index of run r: a scatter-min into B*(N+1) slots (elementwise
+            # ops only: any device, no host sync); unused slots keep B*S, i.e. zero-length sequences at the end
+            slots = b * (max_sequences + 1)
+            run = torch.cumsum(start, 0) - 1
+            where = torch.where(start & (run < slots), run, slots)  # (a row never holds more runs than slots)
+            cu = torch.full((slots + 1,), b * s, dtype=torch.long, device=x.device).scatter_reduce(
+                0, where, torch.arange(b * s, device=x.device), "amin")
+            cu[slots] = b * s
+            cu, max_len = cu.to(torch.int32), s
         else:
             starts = torch.nonzero(start).squeeze(1)  # (a host sync)
-            max_len = None
-        cu = torch.cat([starts, starts.new_full((1,), b * s)]).to(torch.int32)
+            cu, max_len = torch.cat([starts, starts.new_full((1,), b * s)]).to(torch.int32), None
         if max_len is None:
             max_len = int((cu[1:] - cu[:-1]).max())
         flat = self.encoder(x.reshape(b * s, h), Varlen(cu, max_len, kernel)).view(b, s, h)
