@@ -133,8 +133,11 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
 
     totals = [0.0, 0.0, 0.0]
     samples = sequences = tokens = 0
+    loader_wait = 0.0  # seconds this step waited for its batches (the loader's share of the step)
     for micro in range(gas):
+        t_wait = time.perf_counter()
         batch = sampler.next_batch()
+        loader_wait += time.perf_counter() - t_wait
         parts = batch.parts()  # one, or one per length bin of a mixed batch (pretrain/batch_mix.py)
         for arrays in parts:
             n_seq, n_tok = real_counts(arrays)  # (packed rows hold several sequences)
@@ -151,7 +154,7 @@ def train_step(engine, sampler, gas: int, step: int, device, mark_step) -> dict[
         totals = [t + v / gas for t, v in zip(totals, values, strict=True)]
         samples += sum(len(a["input_ids"]) for a in parts)
     return {"loss": totals[0], "mlm_loss": totals[1], "nsp_loss": totals[2], "samples": samples,
-            "sequences": sequences, "tokens": tokens}
+            "sequences": sequences, "tokens": tokens, "loader_wait": loader_wait}
 
 
 def run_eval(model, eval_set, device, should_stop=None) -> dict[str, float]:
@@ -534,6 +537,7 @@ class Run:
         train_time, steps_done, stopped_by, last, last_eval = 0.0, 0, "max_steps", {}, {}
         evaluated = self.resumed  # a checkpoint is saved after its step's eval (unless that eval is pending)
         window_time, window_steps, window_start = 0.0, 0, self.samples_trained()  # since the last metrics record
+        window_wait = self.loader_wait = 0.0  # seconds the steps waited for batches (window, this run)
         first_sequences = self.sequences
         self.real = {"sequences": 0, "tokens": 0}  # this rank's real sequences and tokens (summary.json)
         if self.eval_pending:  # resumed from a checkpoint whose eval a SIGTERM stopped: that eval first
@@ -558,17 +562,21 @@ class Run:
                 log.info("packed rows: attention %s", self.engine.module.packed_attention)
             self.mllog.epoch(self.sampler.epoch, self.samples_trained())
             window_time, window_steps = window_time + dt, window_steps + 1
+            window_wait, self.loader_wait = window_wait + r["loader_wait"], self.loader_wait + r["loader_wait"]
             if self.step % cfg.log_interval == 0 or self.step == target:
                 last = _mean_over_ranks({k: r[k] for k in ("loss", "mlm_loss", "nsp_loss")}, self.device)
                 seq_per_s = (self.samples_trained() - window_start) / window_time  # sequences when packed
                 rows = {"rows": self.step * self.global_batch} if self.packed else {}  # (samples: sequences)
+                attention = getattr(self.engine.module, "packed_attention", "")  # packed rows: the kernel that ran
                 self.metrics.write({"step": self.step, **last, "lr": lr, "seq_per_s": seq_per_s,
-                                    "step_time": window_time / window_steps, "epoch": self.sampler.epoch,
-                                    "samples": self.samples_trained(), **rows})
+                                    "step_time": window_time / window_steps, "loader_wait": window_wait / window_steps,
+                                    "epoch": self.sampler.epoch, "samples": self.samples_trained(), **rows,
+                                    **({"attention": attention} if attention else {})})
                 if self.rank == 0:  # the launcher's output (and a Prefect run's logs) show progress
-                    log.info("step %d/%d: loss %.4f lr %.4g %.1f seq/s", self.step, cfg.max_steps, last["loss"], lr,
-                             seq_per_s)
-                window_time, window_steps, window_start = 0.0, 0, self.samples_trained()
+                    log.info("step %d/%d: loss %.4f lr %.4g %.1f seq/s, loader wait %.1f ms/step%s", self.step,
+                             cfg.max_steps, last["loss"], lr, seq_per_s, 1e3 * window_wait / window_steps,
+                             f", attention {attention}" if attention else "")
+                window_time, window_steps, window_start, window_wait = 0.0, 0, self.samples_trained(), 0.0
             evaluated = self._eval_due(before)
             if evaluated:
                 last_eval = self.evaluate() or last_eval
@@ -603,6 +611,9 @@ class Run:
                    "training_real_sequences_per_second": real["sequences"] / train_time if train_time else 0.0,
                    "training_real_tokens_per_second": real["tokens"] / train_time if train_time else 0.0,
                    "data_layout": self.layout or "padded",
+                   # packed rows: the attention kernel that ran (pretrain/model.py); the loader's wait per step
+                   "packed_attention": getattr(self.engine.module, "packed_attention", "") or None,
+                   "loader_wait_per_step": getattr(self, "loader_wait", 0.0) / steps_done if steps_done else 0.0,
                    "e2e_time": time.time() - START, "final_eval_mlm_accuracy": acc, "eval_target": 0.720,
                    "reached_target": acc is not None and acc >= 0.720, "init_checkpoint": self.init,
                    "weights_from": self.init_origin, "vocab": self.vocab, "eval_pending": self.eval_pending,
