@@ -118,6 +118,44 @@ def _on_sigint(signum, frame) -> None:  # noqa: ANN001
     raise KeyboardInterrupt()
 
 
+#: A command run as the process's command line and signalled after its work ended (main() returning, the
+#: interpreter shutting down): the signal's number. The process still exits 143 / 130 in one line, as a signal
+#: during the work gives, not -15 / -2 by the default handlers (:func:`_exit_as_signalled`). ``_RC``: what main()
+#: returned.
+_LATE: list[int] = []
+_RC: list[int] = []
+_LATE_HOOKED: list[bool] = []
+
+
+def _exit_late(sig: int) -> None:
+    what = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
+    done = "; its outputs are complete" if _RC == [0] else ""
+    try:
+        logging.shutdown()
+        print(f"bertpipe {_COMMAND[0] if _COMMAND else 'run'}: {what} as it ended{done}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    finally:
+        os._exit(143 if sig == signal.SIGTERM else 130)
+
+
+def _on_late_signal(signum, frame) -> None:  # noqa: ANN001
+    """Recorded, so the exit's own cleanup goes on; a second signal ends the process at once."""
+    if _LATE:
+        _exit_late(_LATE[0])
+    _LATE.append(signum)
+
+
+def _exit_as_signalled() -> None:
+    """atexit, registered first so it runs last: after a late signal, exit 143 (SIGTERM) / 130 (Ctrl-C). From here
+    on both signals are ignored: in the interpreter's own teardown Python restores the default handlers of the
+    signals it handles (not of ignored ones), and a signal then would kill the process (-15 / -2) after its work
+    ended; the process exits with the command's code instead."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _LATE:  # (one that arrived before the lines above has run its handler by now)
+        _exit_late(_LATE[0])
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -166,6 +204,12 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rc = _main(argv)
+    _RC[:] = [rc]
+    return rc
+
+
+def _main(argv: list[str] | None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0].startswith("-"):
@@ -205,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     ABORTED.clear()
     _REPORTED.clear()
     _COMMAND[:] = [command, from_command_line]
+    late = from_command_line and _main_thread()
+    if late and not _LATE_HOOKED:
+        import atexit
+
+        atexit.register(_exit_as_signalled)  # before what the command registers: runs after it
+        _LATE_HOOKED.append(True)
+    _RC.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
@@ -233,10 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertpipe {command}: terminated (SIGTERM); unfinished outputs were removed", file=sys.stderr)
         return 143
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if previous_int is not None:
-            signal.signal(signal.SIGINT, previous_int)
+        if late:  # the process ends after this: a signal from here on is recorded, and still exits 143 / 130
+            signal.signal(signal.SIGTERM, _on_late_signal)
+            signal.signal(signal.SIGINT, _on_late_signal)
+        else:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            if previous_int is not None:
+                signal.signal(signal.SIGINT, previous_int)
     if ABORTED:
         return _report_abort(command)
     return int(rc or 0)
