@@ -107,7 +107,8 @@ class DataParams:
                                         flags=("--max-sequences-per-pack", "--max_sequences_per_pack",
                                                "--max_seq_per_sample"), ge=2, le=3, group="target")
     pack_seed: int = param(12345, "seed of NVIDIA's packing (its generate_packing_strategy.py is unseeded; bertpipe "
-                           "draws from random.Random(seed))", ge=-(2**63), le=2**63 - 1, group="target")
+                           "draws from random.Random(seed); pack-nvidia --seed's range)", ge=0, le=2**63 - 1,
+                           group="target")
     habana_pack_seed: int = param(42, "seed of Habana's packing (pack_pretraining_data_pytorch.py --seed; with its "
                                   "--local_rank -1 it seeds random and NumPy with seed - 1)", ge=1, le=2**32,
                                   group="target")

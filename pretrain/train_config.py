@@ -26,7 +26,8 @@ class TrainConfig:
     packed data (Habana's or NVIDIA's packed HDF5 files, detected from their datasets: see --packed)."""
     packed: bool = False
     """Train on packed rows (several sequences a row; Habana's pack_pretraining_data_pytorch.py or NVIDIA's
-    packed_data layout): refuse --train-dir unless it holds them. Packed data is detected without the flag too.
+    packed_data layout): refuse --train-dir unless it holds them. Packed data is detected without the flag too;
+    --no-packed on packed data is refused (packs are never unpacked).
     Each token attends only within its sequence, positions restart per sequence, NSP per sequence;
     --micro-batch then counts packs, while the MLPerf log, the eval interval and metrics' samples count the
     sequences the packs hold."""

@@ -82,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torchrun's rendezvous id, the same on every node (default: from the output dir's path)")
     g.add_argument("--dry-run", action="store_true", help="check the inputs and print the command only")
     add_train_arguments(p)
+    for a in p._actions:  # --packed / --no-packed: None when neither is given (detected from the data)
+        if a.dest == "packed":
+            a.default = None
 
 
 def check_paths(args: argparse.Namespace) -> None:
@@ -124,6 +127,21 @@ def from_work_dir(args: argparse.Namespace) -> None:
     args.vocab = args.vocab or out.get("vocab", "")
 
 
+def check_no_packed(args: argparse.Namespace) -> None:
+    """``--no-packed`` on packed data is refused in one line (bertpipe never unpacks packs: the flag cannot be
+    honoured, and training on the packs anyway would not be what was asked); then ``args.packed`` is a bool."""
+    if args.packed is False and args.train_dir:
+        from core.errors import InputError
+        from pretrain.packing import packed_files
+
+        found = packed_files(args.train_dir)
+        if found is not None:
+            raise InputError(f"--no-packed: {args.train_dir} holds {found[0]} packed rows, and bertpipe trains packs "
+                             "only as packs (it does not unpack them): drop --no-packed to train on them, or give "
+                             "--train-dir padded rows (a 4-bin folder)")
+    args.packed = bool(args.packed)
+
+
 def run(args: argparse.Namespace) -> int:
     from pretrain.launch import launch
     from pretrain.train_config import from_args
@@ -142,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     if args.hostfile and args.launcher == "torchrun":
         raise InputError("--hostfile needs the deepspeed launcher (torchrun takes --num-nodes, --node-rank and "
                          "--master-addr)")
+    check_no_packed(args)
     with reading(args.train_dir, "--train-dir"):  # a refresh never prunes the data set a training reads
         return launch(from_args(args), args.nproc, launcher=args.launcher, hostfile=args.hostfile,
                       num_nodes=args.num_nodes, master_addr=args.master_addr, master_port=args.master_port,
