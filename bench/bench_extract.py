@@ -1,6 +1,10 @@
 """Throughput of the extract stage (wikiextractor 3.1.0) and its scaling from 1 to 2 worker processes.
 
   .venv/bin/python bench/bench_extract.py [--repeat 3] [--dump PATH] [--processes 1 2]
+  .venv/bin/python bench/bench_extract.py --extractor mlperf [--copies 6] [--processes 1 2]
+
+``--extractor mlperf`` (MLPerf's pinned WikiExtractor.py, see :func:`main_mlperf`): pages per second per worker
+against the script run alone in the same run, and the projection for the enwiki-20200101 dump.
 
 Input: the real, shortened enwiki dump (../shared/data/enwiki-latest-pages-articles1.xml-...-shortened.bz2,
 1.7 MB bz2, 106 articles) or --dump. MB/s is of the uncompressed XML (MB = 10^6 bytes), best of --repeat runs
@@ -55,7 +59,12 @@ def main() -> int:
     p.add_argument("--dump", type=Path, default=None)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--extractor", choices=("wikiextractor-3.1", "mlperf"), default="wikiextractor-3.1")
+    p.add_argument("--copies", type=int, default=6, help="mlperf: copies of the dump's pages in the bench dump")
+    p.add_argument("--script", type=Path, default=None, help="mlperf: WikiExtractor.py (default: ../shared copy)")
     args = p.parse_args()
+    if args.extractor == "mlperf":
+        return main_mlperf(args)
     dump = args.dump or args.shared / REAL
     if not dump.is_file():
         print(f"{dump} not found (pass --dump or --shared)", file=sys.stderr)
@@ -91,6 +100,147 @@ def main() -> int:
     print(f"peak RSS: {self_rss:.0f} MiB (main), {child_rss:.0f} MiB (largest worker)")
     print(f"outputs identical across worker counts: {len(digests) == 1}")
     return 0 if len(digests) == 1 else 1
+
+
+# -- MLPerf's extractor -----------------------------------------------------------------------------------------
+# enwiki-20200101-pages-articles-multistream.xml.bz2 (MLPerf's dump): ~20.0 M <page>s, of which ~6.0 M articles
+# (main namespace, not redirects: what the script extracts), ~17.7 GB bz2.
+DUMP_2020_ARTICLES = 6.0e6
+DUMP_2020_PAGES = 20.0e6
+_CLOCK = "2026-11-27T12:00:00"
+_RUNNER = (
+    "import sys, time, runpy, datetime\n"
+    "iso = sys.argv[1]; t = datetime.datetime.strptime(iso, '%Y-%m-%dT%H:%M:%S').timetuple(); _s = time.strftime\n"
+    "time.strftime = lambda f, tt=None: _s(f, t if tt is None else tt)\n"
+    "script = sys.argv[2]; sys.argv = [script] + sys.argv[3:]\n"
+    "if sys.version_info >= (3, 11):\n"
+    "    sys.path.insert(0, sys.argv.pop()); from preprocessing.mlperf_extractor import load_script\n"
+    "    load_script(__import__('pathlib').Path(script), iso).main()\n"
+    "else:\n"
+    "    runpy.run_path(script, run_name='__main__')\n")
+
+
+def _python37() -> str | None:
+    import glob
+    import os
+    import subprocess
+
+    for c in [*sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.7*/bin/python3.7"))), "python3.7"]:
+        try:
+            r = subprocess.run([c, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True,
+                               timeout=30, cwd=ROOT)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0 and r.stdout.strip() == "(3, 7)":
+            return c
+    return None
+
+
+def repeated_dump(xml: bytes, copies: int) -> tuple[bytes, int]:
+    """The dump's pages ``copies`` times (ids renumbered, so no page repeats the one before it), one siteinfo."""
+    import re
+
+    head_end = xml.index(b"<page>")
+    head_end = xml.rfind(b"\n", 0, head_end) + 1
+    tail = xml.rindex(b"</mediawiki>")
+    body = xml[head_end:tail]
+    out = [xml[:head_end]]
+    for k in range(copies):
+        out.append(re.sub(rb"(<page>\s*<title>[^<]*</title>\s*<ns>[^<]*</ns>\s*<id>)(\d+)",
+                          lambda m, k=k: m.group(1) + str(int(m.group(2)) + k * 10_000_000).encode(), body))
+    out.append(xml[tail:])
+    return b"".join(out), body.count(b"<page>") * copies
+
+
+def main_mlperf(args: argparse.Namespace) -> int:
+    """Pages per second: the pinned script run alone (``python WikiExtractor.py DUMP -o OUT --processes 1``, on
+    Python 3.7 if the machine has one, and on this Python through the compatibility layer), then bertpipe's
+    ``--extractor mlperf`` with 1, 2 ... workers on the same dump as Wikimedia packs it (multistream, 100 pages a
+    stream) and as one bz2 stream. The bench dump is the real shortened enwiki dump's pages ``--copies`` times. All
+    outputs are checked byte-identical. The script alone uses its mapper, one extract process and its reducer
+    (about one core busy); "per worker" divides by the worker count. Projection for enwiki-20200101 from the best
+    per-worker rate: core-hours, and wall time on 16 and 64 cores (workers = cores, at the 2-worker efficiency)."""
+    import subprocess
+
+    script = args.script or args.shared / "reference" / "wikiextractor-3162bb6c" / "WikiExtractor.py"
+    src = args.dump or args.shared / REAL
+    xml, pages = repeated_dump(bz2.decompress(src.read_bytes()), args.copies)
+    py37 = _python37()
+    results: dict[str, tuple[float, dict]] = {}
+    cpu: dict[str, float] = {}  # CPU seconds of a run, all its processes (the script alone; bertpipe in-process)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        plain, multi = t / "bench.xml.bz2", t / "bench-multistream.xml.bz2"
+        plain.write_bytes(bz2.compress(xml, 9))
+        multi.write_bytes(to_multistream(xml, 100))
+        print(f"bench dump: {src.name} x {args.copies}: {pages} pages, {len(xml) / 1e6:.1f} MB XML, "
+              f"{multi.stat().st_size / 1e6:.1f} MB multistream bz2")
+
+        def files(out: Path) -> dict[str, bytes]:
+            return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("*/wiki_*"))}
+
+        def alone(py: str, label: str) -> None:
+            def go() -> dict:
+                out = t / f"alone-{label}-{time.perf_counter_ns()}"
+                cmd = [py, "-c", _RUNNER, _CLOCK, str(script), str(plain), "-o", str(out), "-q", "--processes", "1"]
+                if py == sys.executable:
+                    cmd.append(str(ROOT))
+                r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+                r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                used = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+                cpu[label] = min(used, cpu.get(label, used))
+                return files(out)
+            results[label] = best(go, args.repeat)
+
+        if py37:
+            alone(py37, "script alone, Python 3.7")
+        alone(sys.executable, f"script alone, Python {sys.version_info[0]}.{sys.version_info[1]} + compat")
+        for path, kind in ((multi, "multistream"), (plain, "one stream")):
+            for n in args.processes if path == multi else [n for n in args.processes if n <= 2]:
+                cfg = ExtractConfig(extractor="mlperf", extractor_script=str(script), processes=n, current_time=_CLOCK)
+
+                def go(cfg=cfg, path=path, n=n, label=f"bertpipe, {kind}, {n} worker(s)") -> dict:
+                    out = t / f"ours-{n}-{time.perf_counter_ns()}"
+                    c0 = time.process_time()
+                    run_extract(path, out, cfg)
+                    if n == 1:  # in this process: its CPU time is the run's
+                        used = time.process_time() - c0
+                        cpu[label] = min(used, cpu.get(label, used))
+                    return files(out)
+                results[f"bertpipe, {kind}, {n} worker(s)"] = best(go, args.repeat)
+    outputs = {tuple(sorted((k, hash(v)) for k, v in r[1].items())) for r in results.values()}
+    articles = sum(v.count(b"<doc ") for v in next(iter(results.values()))[1].values())
+    base_label = next(iter(results))
+    base = results[base_label][0]
+    print(f"{articles} articles extracted; outputs byte-identical: {len(outputs) == 1}")
+    print(f"{'what':<44}{'seconds':>9}{'pages/s':>9}{'articles/s':>11}{'per worker':>11}{'vs alone':>9}")
+    per_worker = {}
+    for label, (secs, _) in results.items():
+        n = int(label.split(", ")[-1].split()[0]) if "worker" in label else 1
+        per_worker[label] = articles / secs / n
+        print(f"{label:<44}{secs:>9.2f}{pages / secs:>9.1f}{articles / secs:>11.1f}{articles / secs / n:>11.1f}"
+              f"{base / secs:>8.2f}x")
+    ours = {k: v for k, v in results.items() if k.startswith("bertpipe, multistream")}
+    if len(ours) >= 2:
+        one = results["bertpipe, multistream, 1 worker(s)"][0] if "bertpipe, multistream, 1 worker(s)" in results \
+            else None
+        two = results.get("bertpipe, multistream, 2 worker(s)")
+        if one and two:
+            print(f"2 workers vs 1 (multistream): {one / two[0]:.2f}x; vs the script alone: {base / two[0]:.2f}x")
+    for label, used in cpu.items():
+        print(f"CPU: {label}: {used:.2f} CPU-s, {articles / used:.1f} articles per CPU-second")
+    rate = max(v for k, v in per_worker.items() if k.startswith("bertpipe, multistream"))
+    eff = 1.0
+    if "bertpipe, multistream, 2 worker(s)" in results and "bertpipe, multistream, 1 worker(s)" in results:
+        eff = min(1.0, results["bertpipe, multistream, 1 worker(s)"][0] / results["bertpipe, multistream, 2 worker(s)"][0] / 2)
+    core_h = DUMP_2020_ARTICLES / rate / 3600
+    alone_h = DUMP_2020_ARTICLES / (articles / base) / 3600
+    print(f"projection, enwiki-20200101 (~{DUMP_2020_PAGES / 1e6:.0f} M pages, ~{DUMP_2020_ARTICLES / 1e6:.1f} M "
+          f"articles), at {rate:.1f} articles/s per worker (these articles are long: early enwiki ids):")
+    print(f"  {core_h:.1f} core-hours; wall {core_h / 16 / eff:.2f} h on 16 cores, {core_h / 64 / eff:.2f} h on 64 "
+          f"cores (2-worker efficiency {eff:.2f}); the script alone ({base_label}): {alone_h:.1f} h")
+    return 0 if len(outputs) == 1 else 1
 
 
 if __name__ == "__main__":

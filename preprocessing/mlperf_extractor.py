@@ -176,49 +176,59 @@ def hoist_global_flags(pattern: Any) -> Any:
 
 
 class _CompatRe(types.ModuleType):
-    """The ``re`` module for the script: patterns pass through :func:`hoist_global_flags` first."""
+    """The ``re`` module for the script: patterns pass through :func:`hoist_global_flags` first.
+
+    The script compiles patterns at run time too (``findBalanced`` makes one per call); the compiled patterns are
+    kept here by (pattern, flags), so the layer costs less than ``re``'s own cache lookup."""
+
+    _MAX = 4096
 
     def __init__(self) -> None:
         super().__init__("re")
+        self._cache: dict[tuple, re.Pattern] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(re, name)
 
-    @staticmethod
-    def compile(pattern, flags=0):  # noqa: ANN001, ANN205
-        return re.compile(hoist_global_flags(pattern), flags)
+    def compile(self, pattern, flags=0):  # noqa: ANN001, ANN201
+        key = (type(pattern), pattern, flags)
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument: let re say what is wrong
+            return re.compile(pattern, flags)
+        if isinstance(pattern, re.Pattern):
+            return re.compile(pattern, flags)
+        compiled = re.compile(hoist_global_flags(pattern), flags)
+        if len(self._cache) >= self._MAX:
+            self._cache.clear()
+        self._cache[key] = compiled
+        return compiled
 
-    @staticmethod
-    def search(pattern, string, flags=0):  # noqa: ANN001, ANN205
-        return re.search(hoist_global_flags(pattern), string, flags)
+    def search(self, pattern, string, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).search(string)
 
-    @staticmethod
-    def match(pattern, string, flags=0):  # noqa: ANN001, ANN205
-        return re.match(hoist_global_flags(pattern), string, flags)
+    def match(self, pattern, string, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).match(string)
 
-    @staticmethod
-    def fullmatch(pattern, string, flags=0):  # noqa: ANN001, ANN205
-        return re.fullmatch(hoist_global_flags(pattern), string, flags)
+    def fullmatch(self, pattern, string, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).fullmatch(string)
 
-    @staticmethod
-    def sub(pattern, repl, string, count=0, flags=0):  # noqa: ANN001, ANN205
-        return re.sub(hoist_global_flags(pattern), repl, string, count, flags)
+    def sub(self, pattern, repl, string, count=0, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).sub(repl, string, count)
 
-    @staticmethod
-    def subn(pattern, repl, string, count=0, flags=0):  # noqa: ANN001, ANN205
-        return re.subn(hoist_global_flags(pattern), repl, string, count, flags)
+    def subn(self, pattern, repl, string, count=0, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).subn(repl, string, count)
 
-    @staticmethod
-    def split(pattern, string, maxsplit=0, flags=0):  # noqa: ANN001, ANN205
-        return re.split(hoist_global_flags(pattern), string, maxsplit, flags)
+    def split(self, pattern, string, maxsplit=0, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).split(string, maxsplit)
 
-    @staticmethod
-    def findall(pattern, string, flags=0):  # noqa: ANN001, ANN205
-        return re.findall(hoist_global_flags(pattern), string, flags)
+    def findall(self, pattern, string, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).findall(string)
 
-    @staticmethod
-    def finditer(pattern, string, flags=0):  # noqa: ANN001, ANN205
-        return re.finditer(hoist_global_flags(pattern), string, flags)
+    def finditer(self, pattern, string, flags=0):  # noqa: ANN001, ANN201
+        return self.compile(pattern, flags).finditer(string)
 
 
 def pinned_struct_time(current_time: str | None) -> time.struct_time | None:
