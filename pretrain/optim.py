@@ -28,6 +28,13 @@ Formulas (g: gradient, w: weight, t: step, wd: weight decay, b1/b2: betas):
   With ``adjust_step`` the bias correction uses t-1 for t > 1 (Habana's lans.py option; off by default).
 * AdamW (Loshchilov & Hutter): w -= lr wd w; w -= lr m^/(sqrt(v^)+eps).
 
+Multi-tensor updates: without ZeRO partitions (ZeRO-0, plain PyTorch) each group's parameters are updated
+together with ``torch._foreach_*`` ops (one kernel per op for all of a group's tensors, and the per-tensor norms
+of LAMB/LANS by ``torch._foreach_norm``): the same formulas, equal to the per-parameter loop to fp32 round-off
+(tests/pretrain/test_optim_foreach.py: <= 1e-6). ``foreach=False`` (constructor) keeps the loop. Under ZeRO the
+optimizer already sees one flat tensor per group; the per-parameter trust ratios of the partition are applied
+with ``torch._foreach_mul_`` over the fragments' views.
+
 Step count t: each param group counts its own steps (``group["step"]``, saved with the optimizer state),
 one per ``step()`` call that updates it, so bias correction runs t = 1, 2, 3 ... under ZeRO-0/1/2 in fp32
 and bf16. A ``step()`` whose gradients are all exactly zero before the first real step is DeepSpeed's
@@ -149,18 +156,23 @@ class PartitionLayout:
     def scaled(self, t: Tensor, factors: Tensor) -> Tensor:
         """A copy of ``t`` with each parameter's fragment multiplied by its factor (padding kept as is)."""
         out = t.clone()
-        for j, start, n in self.segments:
-            out.narrow(0, start, n).mul_(factors[j].to(out.dtype))
+        if not self.segments:
+            return out
+        views = [out.narrow(0, start, n) for _, start, n in self.segments]
+        picked = factors.to(out.dtype).index_select(0, torch.tensor([j for j, _, _ in self.segments],
+                                                                    device=factors.device)).tolist()
+        torch._foreach_mul_(views, picked)  # one multi-tensor op (the same fp32 factors as a loop)
         return out
 
 
 class _Base(torch.optim.Optimizer):
     """Shared state handling: moments in at least fp32, a per-group step count, ZeRO partition layouts."""
 
-    def __init__(self, params: Iterable, defaults: dict) -> None:
+    def __init__(self, params: Iterable, defaults: dict, foreach: bool = True) -> None:
         super().__init__(params, defaults)
         self._layouts: dict[Tensor, PartitionLayout] = {}
         self.trust_ratio = "per-tensor"
+        self.foreach = foreach  # multi-tensor updates of the unpartitioned parameters (module docstring)
 
     def attach_partitions(self, layouts: dict[Tensor, PartitionLayout], trust_ratio: str = "per-tensor") -> None:
         """Use these layouts for these flat (ZeRO) partitions; see :func:`attach_zero_partitions`.
@@ -234,18 +246,57 @@ class _Base(torch.optim.Optimizer):
                 if not live:
                     continue
                 group["step"] = self._group_step(group) + 1
+                many = []
                 for p in live:
                     st = self._state(p)
                     st["step"] = group["step"]
                     layout = self._layout(p)
-                    if layout is None:
-                        self._update(p, st, group, clip)
-                    else:
+                    if layout is not None:
                         self._update_flat(p, st, group, clip, layout)
+                    elif self.foreach:
+                        many.append(p)
+                    else:
+                        self._update(p, st, group, clip)
+                if many:
+                    self._update_many(many, [self.state[p] for p in many], group, clip)
         return loss
 
     def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
         raise NotImplementedError
+
+    def _update_many(self, params: list[Tensor], states: list[dict], group: dict, clip: float) -> None:
+        for p, st in zip(params, states, strict=True):  # (subclasses: multi-tensor)
+            self._update(p, st, group, clip)
+
+    @staticmethod
+    def _grads_weights(params: list[Tensor], clip: float) -> tuple[list[Tensor], list[Tensor]]:
+        """fp32 gradients (divided by clip; never the .grad tensors themselves) and fp32 weights of ``params``."""
+        grads = [_f32(p.grad) for p in params]  # (read only below)
+        return (torch._foreach_div(grads, clip) if clip != 1.0 else grads), [_f32(p) for p in params]
+
+    @staticmethod
+    def _moments_many(states: list[dict], grads: list[Tensor], b1: float, b2: float) -> tuple[list, list]:
+        m, v = [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states]
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, grads, alpha=1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        return m, v
+
+    @staticmethod
+    def _denominators(v: list[Tensor], bc2: float, eps: float) -> list[Tensor]:
+        den = torch._foreach_div(v, bc2)
+        torch._foreach_sqrt_(den)
+        torch._foreach_add_(den, eps)
+        return den
+
+    @staticmethod
+    def _norms(tensors: list[Tensor]) -> Tensor:
+        return torch.stack(torch._foreach_norm(tensors))
+
+    @staticmethod
+    def _write(params: list[Tensor], new: list[Tensor]) -> None:
+        torch._foreach_copy_(params, [n.to(p.dtype) for p, n in zip(params, new, strict=True)])
 
     def _update_flat(self, p: Tensor, st: dict, group: dict, clip: float, layout: PartitionLayout) -> None:
         self._update(p, st, group, clip)  # AdamW has no norms: a flat partition is just a tensor
@@ -260,10 +311,26 @@ class Lamb(_Base):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 max_grad_norm: float = 0.0, trust_ratio_no_decay: bool = False) -> None:
+                 max_grad_norm: float = 0.0, trust_ratio_no_decay: bool = False, foreach: bool = True) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
                         max_grad_norm=max_grad_norm, trust_ratio_no_decay=trust_ratio_no_decay)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, foreach)
+
+    def _update_many(self, params: list[Tensor], states: list[dict], group: dict, clip: float) -> None:
+        b1, b2 = group["betas"]
+        g, w = self._grads_weights(params, clip)
+        m, v = self._moments_many(states, g, b1, b2)
+        bc1, bc2 = self._bias_corrections(group, states[0]["step"])
+        u = torch._foreach_div(m, bc1)
+        torch._foreach_div_(u, self._denominators(v, bc2, group["eps"]))
+        if group["weight_decay"]:
+            torch._foreach_add_(u, w, alpha=group["weight_decay"])
+        if self._plain(group):
+            torch._foreach_mul_(u, group["lr"])
+        else:
+            ratio = _trust_ratio(self._norms(w), self._norms(u))
+            torch._foreach_mul_(u, (group["lr"] * ratio).tolist())  # the loop's fp32 factors (one host sync)
+        self._write(params, torch._foreach_sub(w, u))
 
     def _direction(self, p: Tensor, st: dict, group: dict, clip: float) -> tuple[Tensor, Tensor]:
         b1, b2 = group["betas"]
@@ -304,10 +371,34 @@ class Lans(_Base):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 max_grad_norm: float = 0.0, adjust_step: bool = False) -> None:
+                 max_grad_norm: float = 0.0, adjust_step: bool = False, foreach: bool = True) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, max_grad_norm=max_grad_norm, adjust_step=adjust_step)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, foreach)
+
+    def _update_many(self, params: list[Tensor], states: list[dict], group: dict, clip: float) -> None:
+        b1, b2 = group["betas"]
+        eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
+        g, w = self._grads_weights(params, clip)
+        g_norm = self._norms(g)
+        g_hat = torch._foreach_div(g, (g_norm + eps).tolist())  # (fp32 values: the loop's divisors)
+        m, v = self._moments_many(states, g_hat, b1, b2)
+        bc1, bc2 = self._bias_corrections(group, states[0]["step"], group["adjust_step"])
+        denom = self._denominators(v, bc2, eps)
+        d_m = torch._foreach_div(m, bc1)
+        torch._foreach_div_(d_m, denom)
+        d_g = torch._foreach_div(g_hat, denom)
+        wd_w = torch._foreach_mul(w, wd)
+        torch._foreach_add_(d_m, wd_w)
+        torch._foreach_add_(d_g, wd_w)
+        w_norm = self._norms(w)
+        r_m = _trust_ratio(w_norm, self._norms(d_m))
+        r_g = _trust_ratio(w_norm, self._norms(d_g))
+        torch._foreach_mul_(d_m, (lr * r_m * b1).tolist())  # the loop's fp32 factors
+        torch._foreach_mul_(d_g, (lr * r_g * (1 - b1)).tolist())
+        new = torch._foreach_sub(w, d_m)
+        torch._foreach_sub_(new, d_g)
+        self._write(params, new)
 
     def _moments(self, g_hat: Tensor, st: dict, group: dict) -> Tensor:
         b1, b2 = group["betas"]
@@ -349,9 +440,21 @@ class AdamW(_Base):
     """Adam with decoupled weight decay (same results as ``torch.optim.AdamW``)."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True) -> None:
+                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
+                 foreach: bool = True) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, foreach)
+
+    def _update_many(self, params: list[Tensor], states: list[dict], group: dict, clip: float) -> None:
+        b1, b2 = group["betas"]
+        g = [_f32(p.grad) for p in params]
+        w = torch._foreach_mul([_f32(p) for p in params], 1 - group["lr"] * group["weight_decay"])
+        m, v = self._moments_many(states, g, b1, b2)
+        bc1, bc2 = self._bias_corrections(group, states[0]["step"])
+        step = torch._foreach_div(m, bc1)
+        torch._foreach_mul_(step, group["lr"])  # lr * (m / bc1) / denom, the loop's order
+        torch._foreach_div_(step, self._denominators(v, bc2, group["eps"]))
+        self._write(params, torch._foreach_sub(w, step))
 
     def _update(self, p: Tensor, st: dict, group: dict, clip: float) -> None:
         b1, b2 = group["betas"]
