@@ -178,8 +178,9 @@ def _units(stage: str, key_dir: Path) -> Iterator[tuple[str, Path]]:
         yield "", key_dir
 
 
-def scan(work: Path, check_md5: bool = False, trust_stat: bool = False) -> list[Entry]:
-    """Every stage/key/shard directory found under ``work``, plus what the last run expected but is gone."""
+def scan(work: Path, check_md5: bool = False, trust_stat: bool = False, summary: dict | None = None) -> list[Entry]:
+    """Every stage/key/shard directory found under ``work``, plus what the last run expected but is gone
+    (``summary``: :func:`last_run` of ``work`` when the caller has read it already: it warns once)."""
     work = Path(work)
     out: list[Entry] = []
     seen: set[str] = set()
@@ -199,7 +200,7 @@ def scan(work: Path, check_md5: bool = False, trust_stat: bool = False) -> list[
                     Entry(stage_dir.name, key_dir.name, shard, *check_dir(d, check_md5, trust_stat, stage_dir.name))
                 out.append(e)
                 seen.add(e.path)
-    for stage, key, shard in expected(work):
+    for stage, key, shard in expected(work, summary):
         path = "/".join(x for x in (stage, key, shard) if x)
         if not any(path == p or path.startswith(p + "/") for p in seen):
             out.append(Entry(stage, key, shard, "missing", detail="expected by the last run (last_run.json)"))
@@ -215,9 +216,10 @@ def _outside_entry(work: Path, d: Path, stage: str, key: str, shard: str = "") -
                  "link?): not read, and a run refuses to write or delete there; remove the link")
 
 
-def expected(work: Path) -> list[tuple[str, str, str]]:
-    """(stage, key, shard) of every output the last data run produced or found."""
-    summary = last_run(work)
+def expected(work: Path, summary: dict | None = None) -> list[tuple[str, str, str]]:
+    """(stage, key, shard) of every output the last data run produced or found (``summary``: its
+    :func:`last_run`, when read already)."""
+    summary = last_run(work) if summary is None else summary
     out = []
     for stage, s in summary.get("stages", {}).items():
         for shard in s.get("shards") or [""]:
@@ -291,6 +293,6 @@ def _rebased_outputs(work: Path, summary: dict) -> tuple[dict[str, str], str]:
     return out, ""
 
 
-def current_keys(work: Path) -> dict[str, str]:
+def current_keys(work: Path, summary: dict | None = None) -> dict[str, str]:
     """stage -> key of the last run (other keys in the work dir are older runs' outputs)."""
-    return {stage: key for stage, key, _ in expected(work)}
+    return {stage: key for stage, key, _ in expected(work, summary)}

@@ -29,13 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from core.errors import InputError
     from core.paths import PathCheck
-    from tasks.workdir import current_keys, scan
+    from tasks.workdir import current_keys, last_run, scan
 
     if not args.work_dir.exists():
         raise InputError(f"--work-dir {args.work_dir} does not exist; run `bertpipe run --work-dir {args.work_dir}`")
     PathCheck().input_dir("--work-dir", args.work_dir, "work dir")
-    entries = scan(args.work_dir, check_md5=True, trust_stat=not args.md5)
-    current = current_keys(args.work_dir)
+    summary = last_run(args.work_dir)  # read once: a damaged last_run.json is one warning
+    entries = scan(args.work_dir, check_md5=True, trust_stat=not args.md5, summary=summary)
+    current = current_keys(args.work_dir, summary)
     groups: dict[tuple[str, str], list] = {}
     for e in entries:  # scan() lists stages in the registry's (DAG) order
         groups.setdefault((e.stage, e.key), []).append(e)

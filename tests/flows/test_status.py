@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bertpipe.cli import main
 
 
@@ -69,3 +71,15 @@ def test_status_reports_the_training_run_apart_from_the_stages(tmp_path: Path, c
     assert main(["status", "--work-dir", str(w)]) == 0
     assert "20 steps (max_steps), final loss 7.5" in capsys.readouterr().out
     assert main(["verify", "--work-dir", str(w)]) == 0
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"a string"', "3", '{"stages": 5}', "{not json"],
+                         ids=["list", "string", "number", "bad-stages", "not-json"])
+def test_a_damaged_last_run_json_is_one_warning(tmp_path: Path, text: str, capsys, caplog) -> None:
+    """status (and verify) read last_run.json once: a summary that is not one is said once (issue 32)."""
+    (tmp_path / "last_run.json").write_text(text)
+    for command in ("status", "verify"):
+        caplog.clear()
+        main([command, "--work-dir", str(tmp_path)])
+        said = [r for r in caplog.records if "is not a bertpipe run summary" in r.getMessage()]
+        assert len(said) == 1, (command, [r.getMessage() for r in said])
