@@ -440,7 +440,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
     recover_stale_locks(build_roots({**os.environ, **extra}), say=say)
     extra[OWNER_ENV] = owner_token()  # each rank's watchdog: stop when this process is gone
     if launcher == "deepspeed" and hostfile and node_rank < 0:  # over ssh: the other nodes' ranks need them too
-        extra["DS_ENV_FILE"] = str(ds_env_file(cfg.output_dir, extra))
+        carried = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}  # (its build cache)
+        extra["DS_ENV_FILE"] = str(ds_env_file(cfg.output_dir, {**carried, **extra}))
     quiet = on_output is None and not (verbose_from_env() if verbose is None else verbose)
     log_name = LAUNCHER_LOG if node_rank <= 0 else f"launcher.node{node_rank}.log"  # (a shared output dir)
     sink = _LauncherLog(Path(cfg.output_dir) / log_name) if quiet or on_output is not None else None

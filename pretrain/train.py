@@ -675,6 +675,7 @@ def _peer_lost(exc: BaseException) -> bool:
 def _crash_line(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     if _peer_lost(exc):
+        first = first.split(". This is typically", 1)[0]  # (gloo's advice: the next words say it)
         return (f"lost contact with another rank ({type(exc).__name__}: {first}): a rank or a node ended; its own "
                 f"error line says why (traceback: {LAUNCHER_LOG_HINT})")
     return f"{type(exc).__name__}: {first} (traceback: {LAUNCHER_LOG_HINT})"

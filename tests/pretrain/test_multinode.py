@@ -91,6 +91,18 @@ def _losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
 
 
+#: Two nodes' ranks all-reduce through gloo, one node's through DeepSpeed's shared-memory op: the same sums in
+#: another order (bf16 gradients): step 1 is bit-equal, later steps differ by ~1e-5 relative
+REL = 1e-4
+
+
+def _same(got: dict[int, float], expected: dict[int, float], steps) -> float:
+    """The largest relative difference of the losses of ``steps`` (asserted below REL)."""
+    worst = max(abs(got[s] - expected[s]) / abs(expected[s]) for s in steps)
+    assert worst < REL, ({s: got[s] for s in steps}, {s: expected[s] for s in steps})
+    return worst
+
+
 def _nodes(golden: Path, out: Path, launcher: str, *extra: str, hostfile: Path | None = None) -> list[list[str]]:
     port = str(free_port())
     common = ["--nproc", "1", "--num-nodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
@@ -124,7 +136,8 @@ def test_torchrun_rendezvous_two_nodes_same_losses_then_resume_on_one_node(golde
     took = time.monotonic() - t0
     got = _losses(out)
     assert sorted(got) == list(range(1, STOP_AT + 1))
-    assert [got[s] for s in got] == [expected[s] for s in got], (got, expected)
+    assert got[1] == expected[1]  # (before any all-reduce of gradients)
+    two_nodes = _same(got, expected, range(1, STOP_AT + 1))
     config = json.loads((out / "config.json").read_text())
     assert config["world_size"] == 2 and config["deepspeed"]["train_batch_size"] == 8
     assert ckpt.latest_tag(out) == str(STOP_AT) and not _training_pids(out)
@@ -132,9 +145,9 @@ def test_torchrun_rendezvous_two_nodes_same_losses_then_resume_on_one_node(golde
     _run_nodes([_argv(golden, out, "--nproc", "2", "--resume")], [tmp_path / "resume.log"], out)
     got = _losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))
-    assert [got[s] for s in range(1, STEPS + 1)] == [expected[s] for s in range(1, STEPS + 1)]
-    print(f"\ntorchrun c10d, 2 nodes x 1 rank: steps 1-{STOP_AT} in {took:.0f} s, losses = one node's; resumed on "
-          f"one node: steps {STOP_AT + 1}-{STEPS} = one node's")
+    resumed = _same(got, expected, range(STOP_AT + 1, STEPS + 1))
+    print(f"\ntorchrun c10d, 2 nodes x 1 rank: steps 1-{STOP_AT} in {took:.0f} s, losses = one node's (largest "
+          f"relative difference {two_nodes:.1e}); resumed on one node: steps {STOP_AT + 1}-{STEPS} ({resumed:.1e})")
 
 
 def _from_step(ref: Path, out: Path, tag: int) -> None:
@@ -158,10 +171,10 @@ def test_deepspeed_multinode_launcher_resumes_a_one_node_checkpoint_on_two_nodes
     assert "--no_ssh --node_rank 1" in logs[1].read_text()
     got = _losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))
-    assert [got[s] for s in range(1, STEPS + 1)] == [expected[s] for s in range(1, STEPS + 1)]
+    worst = _same(got, expected, range(STOP_AT + 1, STEPS + 1))
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2 and not _training_pids(out)
     print(f"\nDeepSpeed --no_ssh, 2 nodes x 1 rank, resumed from the one-node checkpoint {STOP_AT}: losses "
-          f"{STOP_AT + 1}-{STEPS} = one node's")
+          f"{STOP_AT + 1}-{STEPS} = one node's (largest relative difference {worst:.1e})")
 
 
 def _ssh_ready() -> str:
@@ -180,11 +193,13 @@ def test_deepspeed_multinode_launcher_over_ssh_same_losses(golden, one_node, tmp
     ref, expected = one_node
     out = tmp_path / "run"
     argv = _argv(golden, out, "--nproc", "1", "--hostfile", str(_hostfile(tmp_path)), "--master-addr", "127.0.0.1",
-                 "--steps-this-run", str(STOP_AT))
+                 "--master-port", str(free_port()), "--steps-this-run", str(STOP_AT))
     _run_nodes([argv], [tmp_path / "node.log"], out)
     got = _losses(out)
-    assert [got[s] for s in range(1, STOP_AT + 1)] == [expected[s] for s in range(1, STOP_AT + 1)]
+    assert got[1] == expected[1]
+    worst = _same(got, expected, range(1, STOP_AT + 1))
     assert not _training_pids(out)
+    print(f"\nDeepSpeed over ssh (pdsh), 2 nodes x 1 rank: losses 1-{STOP_AT} = one node's ({worst:.1e})")
 
 
 @slow
