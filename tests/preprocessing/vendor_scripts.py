@@ -89,14 +89,28 @@ def ref_python() -> Path:
     return py
 
 
-def run_batch(py: Path, calls: list[dict], work: Path) -> list[str]:
+def torch_stub(d: Path) -> Path:
+    """A folder holding a stand-in ``torch`` for Habana's packer, which imports torch for a base class and seeds it
+    (../shared/reference/README.md: "put a stub torch/utils/data.py with class Dataset: pass on its path"; its
+    main() also calls torch.manual_seed, torch.cuda.manual_seed and torch.device, which draw nothing the packs use)."""
+    (d / "torch" / "utils").mkdir(parents=True, exist_ok=True)
+    (d / "torch" / "__init__.py").write_text(
+        "def manual_seed(seed):\n    return None\n\n\nclass cuda:\n    manual_seed = staticmethod(manual_seed)\n\n\n"
+        "def device(name):\n    return name\n")
+    (d / "torch" / "utils" / "__init__.py").write_text("")
+    (d / "torch" / "utils" / "data.py").write_text("class Dataset:\n    pass\n")
+    return d
+
+
+def run_batch(py: Path, calls: list[dict], work: Path, pythonpath: Path | None = None) -> list[str]:
     """Run each call (script, argv, cwd, seed) in one side interpreter (tests/preprocessing/vendor_run.py); ""
-    or the exception each ended with."""
+    or the exception each ended with. ``pythonpath``: a folder put first on its import path."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "calls.json").write_text(json.dumps([{"seed": None, **c, "script": str(c["script"]),
                                                   "cwd": str(c["cwd"])} for c in calls]))
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else None
     r = subprocess.run([str(py), str(HERE / "vendor_run.py"), str(work / "calls.json"), str(work / "results.json")],
-                       capture_output=True, text=True, timeout=1800)
+                       capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((work / "results.json").read_text())
 
