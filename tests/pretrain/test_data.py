@@ -339,3 +339,13 @@ def test_the_check_is_cheap(bins):
     for _ in range(20):
         check_values(arrays, 30528, str)
     assert (time.perf_counter() - t0) / 20 < 0.02  # (~0.3 ms for 32 rows of 512 here)
+
+
+def test_the_preflight_names_a_bad_row_before_any_rank_starts(golden, tmp_path):
+    from pretrain.launch import preflight
+    from pretrain.train_config import TrainConfig
+
+    bad = _padded_file(golden, tmp_path / "bad.hdf5", lambda a: a["input_mask"].__setitem__((4, 0), 5))
+    cfg = TrainConfig(train_dir=str(bad), output_dir=str(tmp_path / "o"), model="tiny", device="cpu")
+    with pytest.raises(InputError, match=f"bad training data in {bad} row 4: input_mask holds 5"):
+        preflight(cfg)

@@ -303,3 +303,24 @@ def test_a_rank_error_ends_every_rank_and_the_launch_with_its_one_line(tmp_path,
                      "holds the negative token id -5 (column 3); re-create the file"], shown
     log = (tmp_path / "out" / "launcher.log").read_text()
     assert "Traceback" in log and "row 17" in log
+
+
+def test_a_rank_that_raises_ends_at_once_in_one_line_even_with_a_thread_left(tmp_path):
+    """pretrain/train.py's main: an exception (here with a non-daemon thread still running, as a rank whose
+    peers are gone can have) prints its traceback then one error line and ends the process at once."""
+    code = textwrap.dedent(f"""
+        import sys, threading, time
+        import pretrain.train as t
+        threading.Thread(target=time.sleep, args=(300,)).start()  # would keep the interpreter alive at exit
+        def boom(cfg):
+            raise IndexError("index 30600 is out of bounds for dimension 0 with size 30528")
+        t.train = boom
+        sys.exit(t.main(["--train-dir", {str(tmp_path)!r}, "--output-dir", {str(tmp_path / 'o')!r}]))
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and time.monotonic() - t0 < 60, r.stderr[-2000:]
+    assert lines[-1] == ("pretrain/train.py [rank 0]: error: IndexError: index 30600 is out of bounds for dimension 0 "
+                         "with size 30528 (traceback: launcher.log)"), lines
+    assert "Traceback (most recent call last)" in r.stderr
