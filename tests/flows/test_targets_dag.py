@@ -289,7 +289,7 @@ def test_each_target_alone_runs_nothing_on_a_built_work_dir(target: str, copy_of
 
 # -- slow ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_all_six_targets_in_one_run_at_mlperf_shape(prefect_harness, tmp_path: Path) -> None:
+def test_every_target_in_one_run_at_mlperf_shape(prefect_harness, tmp_path: Path) -> None:
     work = _run(tmp_path / "w", ALL)
     assert set(last_run(work)["targets"]) == set(ALL)
     stages = set(last_run(work)["stages"])
