@@ -11,8 +11,8 @@
 Each takes the script's flags (and the dashed spelling: --num-shards). chop-hdf5 --rule names the round whose
 chop_hdf5_files.py it follows: v3.1 (default; the first `excess` shards one row short, every row kept) or v1.1
 (every shard one row short, the rows past the last shard dropped). Where the script crashes, bertpipe refuses in one
-line (v3.1 when the rows fill the shards evenly: every shard gets `nominal` rows instead, on purpose); where it
-silently drops rows (v1.1), bertpipe drops the same rows and says so. Check the result against NVIDIA's published
+line, except where v3.1's rows fill the shards evenly: there every shard gets `nominal` rows (on purpose; the script
+dies on the last row). Where it silently drops rows (v1.1), bertpipe drops the same rows and says so. Check the result against NVIDIA's published
 checksums with `bertpipe verify --against LIST --dir <shards folder>`: nvidia-4320 (4,320 shards, rule v3.1),
 nvidia-4320-v1.1 (4,320, rule v1.1), nvidia-2048 (2,048, rule v1.1), nvidia-4320-shuffled (the output of
 shuffle-samples on the v3.1 4,320 shards).
