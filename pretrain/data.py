@@ -251,8 +251,8 @@ def check_values(arrays: dict[str, np.ndarray], vocab_size: int | None, name: Ca
         hit = np.argwhere(bad)[0]
         i = int(hit[0])
         col = f" (column {int(hit[1])})" if len(hit) > 1 else ""
-        raise InputError(f"bad training data in {name(i)}: {what.format(v=int(values[tuple(hit)]))}{col}; "
-                         + _REMAKE)
+        text = what.format(v=int(values[tuple(hit)]), col=col)
+        raise InputError(f"bad training data in {name(i)}: {text}{'' if '{col}' in what else col}; " + _REMAKE)
 
     ids, mlm_ids = arrays.get("input_ids"), arrays.get("masked_lm_ids")
     pos = arrays.get("masked_lm_positions")
@@ -263,7 +263,7 @@ def check_values(arrays: dict[str, np.ndarray], vocab_size: int | None, name: Ca
         neg = values < 0
         if key == "masked_lm_ids" and valid is not None and valid.shape == values.shape:
             neg &= valid  # (padding slots are never read)
-        refuse(neg, values, key + " holds the negative token id {v}")
+        refuse(neg, values, key + " holds the negative token id {v}{col}")
         if vocab_size is not None and values.size:
             over = values >= vocab_size
             if over.any():
@@ -277,39 +277,40 @@ def check_values(arrays: dict[str, np.ndarray], vocab_size: int | None, name: Ca
     if mask is not None:
         if packed:
             seqs = np.count_nonzero(weights, axis=1)[:, None]
-            refuse((mask < 0) | (mask > seqs), mask, "input_mask holds {v}; packed rows hold each token's sequence "
-                   "number, 1 .. the row's sequences (next_sentence_weights), 0 = padding")
+            refuse((mask < 0) | (mask > seqs), mask, "input_mask holds {v}{col}; packed rows hold each token's "
+                   "sequence number, 1 .. the row's sequences (next_sentence_weights), 0 = padding")
         else:
-            refuse((mask != 0) & (mask != 1), mask, "input_mask holds {v}; it must be 1 (token) or 0 (padding)")
+            refuse((mask != 0) & (mask != 1), mask, "input_mask holds {v}{col}; it must be 1 (token) or 0 (padding)")
     seg = arrays.get("segment_ids")
     if seg is not None:
-        refuse((seg != 0) & (seg != 1), seg, "segment_ids holds {v}; it must be 0 or 1")
+        refuse((seg != 0) & (seg != 1), seg, "segment_ids holds {v}{col}; it must be 0 or 1")
     width = ids.shape[1] if ids is not None and ids.ndim == 2 else None
     length = np.count_nonzero(mask, axis=1)[:, None] if mask is not None and mask.ndim == 2 else None
     positions = arrays.get("positions")
     if positions is not None and width is not None:
         refuse((positions < 0) | (positions >= width), positions,
-               f"positions holds {{v}}, outside the row's {width} columns")
+               f"positions holds {{v}}{{col}}, outside the row's {width} columns")
     if pos is not None and width is not None:
-        refuse((pos < 0) | (pos >= width), pos, f"masked_lm_positions holds {{v}}, outside the row's {width} columns")
+        refuse((pos < 0) | (pos >= width), pos,
+               f"masked_lm_positions holds {{v}}{{col}}, outside the row's {width} columns")
         if length is not None and len(length) == len(pos):
             refuse(valid & (pos >= length), pos,
-                   "masked_lm_positions holds {v}, past the row's real tokens (input_mask)")
+                   "masked_lm_positions holds {v}{col}, past the row's real tokens (input_mask)")
     labels = arrays.get("next_sentence_labels")
     if labels is not None:
         bad = (labels != 0) & (labels != 1)
         if packed and weights is not None and weights.shape == labels.shape:
             bad &= weights != 0
-        refuse(bad, labels, "next_sentence_labels holds {v}; it must be 0 or 1")
+        refuse(bad, labels, "next_sentence_labels holds {v}{col}; it must be 0 or 1")
     if packed:
-        refuse((weights != 0) & (weights != 1), weights, "next_sentence_weights holds {v}; it must be 0 or 1")
+        refuse((weights != 0) & (weights != 1), weights, "next_sentence_weights holds {v}{col}; it must be 0 or 1")
         nsp = arrays.get("next_sentence_positions")
         if nsp is not None and width is not None:
-            refuse((nsp < 0) | (nsp >= width), nsp, f"next_sentence_positions holds {{v}}, outside the row's "
+            refuse((nsp < 0) | (nsp >= width), nsp, f"next_sentence_positions holds {{v}}{{col}}, outside the row's "
                    f"{width} columns")
             if length is not None:
                 refuse((weights != 0) & (nsp >= length), nsp,
-                       "next_sentence_positions holds {v}, past the row's real tokens (input_mask)")
+                       "next_sentence_positions holds {v}{col}, past the row's real tokens (input_mask)")
 
 
 @dataclass

@@ -200,7 +200,8 @@ def check_nodes(launcher: str, hostfile: str, num_nodes: int, master_addr: str, 
                              "on the others)")
         return
     if num_nodes < 2 or node_rank >= num_nodes:
-        raise ValueError(f"--node-rank {node_rank} needs --num-nodes N > 1 and 0 <= K < N (got --num-nodes {num_nodes})")
+        raise ValueError(f"--node-rank {node_rank} needs --num-nodes N > 1 and 0 <= K < N "
+                         f"(got --num-nodes {num_nodes})")
     if not master_addr:
         raise ValueError("--node-rank needs --master-addr: the address of node 0, which every node can reach")
     if launcher == "deepspeed" and not hostfile:
@@ -240,7 +241,8 @@ def build_command(cfg: TrainConfig, nproc: int, *, launcher: str = "deepspeed", 
         cmd = [_tool("torchrun"), "--nproc_per_node", str(nproc)]
         if node_rank >= 0:
             cmd += ["--nnodes", str(num_nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"{master_addr}:{master_port or MULTINODE_PORT}", "--rdzv-id", rdzv_id or rdzv_id_for(cfg.output_dir)]
+                    f"{master_addr}:{master_port or MULTINODE_PORT}",
+                    "--rdzv-id", rdzv_id or rdzv_id_for(cfg.output_dir)]
             return cmd + [str(TRAIN_SCRIPT)] + to_argv(cfg)
         if num_nodes:
             cmd += ["--nnodes", str(num_nodes)]

@@ -143,10 +143,9 @@ def check_no_packed(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.readlock import reading
     from pretrain.launch import launch
     from pretrain.train_config import from_args
-
-    from core.readlock import reading
 
     from_work_dir(args)
     check_paths(args)

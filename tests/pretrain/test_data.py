@@ -262,7 +262,7 @@ PADDED_CASES = {  # name: (edit of row 11, what the refusal says)
     "mask 5": (lambda a: a["input_mask"].__setitem__((11, 2), 5), "input_mask holds 5"),
     "segment 2": (lambda a: a["segment_ids"].__setitem__((11, 2), 2), "segment_ids holds 2"),
     "position 600": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), 600),
-                     "masked_lm_positions holds 600, outside the row's 512 columns"),
+                     r"masked_lm_positions holds 600 \(column 0\), outside the row's 512 columns"),
     "position -1": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), -1), "masked_lm_positions holds -1"),
     "position past the tokens": (lambda a: a["masked_lm_positions"].__setitem__((11, 0), _real(a, 11) + 2),
                                  "past the row's real tokens"),
@@ -302,11 +302,13 @@ def test_a_bad_row_in_a_later_batch_of_a_4bin_file_is_named_with_its_row_in_the_
 
 
 PACKED_CASES = {  # Habana's packed layout (the batch layout of both packed readers)
-    "mask 5": (lambda a: a["input_mask"].__setitem__((5, 1), 5), "input_mask holds 5; packed rows"),
+    "mask 5": (lambda a: a["input_mask"].__setitem__((5, 1), 5), r"input_mask holds 5 \(column 1\); packed rows"),
     "negative id": (lambda a: a["input_ids"].__setitem__((5, 1), -1), "input_ids holds the negative token id -1"),
     "position 600": (lambda a: a["positions"].__setitem__((5, 1), 600), "positions holds 600"),
-    "masked position 600": (lambda a: a["masked_lm_positions"].__setitem__((5, 0), 600), "masked_lm_positions holds 600"),
-    "nsp position -1": (lambda a: a["next_sentence_positions"].__setitem__((5, 0), -1), "next_sentence_positions holds -1"),
+    "masked position 600": (lambda a: a["masked_lm_positions"].__setitem__((5, 0), 600),
+                            "masked_lm_positions holds 600"),
+    "nsp position -1": (lambda a: a["next_sentence_positions"].__setitem__((5, 0), -1),
+                        "next_sentence_positions holds -1"),
     "nsp weight 2": (lambda a: a["next_sentence_weights"].__setitem__((5, 0), 2), "next_sentence_weights holds 2"),
 }
 

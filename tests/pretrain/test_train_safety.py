@@ -256,7 +256,7 @@ def test_bad_data_on_one_rank_ends_every_rank_and_the_command_within_30_s_in_one
     else:
         bad, n = _padded_bins(golden, tmp_path / "4bins", _position_600)
         argv = _argv(tmp_path, out, "--max-steps", "4000", "--batch-mix", "one-bin")
-        says = "masked_lm_positions holds 600, outside the row's 512 columns (column 0)"
+        says = "masked_lm_positions holds 600 (column 0), outside the row's 512 columns"
     log = tmp_path / "train.log"
     proc = _start(argv, log)
     deadline = time.monotonic() + 1500
