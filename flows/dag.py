@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import queue
 import re
 import time
@@ -223,6 +224,7 @@ class DataDag:
                     end_run(self.token)  # first: a call still running anywhere commits nothing from now on
                     self._cancel_pending()
                     shutdown_pool(failed=True)
+                    self._remove_unfinished()
                     if (stop := _signal_behind(exc)) is not None:
                         raise stop from None
                     raise
@@ -235,6 +237,29 @@ class DataDag:
         if self.p.keep == "training":
             self._drop_intermediates()
         return self._finish()
+
+    def _remove_unfinished(self) -> None:
+        """After a failed or stopped run: the temporary files and scratch folders (hidden ``*_scratch``) of every
+        stage that was planned and not finished are removed, as the command then says (a stage's own clean-up does
+        not run in a pool worker that was stopped). Folders are looked at without following links."""
+        import shutil
+        import stat
+
+        from core.manifest import outside, remove_debris
+
+        for name, units in self.planned.items():
+            if name in self.results:
+                continue
+            for d in dict.fromkeys(Path(u.out_dir) for u in units):
+                try:
+                    if not stat.S_ISDIR(os.lstat(d).st_mode) or outside(d, self.work):
+                        continue
+                    remove_debris(d)
+                    for e in os.scandir(d):
+                        if e.name.startswith(".") and e.name.endswith("_scratch") and e.is_dir(follow_symlinks=False):
+                            shutil.rmtree(e.path, ignore_errors=True)
+                except OSError as exc:  # a clean-up must not hide the run's own error
+                    self.log.warning("could not remove the unfinished files of %s in %s: %s", name, d, exc)
 
     # -- the cluster (flows/cluster.py) ------------------------------------------------------------------
     def _client(self) -> Any:

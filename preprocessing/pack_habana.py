@@ -98,6 +98,7 @@ from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
+from preprocessing.pack_nvidia import check_strategy_space
 from preprocessing.pack_nvidia import save_array as _save
 from preprocessing.pack_nvidia import take_runs
 from preprocessing.pyrandom import Shuffles
@@ -157,9 +158,8 @@ def check_config(cfg: HabanaPackConfig) -> None:
     if cfg.max_sequences_per_pack < 2:
         raise InputError(f"--max_sequences_per_pack must be at least 2, got {cfg.max_sequences_per_pack} (1 means "
                          "no packing; Habana's script then fails on any sequence shorter than max_sequence_length)")
-    if cfg.max_sequences_per_pack > 4:
-        raise InputError(f"--max_sequences_per_pack {cfg.max_sequences_per_pack}: at most 4 (the strategy matrix "
-                         "grows as max_sequence_length^(k-1); Habana uses 3)")
+    check_strategy_space(cfg.max_sequence_length, cfg.max_sequences_per_pack,  # grows as length^(k-1)
+                         ("--max_sequences_per_pack", "--max_sequence_length"))
     if cfg.max_predictions_per_sequence < 1:
         raise InputError(f"--max_predictions_per_sequence must be at least 1, got {cfg.max_predictions_per_sequence}")
     if not 0 <= cfg.rng_seed < 2 ** 32:

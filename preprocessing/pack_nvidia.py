@@ -164,6 +164,37 @@ def output_names(cfg: PackNvidiaConfig) -> list[str]:
     return [n for k in range(cfg.shards_num) for n in (list_name(k), shard_name(k, cfg))]
 
 
+#: The most packing strategies a recipe may weigh: its NNLS matrix is max_seq_length x strategies float64 (512 x
+#: 100,000: 410 MB), and each round's time grows with it. NVIDIA's and Habana's 3 sequences at 512 make 22,102.
+MAX_STRATEGIES = 100_000
+#: More shards than packs leave empty shards (NVIDIA's script writes them too); above this many shards, each
+#: shard must hold a pack (a flag in range must not make 100,000 empty files).
+MAX_EMPTY_SHARDS_TO = 4320
+
+
+def strategy_count(target: int, depth: int) -> int:
+    """How many packing strategies :func:`packing_strategies` lists (partitions of ``target`` into at most ``depth``
+    parts), counted without listing them."""
+    row = [1] + [0] * target  # depth 0: only the empty partition of 0
+    for j in range(1, depth + 1):
+        new = row[:]
+        for n in range(j, target + 1):
+            new[n] += new[n - j]  # partitions into at most j parts: those into j-1, plus j parts (each >= 1)
+        row = new
+    return row[target]
+
+
+def check_strategy_space(target: int, depth: int, flags: tuple[str, str]) -> None:
+    """Refuse, before any work, a pack depth whose strategy space would not fit (one line naming the flags)."""
+    n = strategy_count(target, depth)
+    if n > MAX_STRATEGIES:
+        fits = max(k for k in range(2, depth + 1) if strategy_count(target, k) <= MAX_STRATEGIES) \
+            if strategy_count(target, 2) <= MAX_STRATEGIES else 0
+        fix = f"use {flags[0]} {fits} or less" if fits else f"use a shorter {flags[1]}"
+        raise InputError(f"{flags[0]} {depth} at {flags[1]} {target} makes {n:,} packing strategies (a {target} x "
+                         f"{n:,} NNLS matrix of {target * n * 8 / 2**30:,.1f} GiB); at most {MAX_STRATEGIES:,}: {fix}")
+
+
 def check_config(cfg: PackNvidiaConfig) -> None:
     if not 2 <= cfg.max_seq_length <= 32767:
         raise InputError(f"max_seq_length must be 2..32767 (int16 positions), got {cfg.max_seq_length}")
@@ -172,6 +203,16 @@ def check_config(cfg: PackNvidiaConfig) -> None:
                          "is packed; NVIDIA's script crashes on any sequence shorter than max_seq_length)")
     if cfg.shards_num < 1:
         raise InputError(f"shards_num must be at least 1, got {cfg.shards_num}")
+    check_strategy_space(cfg.max_seq_length, cfg.max_seq_per_sample, ("--max_seq_per_sample", "--max_seq_length"))
+
+
+def check_shards(shards_num: int, n_packs: int) -> None:
+    """More shards than packs: allowed up to :data:`MAX_EMPTY_SHARDS_TO` shards (empty ones, as NVIDIA's script
+    writes), refused above it before any shard is written."""
+    if shards_num > n_packs and shards_num > MAX_EMPTY_SHARDS_TO:
+        raise InputError(f"--shards_num {shards_num:,}: the inputs make {n_packs:,} packs, so {shards_num - n_packs:,} "
+                         f"shards would be empty files; use at most {max(n_packs, MAX_EMPTY_SHARDS_TO):,} (more shards "
+                         f"than packs are written only up to {MAX_EMPTY_SHARDS_TO:,}, NVIDIA's count)")
 
 
 # -- reading the inputs ----------------------------------------------------------------------------------------
@@ -703,6 +744,7 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
         raise InputError("pack-nvidia: the inputs hold no rows; nothing to pack")
     recipe = packing_recipe(hist, cfg.max_seq_length, cfg.max_seq_per_sample, say=log.info)
     asg = assign_packs(hist, recipe, cfg.seed)
+    check_shards(cfg.shards_num, len(asg.pack_off) - 1)
     empty = int(np.count_nonzero(np.diff(asg.pack_off) == 0))
     if empty:
         log.warning("%d pack(s) hold no sequence (every slot of their strategy was padding; NVIDIA's script writes "

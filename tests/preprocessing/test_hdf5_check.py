@@ -145,3 +145,38 @@ def test_packers_refuse_an_input_named_entry_that_is_no_file(packer, kind, say, 
     lines = err.splitlines()
     assert rc == 2 and len(lines) == 1 and say in lines[0] and "part-00001-of-00500_training.hdf5" in lines[0], err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+# -- cost is predictable (issue 33, item 5) -------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,say", [
+    (["pack-nvidia", "--max_seq_length", "512", "--max_seq_per_sample", "5"],
+     "--max_seq_per_sample 5 at --max_seq_length 512 makes 25,287,483 packing strategies"),
+    (["pack-nvidia", "--max_seq_length", "512", "--max_seq_per_sample", "8"], "use --max_seq_per_sample 3 or less"),
+    (["pack-habana", "--max_sequence_length", "512", "--max_sequences_per_pack", "4"],
+     "--max_sequences_per_pack 4 at --max_sequence_length 512 makes 959,631 packing strategies"),
+    (["pack-nvidia", "--max_seq_length", "64", "--shards_num", "100000"],
+     "--shards_num 100,000: the inputs make"),
+])
+def test_flags_beyond_what_the_input_can_use_are_refused_before_work(argv, say, tmp_path, capsys):
+    import time
+
+    d = tmp_path / "in"
+    d.mkdir()
+    write_padded(d / "part-00000-of-00500_training.hdf5", LENGTHS, width=max(WIDTH, 64), preds=PREDS, seed=3)
+    io = (["--input_dir", str(d), "--output_dir", str(tmp_path / "o")] if argv[0] == "pack-habana"
+          else ["--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o")])
+    t0 = time.monotonic()
+    rc, err = _cli([*argv, *io], capsys)
+    assert time.monotonic() - t0 < 30
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and say in lines[0], err
+    assert not (tmp_path / "o").exists() or not [p for p in (tmp_path / "o").rglob("*")], "files were left"
+
+
+def test_empty_shards_up_to_nvidias_count_are_still_written(tmp_path):
+    from preprocessing.pack_nvidia import MAX_EMPTY_SHARDS_TO, check_shards
+
+    check_shards(MAX_EMPTY_SHARDS_TO, 3)  # as NVIDIA's script: 3 packs in 4,320 shards
+    check_shards(10**6, 10**6)
+    with pytest.raises(Exception, match="use at most 4,320"):
+        check_shards(MAX_EMPTY_SHARDS_TO + 1, 3)
