@@ -17,12 +17,20 @@ excluded, timed intervals bracketed by ``torch.cuda.synchronize()``. Printed per
 **MFU on real tokens**: the model FLOPs of each real sequence at its own length
 (``gpu_bench.flops_per_sequence(cfg, length, its masked tokens)``: no FLOPs for padding, attention within
 the sequence only) per second over the device's dense bf16 peak; also the MFU of the FLOPs the step executes
-(padded widths, full-row attention, all prediction slots). Packed attention is flash_attn's varlen kernel when
-flash_attn imports, else SDPA with a block-diagonal mask (printed). Goal: >= 50 % real-token MFU on an H100
-(NVIDIA's MLPerf BERT reaches about 49 %).
+(padded widths, full-row attention, all prediction slots). Runs (``--runs``, ``mode[:kernel][:ad0][:compile]``):
+padded and packed with the model's attention dropout (packed "auto": the block-diagonal SDPA mask, since
+varlen_attn has no dropout; and nested_varlen), without it (``ad0``; packed: PyTorch's varlen_attn,
+``torch_varlen``), then torch.compile'd; a failing run is reported and the next one runs; ``--budget-s`` starts
+no run past that many seconds. Goal: >= 50 % real-token MFU on an H100/H200 (NVIDIA's MLPerf BERT: ~49 %).
 
-    python bench/bench_train_packed.py --gpu                      # H100/H200: BERT-Large bf16
-    python bench/bench_train_packed.py --gpu --dry                # the same code on CPU: tiny model, 2 steps
+    bash bench/gpu_run.sh                                          # a lent GPU: CUDA tests + this bench, ~5 min
+    python bench/bench_train_packed.py --gpu --lengths mlperf      # H100/H200: BERT-Large bf16
+    python bench/bench_train_packed.py --gpu --dry                 # the same code on CPU: tiny model, 2 steps
+
+``--lengths mlperf``: synthetic rows with the full MLPerf set's mean length (~254 tokens; ``mlperf_lengths``)
+instead of the golden rows (mean 412). CPU: ``--model-json`` overrides the preset (e.g. 4 layers x 256 hidden,
+a step bound by its math), ``--modes packed@sdpa_mask`` trains packed rows with another kernel
+(``BERTPIPE_PACKED_ATTENTION``).
 
 Rows: ``--rows`` (default ../shared/data/golden/sample.hdf5), else synthetic rows with its length proportions.
 The golden sample is long (mean 412 of 512 tokens: padded rows are 80.5 % real tokens, binned 95.0 %, these
@@ -60,10 +68,12 @@ def load_rows(path: Path) -> dict[str, np.ndarray]:
 def mlperf_lengths(n: int, seed: int = 0) -> np.ndarray:
     """n sequence lengths shaped like MLPerf's full training set (mean ~254 of 512; NVIDIA's packing of the
     full set reports an expected speed-up of 1.999 at <= 3 a pack): 20 % full 512-token rows, the rest
-    20 + Gamma(1.5, 125) tokens, cut at 511. Synthetic: the full set's histogram is not in this repo."""
+    20 + Gamma(3, 55) tokens (mode ~130), cut at 511. Synthetic: the full set's histogram is not in this repo.
+    best_fit_packs (<= 3 a pack) fills its packs to ~94 % real tokens (1.87 rows a pack), the 4 bins ~84 %,
+    padded rows ~50 %."""
     rng = np.random.default_rng(seed)
     full = rng.random(n) < 0.20
-    short = np.minimum(20 + rng.gamma(1.5, 125.0, n), 511).astype(np.int64)
+    short = np.minimum(20 + rng.gamma(3.0, 55.0, n), 511).astype(np.int64)
     return np.where(full, 512, short)
 
 
@@ -143,9 +153,14 @@ def one_cpu_run(args: argparse.Namespace) -> dict:
     from pretrain.launch import launch
     from pretrain.train_config import TrainConfig
 
+    model_json = None
+    if args.model_json:  # preset fields overridden (e.g. 4 layers x 256 hidden: a step bound by its math)
+        model_json = args.one_out.parent / f"{args.one_out.name}_model.json"
+        model_json.write_text(args.model_json)
     cfg = TrainConfig(train_dir=str(args.one_dir), packed=args.one == "packed", output_dir=str(args.one_out),
                       model=args.model, max_steps=args.steps, micro_batch=args.micro_batch, device="cpu",
-                      tensorboard=False, checkpoint_interval=0)
+                      tensorboard=False, checkpoint_interval=0,
+                      model_config=str(model_json) if model_json else None)
     if launch(cfg, nproc=args.nproc) != 0:
         raise SystemExit(f"training on {args.one_dir} failed: see {args.one_out}/launcher.log")
     summary = json.loads((args.one_out / "summary.json").read_text())
@@ -164,6 +179,7 @@ def cpu_bench(args: argparse.Namespace) -> list[dict]:
                 kind, _, kernel = mode.partition("@")  # packed@sdpa_mask: the packed rows with another kernel
                 cmd = [sys.executable, __file__, "--one", kind, "--one-dir", str(dirs[kind]), "--one-out", str(out),
                        "--steps", str(args.steps), "--nproc", str(args.nproc), "--model", args.model,
+                       *(["--model-json", args.model_json] if args.model_json else []),
                        "--micro-batch", str(args.micro_batch if kind == "packed" else
                                             args.padded_micro_batch or args.micro_batch)]
                 env = {**os.environ, **({"BERTPIPE_PACKED_ATTENTION": kernel} if kernel else {})}
@@ -261,9 +277,10 @@ def parse_run(spec: str) -> dict:
 
 
 #: in order of importance (--budget-s may cut the tail): eager with the model's attention dropout (0.1; packed
-#: rows: nested_varlen), eager without it (packed: torch_varlen), then the same compiled
-GPU_RUNS = ("padded,packed,padded:ad0,packed:torch_varlen,packed:torch_varlen:compile,padded:ad0:compile,"
-            "packed:compile,padded:compile")
+#: rows: "auto" = the block-diagonal SDPA mask, and nested_varlen), eager without it (packed: torch_varlen),
+#: then compiled
+GPU_RUNS = ("padded,packed,packed:nested_varlen,padded:ad0,packed:torch_varlen,packed:torch_varlen:compile,"
+            "padded:ad0:compile,packed:compile,padded:compile")
 
 
 def gpu_bench(args: argparse.Namespace) -> list[dict]:
@@ -394,6 +411,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="GPU: torch.compile the model")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="GPU: dense bf16 peak (default from the name)")
     p.add_argument("--json-out", type=Path, help="also write the results here")
+    p.add_argument("--model-json", default="",
+                   help='CPU: JSON overrides of the preset, e.g. \'{"hidden_size": 256, "num_hidden_layers": 4, '
+                        '"num_attention_heads": 4, "intermediate_size": 1024}\' (bench_model.py\'s model)')
     p.add_argument("--lengths", choices=("golden", "mlperf"), default="golden",
                    help="golden: the rows of --rows; mlperf: synthetic rows of the full set's lengths (mean ~254)")
     p.add_argument("--n-rows", type=int, default=4000, help="--lengths mlperf: how many rows")

@@ -19,12 +19,14 @@
   default "auto" picks per device, dtype and dropout, ``BertForPreTraining.packed_attention`` says which ran):
   - ``torch_varlen``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (flash, CUDA fp16/bf16, no
     dropout): static shapes, no host sync (cu_seqlens by a scatter-min), torch.compile-friendly;
-  - ``nested_varlen``: SDPA on a jagged nested tensor (PyTorch's flash kernel with dropout on CUDA);
+  - ``nested_varlen``: SDPA on a jagged nested tensor (PyTorch's flash kernel with dropout on CUDA; measured
+    slower than the padded rows on an H200, so "auto" does not pick it);
   - ``flash_varlen``: the optional ``flash_attn`` package (CUDA fp16/bf16, dropout), only where it imports;
   - ``flex_varlen``: FlexAttention with a document BlockMask (compile it for speed; no dropout);
   - ``split_varlen``: one SDPA per sequence on views of the flat tensor (the fastest exact path measured on
     CPU; any device, dropout);
-  - None: the old SDPA over the whole row with a block-diagonal boolean mask (for comparison).
+  - None: SDPA over the whole row with a block-diagonal boolean mask ("auto" on CUDA with attention dropout
+    and without flash_attn: exact, but it computes full-row attention).
 
 Parameter names (see `hf_export.py` / `tf_import.py` for the mappings):
   embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias}
@@ -302,14 +304,16 @@ def torch_varlen_available() -> bool:
 
 def auto_varlen_kernel(device: torch.device, dtype: torch.dtype, dropout_p: float):  # noqa: ANN201
     """The packed attention kernel "auto" picks: on CUDA in fp16/bf16, flash_attn's varlen kernel where the
-    package imports, else PyTorch's ``varlen_attn`` without attention dropout and SDPA on nested (jagged)
-    tensors with it (both PyTorch's flash kernel); everywhere else (CPU, HPU, CUDA fp32) ``split_varlen``."""
+    package imports, else PyTorch's ``varlen_attn`` without attention dropout; with attention dropout (which
+    varlen_attn lacks) the full-row SDPA with the block-diagonal mask (None), as before: SDPA on nested tensors
+    (``nested_varlen``, flash with dropout) ran at 0.87x the padded rows' real tokens/s on an H200 (README).
+    Everywhere else (CPU, HPU, CUDA fp32) ``split_varlen``."""
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         if _flash_attn_varlen() is not None:
             return flash_varlen
         if not dropout_p and torch_varlen_available():
             return torch_varlen
-        return nested_varlen
+        return None
     return split_varlen
 
 

@@ -47,7 +47,7 @@ def test_auto_picks_per_device_dtype_and_dropout(monkeypatch):
     monkeypatch.setattr(M, "_FLASH_VARLEN", None)  # flash_attn absent
     assert M.torch_varlen_available()  # PyTorch's own kernel ships with torch (>= 2.10)
     assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.0) is M.torch_varlen
-    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.1) is M.nested_varlen  # varlen_attn has no dropout
+    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.1) is None  # varlen_attn has no dropout: the SDPA mask
     monkeypatch.setattr(M, "_FLASH_VARLEN", lambda *a, **k: None)  # flash_attn installed: optional, preferred
     assert M.auto_varlen_kernel(cuda, torch.float16, 0.1) is M.flash_varlen
 

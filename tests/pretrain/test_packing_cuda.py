@@ -9,7 +9,8 @@ batch against the same sequences as padded rows. No DeepSpeed, no golden files: 
   tolerance). The bf16 padded rows' error is printed beside each.
 * torch.compile of the whole model with torch_varlen: static shapes (no host sync, no recompilation across
   batches of other sequence lengths) and the eager result.
-* attention dropout on CUDA: "auto" picks nested_varlen (PyTorch's flash kernel with dropout) and it trains.
+* attention dropout on CUDA: "auto" keeps the block-diagonal SDPA mask (varlen_attn has no dropout; nested_varlen,
+  PyTorch's flash kernel with dropout, trains too but measured slower than padded rows on an H200).
 
     python -m pytest tests/pretrain/test_packing_cuda.py -m gpu -q -s
 """
@@ -129,14 +130,17 @@ def test_compiled_model_with_torch_varlen_has_static_shapes(case, fp32_model):
     assert m.packed_attention == "varlen:torch_varlen"
 
 
-def test_attention_dropout_on_cuda_uses_flash_with_dropout():
+@pytest.mark.parametrize("kernel", ["auto", "nested_varlen"])
+def test_attention_dropout_on_cuda(kernel):
     torch.manual_seed(0)
     m = M.BertForPreTraining(cfg(dropout=0.1)).to(DEV).to(torch.bfloat16).train()
     M._FLASH_VARLEN = None  # as a plain install: no flash_attn
+    m.varlen_kernel = kernel
     out, g = loss_and_grads(m, on(synthetic(LENGTHS)[1]))
-    assert m.packed_attention == "varlen:nested_varlen"
+    assert m.packed_attention == ("sdpa-block-diagonal-mask" if kernel == "auto" else "varlen:nested_varlen")
     assert torch.isfinite(out.loss) and all(torch.isfinite(v).all() for v in g.values())
     m.eval()
+    m.varlen_kernel = "auto"
     with torch.no_grad():
         m(**on(synthetic(LENGTHS)[1]))
     assert m.packed_attention == "varlen:torch_varlen"  # eval: no dropout, PyTorch's varlen_attn
