@@ -267,9 +267,12 @@ class _ChunkError(Exception):
 
 
 def _aligned(text: str, first: bool, last: bool) -> bool:
+    """The range starts and ends on page boundaries (Wikimedia's multistream dumps have the header and the closing
+    ``</mediawiki>`` in streams of their own: a first range may be the header alone, a last one the tag)."""
     head, tail = text.lstrip(), text.rstrip()
-    return ((first or head.startswith("<page>"))
-            and (tail.endswith("</page>") or (last and tail.endswith("</mediawiki>"))))
+    return ((first or head.startswith("<page>") or (last and head.startswith("</mediawiki>")))
+            and (tail.endswith("</page>") or (last and tail.endswith("</mediawiki>"))
+                 or (first and tail.endswith("</siteinfo>"))))
 
 
 def scan_chunk(job: tuple) -> tuple | None:

@@ -410,3 +410,16 @@ def test_tens_of_output_files_any_worker_count(tiny_chunks, tmp_path):
     assert len(want) >= 20
     for dump, procs in ((plain, 2), (multi, 1), (multi, 2), (multi, 5)):
         assert ours(dump, tmp_path / f"o-{dump.name}-{procs}", procs, bytes_per_file=200 * 1024) == want
+
+
+@needs_script
+def test_every_stream_its_own_range_with_the_closing_tag_alone_stays_parallel(gen, monkeypatch, tmp_path):
+    monkeypatch.setattr(extract_streams, "_MIN_CHUNK", 1)  # one range per bz2 stream; the last: </mediawiki> alone
+    monkeypatch.setattr(extract_streams, "_MAX_CHUNK", 1)
+    chunks = extract_streams.plan_chunks(gen["multi"], 2)
+    assert bz2.decompress(Path(gen["multi"]).read_bytes()[chunks[-1][0]:]).strip() == b"</mediawiki>"
+    want = run_script_alone(gen["bz2"], tmp_path / "ref")
+    m = run_extract(gen["multi"], tmp_path / "o", ExtractConfig(extractor="mlperf", extractor_script=str(SCRIPT),
+                                                                processes=2, current_time=T0))
+    assert m.counters["bz2_chunks"] == len(chunks) > 50  # no fall-back to one reader
+    assert files_of(tmp_path / "o") == want
