@@ -22,7 +22,9 @@ eval file (``nvidia-eval``); its README says where each came from.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +115,12 @@ def read_chk(path: str | Path) -> dict[str, str]:
         m = _LINE.match(line)
         if m is None:
             raise InputError(f"{path} line {i}: {line[:80]!r} is not 'name<TAB>md5' (NVIDIA's .chk format)")
-        if m.group(1) in out:
-            raise InputError(f"{path} line {i}: {m.group(1)} is listed twice")
+        name = m.group(1)
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("~"):
+            raise InputError(f"{path} line {i}: {name[:80]!r} is not a file name; a .chk list names the shards of "
+                             "one folder (NVIDIA's hdf5_md5.py prints basenames), nothing outside it")
+        if name in out:
+            raise InputError(f"{path} line {i}: {name} is listed twice")
         out[m.group(1)] = m.group(2).lower()
     if not out:
         raise InputError(f"checksum list {path} lists no files")
@@ -140,11 +146,38 @@ def resolve_chk(against: str) -> Path:
 class ShardCheck:
     name: str
     expected: str
-    actual: str  # "" when the file is missing
+    actual: str  # "" when the file is missing (or no plain file: ``problem`` says what it is)
+    problem: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.actual == self.expected
+        return self.actual == self.expected and not self.problem
+
+
+#: bertpipe's bookkeeping, which may sit beside shards (never data to a trainer): not counted as unlisted
+_BOOKKEEPING = ("_manifest.json", ".verified.json", "_dropped.json", ".bertpipe.lock")
+
+
+def unlisted(folder: str | Path, chk: dict[str, str]) -> list[str]:
+    """The entries of ``folder`` that ``chk`` does not list (sorted; bertpipe's bookkeeping and the debris of
+    killed writers aside): a trainer reading the folder whole would take them for data."""
+    from core.manifest import _TMP_NAME
+
+    return sorted(n for n in os.listdir(folder)
+                  if n not in chk and n not in _BOOKKEEPING and not _TMP_NAME.match(n))
+
+
+def _kind(path: Path) -> str:
+    """"" for a plain file; else what it is (looked at without following a link)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link (to {os.readlink(path)}), never followed"
+    return "a folder" if stat.S_ISDIR(mode) else "not a plain file"
 
 
 def _digests(paths: Sequence[str]) -> list[str]:
@@ -157,9 +190,10 @@ def verify_against(folder: str | Path, chk: dict[str, str], *, workers: int = 1)
 
     folder = Path(folder)
     names = sorted(chk)
-    present = [n for n in names if (folder / n).is_file()]
+    kinds = {n: _kind(folder / n) for n in names}
+    present = [n for n in names if not kinds[n]]
     n_calls = min(len(present), max(1, 4 * workers)) if present else 0
     groups = [present[i::n_calls] for i in range(n_calls)]
     results = run_all(_digests, [([str(folder / n) for n in g],) for g in groups], workers)
     got = {n: d for g, ds in zip(groups, results, strict=True) for n, d in zip(g, ds, strict=True)}
-    return [ShardCheck(n, chk[n], got.get(n, "")) for n in names]
+    return [ShardCheck(n, chk[n], got.get(n, ""), "" if kinds[n] in ("", "missing") else kinds[n]) for n in names]

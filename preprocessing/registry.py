@@ -103,6 +103,11 @@ def per_shard() -> set[str]:
     return {s.name for s in STAGES if s.per_shard}
 
 
+def droppable() -> set[str]:
+    """Stages whose files ``--keep training`` may delete: a drop record (``_dropped.json``) counts only there."""
+    return {s.name for s in STAGES if s.droppable}
+
+
 def titles() -> dict[str, str]:
     return {n: " / ".join(dict.fromkeys(s.title for s in STAGES if s.name == n)) for n in names()}
 

@@ -108,7 +108,7 @@ def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False,
         return None, f"manifest corrupt: {found.group(1) if found else exc}"
     if m is None:
         return None, "never done (or interrupted before its manifest)"
-    if dropped_info(unit.out_dir, m) is not None:
+    if _may_drop(unit.stage) and dropped_info(unit.out_dir, m) is not None:
         return (None, "dropped by --keep training, and a later stage needs its files") if revive else (m, "")
     try:
         m = verify_manifest(unit.out_dir, check_md5=check_md5, trust_stat=True)
@@ -127,6 +127,14 @@ def why_not_done(unit: Unit, check_md5: bool = True, revive: bool = False,
     return m, ""
 
 
+def _may_drop(stage: str) -> bool:
+    """Whether a drop record counts for ``stage``: only a stage ``--keep training`` drops (an intermediate); a
+    ``_dropped.json`` anywhere else was planted or left by hand, and the files are checked as usual."""
+    from preprocessing import registry
+
+    return stage in registry.droppable() or stage not in registry.names()
+
+
 def check_done(unit: Unit, check_md5: bool = True, revive: bool = False, root: str = "") -> Manifest | None:
     return why_not_done(unit, check_md5, revive, root)[0]
 
@@ -140,7 +148,8 @@ def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: s
     """What a task returns per unit (JSON types only: Prefect stores it with the json serializer)."""
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir,
             "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3), "why": why,
-            "dropped": cached and dropped_info(unit.out_dir, m) is not None, "host": socket.gethostname()}
+            "dropped": cached and _may_drop(unit.stage) and dropped_info(unit.out_dir, m) is not None,
+            "host": socket.gethostname()}
 
 
 def accept(row: dict[str, Any]) -> None:
@@ -171,7 +180,7 @@ def accept(row: dict[str, Any]) -> None:
         refuse(f"does not find its manifest {d / '_manifest.json'}")
     if m.digest != Manifest.from_dict(row["manifest"]).digest:
         refuse(f"finds another manifest in {d} than the call wrote (digest {m.digest[:12]})")
-    if dropped_info(d, m) is not None:
+    if _may_drop(row["stage"]) and dropped_info(d, m) is not None:
         return
     try:
         verify_manifest(d, check_md5=False)

@@ -70,7 +70,7 @@ def check_dir(d: Path, check_md5: bool, trust_stat: bool = False, stage: str = "
     if m is None:  # pragma: no cover - removed since the look above
         return "incomplete", 0, 0, "no _manifest.json (an interrupted run; the next run redoes it)"
     files, nbytes = len(m.files), sum(f.bytes for f in m.files)
-    if (info := dropped_info(d, m)) is not None:
+    if (not stage or stage in registry.droppable()) and (info := dropped_info(d, m)) is not None:
         return "dropped", 0, 0, (f"{files} files, {nbytes:,} bytes deleted at {str(info.get('when'))[:19]} "
                                  f"({str(info.get('why'))[:40]}); rebuilt by a run that needs them")
     try:

@@ -69,12 +69,22 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+#: mismatches printed one a line (and names in a summary) without -v
+SHOWN = 10
+
+
+def _names(names: list[str], shown: int | None) -> str:
+    first = names if shown is None else names[:3]
+    return ", ".join(first) + (f", ... ({len(names) - len(first):,} more; -v lists all)" if len(names) > len(first)
+                               else "")
+
+
 def _against(args: argparse.Namespace) -> int:
     """``--against LIST --dir DIR``: NVIDIA's hdf5_md5 digest of every listed shard, compared (issue 20)."""
     from core.errors import InputError
     from core.paths import PathCheck
     from core.pools import default_workers
-    from preprocessing.nvidia_md5 import read_chk, resolve_chk, verify_against
+    from preprocessing.nvidia_md5 import read_chk, resolve_chk, unlisted, verify_against
 
     if args.against is None or args.shard_dir is None:
         raise InputError("--against and --dir go together: --against nvidia-4320 --dir <folder of shards>")
@@ -83,20 +93,30 @@ def _against(args: argparse.Namespace) -> int:
     expected = read_chk(chk_path)
     t0 = time.perf_counter()
     results = verify_against(folder, expected, workers=default_workers())
-    bad = [r for r in results if not r.ok]
-    for r in results:
-        if r.ok:
-            if args.verbose:
-                print(f"ok   {r.name}")
-        elif not r.actual:
-            print(f"BAD  {r.name}: missing (listed in {chk_path.name})")
-        else:
-            print(f"BAD  {r.name}: hdf5_md5 {r.actual}, {chk_path.name} lists {r.expected}")
-    extra = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name.endswith(".hdf5")
-                   and p.name not in expected)
+    shown = None if args.verbose else SHOWN
+    wrong = [r for r in results if r.actual and not r.ok]
+    odd = [r for r in results if r.problem]
+    missing = [r.name for r in results if not r.actual and not r.problem]
+    for r in wrong[:shown]:
+        print(f"BAD  {r.name}: hdf5_md5 {r.actual}, {chk_path.name} lists {r.expected}")
+    for r in odd[:shown]:
+        print(f"BAD  {r.name}: {r.problem}")
+    if missing:
+        print(f"BAD  {len(missing):,} listed shard(s) missing from {folder}: {_names(missing, shown)}")
+    extra = unlisted(folder, expected)
     if extra:
-        print(f"note {len(extra)} .hdf5 file(s) in {folder} are not in {chk_path.name} (e.g. {extra[0]})")
+        print(f"BAD  {len(extra):,} entr{'y' if len(extra) == 1 else 'ies'} of {folder} not in {chk_path.name} (a "
+              f"trainer reading the folder would take them for data): {_names(extra, shown)}")
+    if args.verbose:
+        for r in results:
+            if r.ok:
+                print(f"ok   {r.name}")
+    elif len(wrong) + len(odd) > SHOWN:
+        print(f"...  {len(wrong) + len(odd) - SHOWN:,} more mismatch(es): -v lists every one")
     dt = time.perf_counter() - t0
-    print(f"{len(results)} shards of {chk_path.name} checked in {dt:.1f} s: "
-          f"{'all match' if not bad else f'{len(bad)} do not match'}", file=sys.stderr)
+    parts = [f"{n:,} {what}" for n, what in ((len(wrong), "differ"), (len(odd), "no plain file"),
+                                              (len(missing), "missing"), (len(extra), "unlisted")) if n]
+    bad = parts
+    print(f"{len(results):,} shards of {chk_path.name} checked in {dt:.1f} s ({sum(r.ok for r in results):,} "
+          f"match): {'all match' if not bad else ', '.join(parts)}", file=sys.stderr)
     return 1 if bad else 0

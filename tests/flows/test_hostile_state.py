@@ -210,7 +210,8 @@ def _corrupt(out: Path) -> None:
 
 def planted_dropped(variant: str) -> Callable[[Path, Path, str], str]:
     """A corrupted output behind a ``_dropped.json`` that does not match the manifest: an old-format record,
-    one naming other md5s, or a link to a real record elsewhere. The files are checked as usual."""
+    one naming other md5s, a link to a real record elsewhere, or a record that matches, planted in a stage that
+    never drops (its files are never deleted by --keep training). The files are checked as usual."""
     def build(w: Path, v: Path, stage: str) -> str:
         d = unit_dir(w, stage)
         m = read_manifest(d)
@@ -220,10 +221,12 @@ def planted_dropped(variant: str) -> Callable[[Path, Path, str], str]:
                                  "when": "2026-01-01T00:00:00"},
                   "other-md5": {"format": 2, "manifest": m["digest"], "files": files, "bytes": 1, "why": "x",
                                 "when": "2026-01-01T00:00:00"}}.get(variant)
-        if record is None:  # a link to a record that would match, kept outside
-            good = [[f["name"], f["bytes"], f["md5"]] for f in sorted(m["files"], key=lambda e: e["name"])]
-            (v / "dropped.json").write_text(json.dumps({"format": 2, "manifest": m["digest"], "files": good,
-                                                        "bytes": 1, "why": "x", "when": "x"}))
+        good = [[f["name"], f["bytes"], f["md5"]] for f in sorted(m["files"], key=lambda e: e["name"])]
+        matching = {"format": 2, "manifest": m["digest"], "files": good, "bytes": 1, "why": "x", "when": "x"}
+        if variant == "matching":  # a record that matches its manifest, in a stage that never drops (issue 33.3)
+            (d / "_dropped.json").write_text(json.dumps(matching))
+        elif record is None:  # a link to a record that would match, kept outside
+            (v / "dropped.json").write_text(json.dumps(matching))
             os.symlink(v / "dropped.json", d / "_dropped.json")
         else:
             (d / "_dropped.json").write_text(json.dumps(record))
@@ -284,7 +287,8 @@ CLASSES: dict[str, tuple[Callable[[Path, Path, str], str], tuple[str, ...]]] = {
     **{f"wrong-type-{k}": (wrong_type(k), (STAGES[i % len(STAGES)],)) for i, k in enumerate(WRONG_TYPES)},
     "unparseable": (unparseable, ALL),
     **{f"planted-dropped-{k}": (planted_dropped(k), stages) for k, stages in (
-        ("old-format", ("tfrecord", "eval_tfrecord")), ("other-md5", ("hdf5", "eval_10k")), ("link", ("text", "tfrecord")))},
+        ("old-format", ("tfrecord", "eval_tfrecord")), ("other-md5", ("hdf5", "eval_10k")), ("link", ("text", "tfrecord")),
+        ("matching", ("bins", "eval_hdf5", "vocab")))},
     "stat-records": (stat_records, ("tfrecord", "bins")),
     "output-folder": (output_folder, ALL),
     "unlisted-file": (unlisted("file"), tuple(TRAINER_READ)),
@@ -515,6 +519,7 @@ REDONE_WHY = {"entry-dotdot": "manifest corrupt: file name", "entry-abs": "manif
               "no-files": "manifest corrupt: no 'files' key", "empty-files": "manifest corrupt: its 'files' list",
               "unparseable": "manifest corrupt: not JSON", "planted-dropped-old-format": "md5 mismatch",
               "planted-dropped-other-md5": "md5 mismatch", "planted-dropped-link": "md5 mismatch",
+              "planted-dropped-matching": "md5 mismatch",
               "stat-records": "md5 mismatch", "output-folder": "a folder where an output file belongs",
               "unlisted-file": ""}
 #: the few run cases of the default suite (each is a whole run of the DAG); the others are slow

@@ -179,8 +179,8 @@ def test_verify_against_the_shipped_shuffled_list(golden, tmp_path, monkeypatch,
                       "4320_shards_varlength_shuffled.chk lists a0592b1f501328540c6fe8404a1c7f81")
     assert out[1] == (f"BAD  part_00001_of_04320.hdf5: hdf5_md5 {ref.hdf5_md5(shards[1])}, "
                       "4320_shards_varlength_shuffled.chk lists c4ec4cc268d8e3b8b68064bcb36fd04f")
-    assert out[2:] == [f"BAD  part_{k:05d}_of_04320.hdf5: missing (listed in 4320_shards_varlength_shuffled.chk)"
-                       for k in range(2, 4320)]
+    assert out[2:] == [f"BAD  4,318 listed shard(s) missing from {tmp_path / 'shards'}: part_00002_of_04320.hdf5, "
+                       "part_00003_of_04320.hdf5, part_00004_of_04320.hdf5, ... (4,315 more; -v lists all)"]
     assert main(["verify", "--against", "nvidia-2048", "--dir", str(tmp_path / "shards")]) == 1  # ships: all missing
 
 
@@ -206,3 +206,72 @@ def test_verify_against(golden, tmp_path, monkeypatch):
     assert main(["verify", "--against", str(bad), "--dir", str(d)]) == 1
     assert main(["verify", "--against", "nvidia-9999", "--dir", str(d)]) == 2
     assert main(["verify", "--dir", str(d)]) == 2  # --dir needs --against
+
+
+# -- no false "all match" (issue 33, item 3) ----------------------------------------------------------------------------
+def _folder_and_list(golden, tmp_path: Path) -> tuple[Path, Path]:
+    d = tmp_path / "shards"
+    d.mkdir()
+    for k, name in enumerate(["eval_100.hdf5", "nvidia_varlength/eval_100_varlength.numpy1.hdf5"]):
+        (d / f"part_{k:05d}_of_00002.hdf5").write_bytes((golden / name).read_bytes())
+    chk = tmp_path / "good.chk"
+    chk.write_text("".join(f"{p.name}\t{ref.hdf5_md5(p)}\n" for p in sorted(d.iterdir())))
+    return d, chk
+
+
+def _verify(argv: list[str], capsys) -> tuple[int, list[str], str]:
+    from bertpipe.cli import main
+
+    capsys.readouterr()
+    rc = main(["verify", *argv])
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err
+
+
+@pytest.mark.parametrize("name", ["../../x.hdf5", "/etc/x.hdf5", "sub/x.hdf5", "..", "a\\b.hdf5"])
+def test_a_list_naming_a_path_outside_the_folder_is_refused(name, golden, tmp_path, capsys):
+    d, chk = _folder_and_list(golden, tmp_path)
+    outside = tmp_path / "x.hdf5"
+    outside.write_bytes((d / "part_00000_of_00002.hdf5").read_bytes())
+    chk.write_text(chk.read_text() + f"{name}\t{ref.hdf5_md5(outside)}\n")
+    rc, out, err = _verify(["--against", str(chk), "--dir", str(d)], capsys)
+    assert rc == 2 and "is not a file name" in err and "all match" not in err, err
+
+
+def test_a_list_one_line_short_or_an_extra_shard_fails(golden, tmp_path, capsys):
+    d, chk = _folder_and_list(golden, tmp_path)
+    assert _verify(["--against", str(chk), "--dir", str(d)], capsys)[0] == 0
+    short = tmp_path / "short.chk"
+    short.write_text(chk.read_text().splitlines()[0] + "\n")  # a list one line short
+    rc, out, err = _verify(["--against", str(short), "--dir", str(d)], capsys)
+    assert rc == 1 and out == [f"BAD  1 entry of {d} not in short.chk (a trainer reading the folder would take them "
+                               "for data): part_00001_of_00002.hdf5"] and "1 unlisted" in err, (out, err)
+    (d / "part_00002_of_00002.hdf5").write_bytes((d / "part_00000_of_00002.hdf5").read_bytes())  # an extra shard
+    rc, out, err = _verify(["--against", str(chk), "--dir", str(d)], capsys)
+    assert rc == 1 and "part_00002_of_00002.hdf5" in out[0] and "all match" not in err
+
+
+def test_a_listed_shard_that_is_a_link_is_not_followed(golden, tmp_path, capsys):
+    import os
+
+    d, chk = _folder_and_list(golden, tmp_path)
+    real = tmp_path / "elsewhere.hdf5"
+    (d / "part_00001_of_00002.hdf5").rename(real)
+    os.symlink(real, d / "part_00001_of_00002.hdf5")
+    rc, out, err = _verify(["--against", str(chk), "--dir", str(d)], capsys)
+    assert rc == 1 and out == [f"BAD  part_00001_of_00002.hdf5: a symbolic link (to {real}), never followed"], out
+
+
+def test_many_mismatches_print_a_summary_and_v_prints_all(golden, tmp_path, capsys):
+    d, chk = _folder_and_list(golden, tmp_path)
+    lines = [f"part_{k:05d}_of_00040.hdf5\t{'0' * 32}\n" for k in range(40)]
+    for k in range(15):  # 15 present with other digests, 25 missing
+        (d / f"part_{k:05d}_of_00040.hdf5").write_bytes((d / "part_00000_of_00002.hdf5").read_bytes())
+    for p in d.glob("part_*_of_00002.hdf5"):
+        p.unlink()
+    chk.write_text("".join(lines))
+    rc, out, err = _verify(["--against", str(chk), "--dir", str(d)], capsys)
+    assert rc == 1 and len(out) == 12, out  # 10 mismatches, the missing summary, "... 5 more"
+    assert out[-1].startswith("...  5 more mismatch(es)") and "15 differ, 25 missing" in err
+    rc, out, err = _verify(["--against", str(chk), "--dir", str(d), "-v"], capsys)
+    assert rc == 1 and sum(ln.startswith("BAD  part_") for ln in out) == 15 and "part_00039_of_00040.hdf5" in out[15]
