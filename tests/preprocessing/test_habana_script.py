@@ -14,11 +14,12 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nvidia_reference as ref  # noqa: E402
 import vendor_scripts as vs  # noqa: E402
+
+vs.need_reference_module()
 
 from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana  # noqa: E402
 

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nvidia_reference as ref  # noqa: E402
 import vendor_scripts as vs  # noqa: E402
 
+vs.need_reference_module()
+
 from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia  # noqa: E402
 
 DTYPES = {"input_ids": "i2", "input_mask": "i1", "segment_ids": "i1", "masked_lm_positions": "i2",

@@ -30,6 +30,8 @@ from core.manifest import StageOutput  # noqa: E402
 from core.stage import Result  # noqa: E402
 from preprocessing import nvidia_chop, nvidia_eval, nvidia_shuffle, pack_nvidia  # noqa: E402
 
+vs.need_reference_module()
+
 WANTED = ("batched", "create_eval_dataset", "pretraining_dataset")
 
 

@@ -46,6 +46,16 @@ def need_reference() -> Path:
     return REFERENCE
 
 
+def need_reference_module() -> None:
+    """At a test module's top: the whole module skips in one line (one skip, not one per test) without
+    ../shared/reference; under BERTPIPE_REQUIRE_SHARED it fails instead."""
+    if not (NV31 / "input_preprocessing").is_dir():
+        msg = f"{REFERENCE} is absent: the vendors' scripts are not here to run"
+        if REQUIRE_SHARED:
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
+
 def _usable(py: Path) -> bool:
     try:
         r = subprocess.run([str(py), "-c", "import numpy, scipy, h5py, tqdm; assert numpy.__version__[0] == '1'"],
