@@ -230,16 +230,23 @@ def main_mlperf(args: argparse.Namespace) -> int:
             print(f"2 workers vs 1 (multistream): {one / two[0]:.2f}x; vs the script alone: {base / two[0]:.2f}x")
     for label, used in cpu.items():
         print(f"CPU: {label}: {used:.2f} CPU-s, {articles / used:.1f} articles per CPU-second")
-    rate = max(v for k, v in per_worker.items() if k.startswith("bertpipe, multistream"))
+    wall_rate = max(v for k, v in per_worker.items() if k.startswith("bertpipe, multistream"))
+    cpu_label = "bertpipe, multistream, 1 worker(s)"
+    rate = articles / cpu[cpu_label] if cpu_label in cpu else wall_rate  # CPU time: what a busy machine skews least
     eff = 1.0
-    if "bertpipe, multistream, 2 worker(s)" in results and "bertpipe, multistream, 1 worker(s)" in results:
-        eff = min(1.0, results["bertpipe, multistream, 1 worker(s)"][0] / results["bertpipe, multistream, 2 worker(s)"][0] / 2)
+    if "bertpipe, multistream, 2 worker(s)" in results and cpu_label in results:
+        eff = results[cpu_label][0] / results["bertpipe, multistream, 2 worker(s)"][0] / 2
     core_h = DUMP_2020_ARTICLES / rate / 3600
-    alone_h = DUMP_2020_ARTICLES / (articles / base) / 3600
+    alone_label = next((k for k in cpu if k.startswith("script alone")), None)
     print(f"projection, enwiki-20200101 (~{DUMP_2020_PAGES / 1e6:.0f} M pages, ~{DUMP_2020_ARTICLES / 1e6:.1f} M "
-          f"articles), at {rate:.1f} articles/s per worker (these articles are long: early enwiki ids):")
-    print(f"  {core_h:.1f} core-hours; wall {core_h / 16 / eff:.2f} h on 16 cores, {core_h / 64 / eff:.2f} h on 64 "
-          f"cores (2-worker efficiency {eff:.2f}); the script alone ({base_label}): {alone_h:.1f} h")
+          f"articles; these articles are long, early enwiki ids), at {rate:.1f} articles per CPU-second "
+          f"({wall_rate:.1f}/s per worker by wall time here):")
+    print(f"  {core_h:.1f} core-hours; wall {core_h / 16:.2f} h on 16 cores, {core_h / 64:.2f} h on 64 (at the "
+          f"2-worker efficiency measured here, {eff:.2f}: {core_h / 16 / max(eff, 0.05):.2f} h and "
+          f"{core_h / 64 / max(eff, 0.05):.2f} h)")
+    if alone_label:
+        print(f"  the script alone ({alone_label}): {DUMP_2020_ARTICLES / (articles / cpu[alone_label]) / 3600:.1f} "
+              f"CPU-hours, {DUMP_2020_ARTICLES / (articles / results[alone_label][0]) / 3600:.1f} h of wall time")
     return 0 if len(outputs) == 1 else 1
 
 

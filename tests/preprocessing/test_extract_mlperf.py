@@ -170,7 +170,8 @@ def _page(title: str, ns: int, pid: int, text: str | None, redirect: str | None 
             f"      <sha1>0</sha1>\n    </revision>\n  </page>\n")
 
 
-def make_dump(pages: int, seed: int = 0, paragraphs: tuple[int, int] = (1, 6), dup_id_at: int | None = None) -> bytes:
+def make_dump(pages: int, seed: int = 0, paragraphs: tuple[int, int] = (1, 6), dup_id_at: int | None = None,
+              raw_cr: bool = False) -> bytes:
     """A MediaWiki dump of ``pages`` pages: articles (ns 0), redirects, talk, file, category pages, templates and a
     module (some defined after their first use), and one page with an empty <text />."""
     rng = random.Random(seed)
@@ -198,7 +199,10 @@ def make_dump(pages: int, seed: int = 0, paragraphs: tuple[int, int] = (1, 6), d
         else:
             n = rng.randint(*paragraphs)
             title = f"Article {k}" + (" " + rng.choice(ODD).split()[0] if rng.random() < 0.1 else "")
-            out.append(_page(title, 0, pid, "\n\n".join(_para(rng, k * 10 + j) for j in range(n))))
+            body = "\n\n".join(_para(rng, k * 10 + j) for j in range(n))
+            if raw_cr and k % 3 == 0:  # a raw carriage return in the XML (Python 3.7 read .bz2 lines as bytes)
+                body = body.replace(" and ", " and\r ", 2) + "\r\nend\rof page"
+            out.append(_page(title, 0, pid, body))
         if dup_id_at is not None and k == dup_id_at:
             out.append(_page(f"Article dup {k}", 0, pid, "Same id as the page before: the script skips it."))
     out.append("</mediawiki>\n")
@@ -423,3 +427,34 @@ def test_every_stream_its_own_range_with_the_closing_tag_alone_stays_parallel(ge
                                                                 processes=2, current_time=T0))
     assert m.counters["bz2_chunks"] == len(chunks) > 50  # no fall-back to one reader
     assert files_of(tmp_path / "o") == want
+
+
+@needs_script
+@pytest.mark.skipif(PY37 is None, reason="needs Python 3.7: the reading of raw carriage returns is 3.7's")
+def test_raw_carriage_returns_read_as_python37_did(tmp_path):
+    xml = make_dump(80, seed=5, raw_cr=True)
+    assert b"\r" in xml
+    dump = tmp_path / "cr.xml.bz2"
+    dump.write_bytes(bz2.compress(xml))
+    want = run_script_alone(dump, tmp_path / "ref")
+    assert b"\r" in b"".join(want.values())
+    assert ours(dump, tmp_path / "o", 2) == want
+
+
+@needs_script
+def test_extract_command(golden, tmp_path, capsys):
+    from bertpipe.cli import main
+
+    out = tmp_path / "text"
+    assert main(["extract", "--dump", str(GENSIM), "--out", str(out), "--extractor", "mlperf", "--extractor-script",
+                 str(SCRIPT), "--current-time", T0, "--processes", "2", "-q"]) == 0
+    assert "extractor mlperf" in capsys.readouterr().out
+    assert files_of(out) == {f"AA/wiki_0{i}": (golden / "text_chain" / "text" / "AA" / f"wiki_0{i}").read_bytes()
+                             for i in range(3)}
+    bad = tmp_path / "WikiExtractor.py"
+    bad.write_text("print('not it')\n")
+    assert main(["extract", "--dump", str(GENSIM), "--out", str(tmp_path / "t2"), "--extractor", "mlperf",
+                 "--extractor-script", str(bad), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and mx.SCRIPT_URL in err
+    assert not (tmp_path / "t2" / "AA").exists()
