@@ -110,9 +110,8 @@ def bench_rows(args: argparse.Namespace) -> dict[str, np.ndarray]:
 
 def prepare_cpu_data(args: argparse.Namespace, tmp: Path) -> dict[str, Path]:
     """The three train dirs, same sequences: padded file, 4 bins, Habana packs."""
-    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, write_habana
-
     from core.schema import BIN_BOUNDS
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, write_habana
 
     rows = bench_rows(args)
     padded = tmp / "padded"
@@ -286,8 +285,7 @@ GPU_RUNS = ("padded,packed,packed:nested_varlen,padded:ad0,packed:torch_varlen,p
 def gpu_bench(args: argparse.Namespace) -> list[dict]:
     import torch
 
-    from bench.gpu_bench import PEAK_BF16_TFLOPS, flops_per_sequence
-    from pretrain.config import model_config
+    from bench.gpu_bench import PEAK_BF16_TFLOPS
     from pretrain.packing import sequence_lengths, valid_slots
 
     device = torch.device(args.device)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
