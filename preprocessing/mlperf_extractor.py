@@ -21,18 +21,21 @@ this project; this module only loads it and drives its own functions.
 
 **Same bytes as the script alone, in parallel.** The script's options are set by its own ``main()`` with the
 command line MLPerf uses (``DUMP -o OUT``; only ``process_dump`` is intercepted). Then, as ``process_dump`` does,
-the ``<siteinfo>`` is read, the template definitions of the whole dump are gathered once (``load_templates``), and
-every page that ``pages_from`` yields and ``keepPage`` keeps goes through ``Extractor.extract``; the texts are
-written in dump order with the script's file rotation (``OutputSplitter``: a file is opened before the first page,
-a page that would take it past ``--bytes`` opens the next one; 100 files per folder ``AA``, ``AB`` ...; a page
-that failed writes nothing but still counts for the rotation, as the script's empty text does). The dump is read
-as the script reads it on the Python it was run with (3.7): a ``.bz2`` as bytes split at ``\\n`` and decoded line
-by line, a plain ``.xml`` as text with universal newlines.
+the ``<siteinfo>`` is read and every page that ``pages_from`` yields and ``keepPage`` keeps goes through
+``Extractor.extract``. That command line has no ``--templates``, so the script gathers no template definitions
+(every template expands to nothing) and reads the pages on from the end of the ``<siteinfo>`` (a dump whose
+``<siteinfo>`` never ends gives nothing); ``gather_templates`` does what ``--templates FILE`` does (a template pass
+over the whole dump, ``load_templates``, then the pages from the start). The texts are written in dump order with
+the script's file rotation (``OutputSplitter``: a file is opened before the first page, a page that would take it
+past ``--bytes`` opens the next one; 100 files per folder ``AA``, ``AB`` ...; a page that failed writes nothing
+but still counts for the rotation, as the script's empty text does). The dump is read as the script reads it on
+the Python it was run with (3.7): a ``.bz2`` as bytes split at ``\\n`` and decoded line by line, a plain ``.xml``
+as text with universal newlines.
 
 Workers: with a multistream dump each worker decompresses and parses its own range of bz2 streams, in the
 template pass and in the extraction pass (extract_streams.py); other dumps are parsed by this process and the
-pages sent to the workers in batches. Each worker loads the script itself and the gathered templates (one
-pickle, written once). Streams are used only when every range starts and ends on a page boundary, every page in
+pages sent to the workers in batches. Each worker loads the script itself and the siteinfo and gathered templates
+(one pickle, written once). Streams are used only when every range starts and ends on a page boundary, every page in
 it has its own ``<ns>`` line, and no page repeats the id of the page before it across ranges (the script's
 ``pages_from`` carries ``ns`` and the last id from page to page); otherwise the dump is read serially.
 """
