@@ -129,7 +129,7 @@ def test_packed_two_rank_run_counts_sequences_and_resumes_exactly(packed_run, tm
     assert summary["training_real_tokens_per_second"] > 300 * summary["training_real_sequences_per_second"] / 2
     assert json.loads((main / "config.json").read_text())["train"]["packed"] is True
     launcher = (main / "launcher.log").read_text()
-    assert "packed rows: attention sdpa-block-diagonal-mask" in launcher
+    assert "packed rows: attention varlen:split_varlen" in launcher
     assert f"eval every {interval} sequences" in launcher
     rate = packed_run["mean"]
     assert f"packed rows: MLPerf global batch {round(GLOBAL * rate)} sequences = {GLOBAL} packs x {rate:.4g} " \
@@ -143,6 +143,10 @@ def test_packed_two_rank_run_counts_sequences_and_resumes_exactly(packed_run, tm
         [s * GLOBAL for s in range(1, STEPS + 1)]
     assert all(r["seq_per_s"] == pytest.approx((counts[r["step"]] - counts[r["step"] - 1]) / r["step_time"])
                for r in train)
+    # the attention kernel that ran (CPU: one SDPA per sequence) and the loader's wait per step
+    assert all(r["attention"] == "varlen:split_varlen" and 0 <= r["loader_wait"] < r["step_time"] for r in train)
+    assert summary["packed_attention"] == "varlen:split_varlen"
+    assert 0 <= summary["loader_wait_per_step"] < summary["raw_train_time"] / STEPS
 
     # evals: where the sequence count reaches the interval (and the last step); rows would reach it later
     by_sequences = [s for s in range(1, STEPS + 1) if crosses_multiple(counts[s - 1], counts[s], interval)]
