@@ -614,6 +614,8 @@ _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 _ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)")  # how HDF5 reports a failed write(2) in h5py's messages
+#: NumPy's short write (np.save, tofile): an OSError without errno, "N requested and M written"
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
 
 
 def disk_full_errno(exc: BaseException | None) -> int | None:
@@ -629,6 +631,8 @@ def disk_full_errno(exc: BaseException | None) -> int | None:
         code = exc.errno if isinstance(exc, OSError) else None
         if code not in _DISK_FULL and (m := _ERRNO_IN_MESSAGE.search(str(exc))):
             code = int(m.group(1))
+        if code is None and isinstance(exc, OSError) and _SHORT_WRITE.match(str(exc)):
+            code = errno.ENOSPC  # the write(2) under it came back short: the device (or the limit) is full
         if code in _DISK_FULL:
             return code
         exc = exc.__cause__ or exc.__context__

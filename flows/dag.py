@@ -240,12 +240,13 @@ class DataDag:
 
     def _remove_unfinished(self) -> None:
         """After a failed or stopped run: the temporary files and scratch folders (hidden ``*_scratch``) of every
-        stage that was planned and not finished are removed, as the command then says (a stage's own clean-up does
-        not run in a pool worker that was stopped). Folders are looked at without following links."""
+        stage that was planned and not finished are removed, and the files of its units that have no manifest
+        (never done: partial output), as the command then says (a stage's own clean-up does not run in a pool
+        worker that was stopped). A download's ``.part`` stays (it resumes). Links are never followed."""
         import shutil
         import stat
 
-        from core.manifest import outside, remove_debris
+        from core.manifest import MANIFEST_NAME, outside, remove_debris
 
         for name, units in self.planned.items():
             if name in self.results:
@@ -258,6 +259,13 @@ class DataDag:
                     for e in os.scandir(d):
                         if e.name.startswith(".") and e.name.endswith("_scratch") and e.is_dir(follow_symlinks=False):
                             shutil.rmtree(e.path, ignore_errors=True)
+                    if not os.path.lexists(d / MANIFEST_NAME):  # its outputs so far: never done, so removed
+                        for dirpath, _dirs, files in os.walk(d):  # never into a linked folder
+                            for n in files:
+                                f = Path(dirpath) / n
+                                if stat.S_ISREG(os.lstat(f).st_mode) and n != ".bertpipe.lock" \
+                                        and not n.endswith(".part"):  # a download resumes from its .part
+                                    f.unlink(missing_ok=True)
                 except OSError as exc:  # a clean-up must not hide the run's own error
                     self.log.warning("could not remove the unfinished files of %s in %s: %s", name, d, exc)
 

@@ -73,8 +73,8 @@ def h5_open_new(path: Path | str, *, in_memory: bool = False, **kw: Any) -> h5py
     """Create (truncate) ``path`` for writing, as ``h5py.File(path, "w", **kw)`` does (h5py's own property
     lists, so the same bytes) but with HDF5's strong file-close degree. Close it with :func:`h5_close_for_good`.
 
-    ``in_memory``: build the file in memory and write it at close (HDF5's core driver with a backing store:
-    the same bytes, fewer system calls; for small files). ``kw``: any other ``h5py.File`` keyword (``libver``,
+    ``in_memory``: build the file in memory (HDF5's core driver; :func:`h5_create` writes its image itself: the
+    same bytes, fewer system calls, and a full disk fails a plain write, never an HDF5 flush; for small files). ``kw``: any other ``h5py.File`` keyword (``libver``,
     ``track_order``, ``userblock_size``, ``fs_strategy``, cache and driver settings...).
     """
     import h5py
@@ -118,9 +118,19 @@ def h5_close_for_good(f: h5py.File, *, fsync: bool = True) -> None:
     path = f.filename
     every = h5f.get_obj_ids(fid, h5f.OBJ_ALL)  # what is open of this file in this process (one ref more each)
     mine = h5f.get_obj_ids(fid, h5f.OBJ_ALL | h5f.OBJ_LOCAL)  # ... opened through this handle of it
+    failed: BaseException | None = None
     for obj in sorted(mine, key=lambda o: isinstance(o, h5f.FileID)):  # the file's objects first, then the file
         while obj.valid:
-            h5i.dec_ref(obj)
+            refs = h5i.get_ref(obj)
+            try:
+                h5i.dec_ref(obj)
+            except Exception as exc:  # noqa: BLE001 - the close's flush failed (a full disk): HDF5 keeps the id
+                failed = failed or exc
+            if obj.valid and h5i.get_ref(obj) >= refs:  # no progress: never decrement past it (that crashes)
+                break
+    if failed is not None:
+        del every, mine
+        raise failed
     left = [type(o).__name__ for o in every if o.valid]
     del every, mine  # the refs taken above on what is left open: given back
     if left:
@@ -137,6 +147,20 @@ def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, 
     (:func:`h5_close_for_good`), so it may be renamed and hashed. On an error it is closed and the error
     raised (the caller removes the file: :func:`atomic_path` / :func:`stage_file`). Arguments: see
     :func:`h5_open_new`. Every HDF5 writer of bertpipe goes through here (see the module docstring)."""
+    if in_memory:  # built in memory, its image written here: a full disk is an ordinary OSError, never HDF5's
+        f = h5_open_new(path, in_memory=True, **{**kw, "backing_store": False})
+        try:
+            yield f
+            f.flush()
+            image = f.id.get_file_image()  # the bytes HDF5's core driver would write at close (same file)
+        finally:
+            h5_close_for_good(f, fsync=False)  # in memory: nothing to write
+        with open(path, "wb") as out:
+            out.write(image)
+            out.flush()
+            if fsync:
+                os.fsync(out.fileno())
+        return
     f = h5_open_new(path, in_memory=in_memory, **kw)
     try:
         yield f

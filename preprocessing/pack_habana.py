@@ -633,7 +633,7 @@ def _h5_new(path: Path) -> Any:
     except ImportError:
         h5_create = None
     if h5_create is not None:
-        return h5_create(path)
+        return h5_create(path, in_memory=True)  # a full disk: a plain write fails, never an HDF5 flush
 
     @contextmanager
     def plain() -> Iterator[Any]:

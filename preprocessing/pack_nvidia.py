@@ -110,6 +110,7 @@ from core.manifest import (
     StageOutput,
     load_manifest,
     md5_files,
+    raise_if_disk_full,
     remove_debris,
     verify_manifest,
 )
@@ -456,8 +457,9 @@ def save_array(path: Path, arr: np.ndarray) -> None:
         with open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, path)
         raise
 
 
@@ -976,7 +978,7 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
               "masked_lm_positions": (pos, pred_counts), "masked_lm_ids": (rows.mlm, pred_counts),
               "packed_masked_lm_len": (rows.pred.astype(np.int16), pack_counts),
               "next_sentence_labels": (rows.nsl.astype(np.int8), pack_counts)}
-    with h5_create(path) as f:
+    with h5_create(path, in_memory=True) as f:  # a full disk: a plain write fails, never an HDF5 flush
         for name, dt in PACKED_DATASETS:
             ds = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)), compression=None)
             flat, counts = values[name]
@@ -1019,9 +1021,10 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
             os.replace(tmp, final)
             done.append(final.name)
             empty += b == a
-    except BaseException:
+    except BaseException as exc:
         for p in od.glob(f".*.tmp-{os.getpid()}"):
             p.unlink(missing_ok=True)
+        raise_if_disk_full(exc, final)
         raise
     paths = [od / n for n in done]
     return {"kind": "shards", "s0": s0, "s1": s1, "empty": empty,
@@ -1113,6 +1116,12 @@ def run_pack_nvidia(input_files: Sequence[Path | str], out_dir: Path | str,
         written = run_all(write_shard_group, [(a, b, str(sd), str(out), cfg, len(files)) for a, b in groups],
                           workers)
         return finish_pack(out, plan, written, cfg, upstream)
+    except BaseException:  # no manifest: the shards this run wrote are removed (the earlier run's went at begin)
+        for name in output_names(cfg):
+            p = out / name
+            if os.path.isfile(p) and not os.path.islink(p):
+                p.unlink(missing_ok=True)
+        raise
     finally:
         shutil.rmtree(sd, ignore_errors=True)
 
