@@ -19,7 +19,7 @@ excluded, timed intervals bracketed by ``torch.cuda.synchronize()``. Printed per
 the sequence only) per second over the device's dense bf16 peak; also the MFU of the FLOPs the step executes
 (padded widths, full-row attention, all prediction slots). Runs (``--runs``, ``mode[:kernel][:ad0][:compile]``):
 padded and packed with the model's attention dropout (packed "auto": the block-diagonal SDPA mask, since
-varlen_attn has no dropout; and nested_varlen), without it (``ad0``; packed: PyTorch's varlen_attn,
+varlen_attn has no dropout; aten_flash_varlen, PyTorch's flash kernel with dropout; nested_varlen), without it (``ad0``; packed: PyTorch's varlen_attn,
 ``torch_varlen``), then torch.compile'd; a failing run is reported and the next one runs; ``--budget-s`` starts
 no run past that many seconds. Goal: >= 50 % real-token MFU on an H100/H200 (NVIDIA's MLPerf BERT: ~49 %).
 
@@ -278,8 +278,8 @@ def parse_run(spec: str) -> dict:
 #: in order of importance (--budget-s may cut the tail): eager with the model's attention dropout (0.1; packed
 #: rows: "auto" = the block-diagonal SDPA mask, and nested_varlen), eager without it (packed: torch_varlen),
 #: then compiled
-GPU_RUNS = ("padded,packed,packed:nested_varlen,padded:ad0,packed:torch_varlen,packed:torch_varlen:compile,"
-            "padded:ad0:compile,packed:compile,padded:compile")
+GPU_RUNS = ("padded,packed,packed:aten_flash_varlen,packed:nested_varlen,padded:ad0,packed:torch_varlen,"
+            "packed:torch_varlen:compile,packed:aten_flash_varlen:compile,padded:ad0:compile,padded:compile")
 
 
 def gpu_bench(args: argparse.Namespace) -> list[dict]:

@@ -21,6 +21,8 @@
     dropout): static shapes, no host sync (cu_seqlens by a scatter-min), torch.compile-friendly;
   - ``nested_varlen``: SDPA on a jagged nested tensor (PyTorch's flash kernel with dropout on CUDA; measured
     slower than the padded rows on an H200, so "auto" does not pick it);
+  - ``aten_flash_varlen``: the same PyTorch flash kernels called directly, with dropout (not yet timed on a
+    GPU, so by name only);
   - ``flash_varlen``: the optional ``flash_attn`` package (CUDA fp16/bf16, dropout), only where it imports;
   - ``flex_varlen``: FlexAttention with a document BlockMask (compile it for speed; no dropout);
   - ``split_varlen``: one SDPA per sequence on views of the flat tensor (the fastest exact path measured on
@@ -242,6 +244,37 @@ def torch_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
 torch_varlen.static_shapes = True  # takes cu_seqlens padded with zero-length sequences and max_seqlen >= the longest
 
 
+class _AtenFlashVarlen(torch.autograd.Function):
+    """PyTorch's own flash varlen kernels (``aten::_flash_attention_forward/_backward``, what ``varlen_attn``
+    calls with dropout fixed at 0) with attention dropout: the backward replays the forward's RNG state."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p):  # noqa: ANN001, ANN205
+        out, lse, rng_a, rng_b, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, rng_a, rng_b)
+        ctx.max_seqlen, ctx.dropout_p = max_seqlen, dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        q, k, v, out, lse, cu, rng_a, rng_b = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_seqlen, ctx.max_seqlen, ctx.dropout_p, False,
+            rng_a, rng_b)
+        return dq, dk, dv, None, None, None
+
+
+def aten_flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                      dropout_p: float) -> Tensor:
+    """PyTorch's flash varlen kernel called directly, with attention dropout (CUDA fp16/bf16; no extra package).
+    Static shapes like torch_varlen. Not yet timed on a GPU, so "auto" does not pick it (README)."""
+    return _AtenFlashVarlen.apply(q, k, v, cu_seqlens, max_seqlen, dropout_p)
+
+
+aten_flash_varlen.static_shapes = True
+
+
 def nested_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float) -> Tensor:
     """SDPA on jagged nested tensors (flash with dropout on CUDA fp16/bf16; a slow fallback on CPU)."""
     offsets = cu_seqlens.long()
@@ -294,6 +327,7 @@ def reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_se
 
 
 PACKED_KERNELS = {"split_varlen": split_varlen, "torch_varlen": torch_varlen, "nested_varlen": nested_varlen,
+                  "aten_flash_varlen": aten_flash_varlen,
                   "flex_varlen": flex_varlen, "flash_varlen": flash_varlen, "reference_varlen": reference_varlen,
                   "sdpa_mask": None}
 

@@ -9,6 +9,8 @@ batch against the same sequences as padded rows. No DeepSpeed, no golden files: 
   tolerance). The bf16 padded rows' error is printed beside each.
 * torch.compile of the whole model with torch_varlen: static shapes (no host sync, no recompilation across
   batches of other sequence lengths) and the eager result.
+* aten_flash_varlen (PyTorch's flash kernels called directly, with dropout): equal to the others without dropout;
+  with it, reproducible under a seed and never across sequences.
 * attention dropout on CUDA: "auto" keeps the block-diagonal SDPA mask (varlen_attn has no dropout; nested_varlen,
   PyTorch's flash kernel with dropout, trains too but measured slower than padded rows on an H200).
 
@@ -95,7 +97,8 @@ def bf16_padded_error(case, fp32_model, fp32_reference):
     return {"loss": rel(out.loss, ref.loss), **{n: rel(g[n], ref_g[n]) for n in ref_g}}
 
 
-@pytest.mark.parametrize("kernel", ["torch_varlen", "nested_varlen", "flex_varlen", "split_varlen"])
+@pytest.mark.parametrize("kernel", ["torch_varlen", "aten_flash_varlen", "nested_varlen", "flex_varlen",
+                                    "split_varlen"])
 def test_bf16_packed_within_tolerance_of_fp32(case, fp32_model, fp32_reference, bf16_padded_error, kernel):
     ref, ref_g = fp32_reference
     m = copy.deepcopy(fp32_model).to(torch.bfloat16)
@@ -109,6 +112,35 @@ def test_bf16_packed_within_tolerance_of_fp32(case, fp32_model, fp32_reference, 
           f"{max(diffs.values()):.2e} (padded bf16 {max(bf16_padded_error.values()):.2e})")
     assert diffs["loss"] <= 2e-2
     assert diffs[worst] <= max(3 * bf16_padded_error[worst], 3e-2), (worst, diffs[worst])
+
+
+def test_aten_flash_varlen_dropout_drops_within_sequences_only(case, fp32_model):
+    """With attention dropout the gradients differ from run to run, but a sequence's outputs never depend on
+    another sequence of its pack (the same check as without dropout, under one RNG seed)."""
+    m = copy.deepcopy(fp32_model).to(torch.bfloat16).train()
+    m.varlen_kernel = "aten_flash_varlen"
+    for layer in m.encoder.layer:
+        layer.attn_dropout_p = 0.1
+    batch = on(case[1])
+    other = {k: v.clone() for k, v in batch.items()}
+    seq = batch["input_mask"]
+    p = int((seq.amax(1) >= 2).nonzero()[0])
+    second = seq[p] == 2
+    other["input_ids"][p, second] = 1000 + (other["input_ids"][p, second] * 7) % 20000
+    outs = []
+    for b in (batch, other):
+        torch.manual_seed(5)
+        outs.append(m.sequence_output(b["input_ids"], b["segment_ids"], b["input_mask"], b["positions"],
+                                      b["next_sentence_positions"].shape[1]).detach())
+    assert not torch.equal(outs[0][p][second], outs[1][p][second])
+    first = seq[p] == 1
+    assert torch.isfinite(outs[0]).all()
+    torch.manual_seed(5)
+    again = m.sequence_output(batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["positions"],
+                              batch["next_sentence_positions"].shape[1]).detach()
+    assert torch.equal(again, outs[0])  # the same seed, the same dropout masks
+    # flash's dropout RNG is indexed by (sequence, head, position), not by data: the 1st sequence is untouched
+    assert torch.equal(outs[0][p][first], outs[1][p][first])
 
 
 def test_compiled_model_with_torch_varlen_has_static_shapes(case, fp32_model):
@@ -129,14 +161,14 @@ def test_compiled_model_with_torch_varlen_has_static_shapes(case, fp32_model):
     assert m.packed_attention == "varlen:torch_varlen"
 
 
-@pytest.mark.parametrize("kernel", ["auto", "nested_varlen"])
+@pytest.mark.parametrize("kernel", ["auto", "nested_varlen", "aten_flash_varlen"])
 def test_attention_dropout_on_cuda(kernel):
     torch.manual_seed(0)
     m = M.BertForPreTraining(cfg(dropout=0.1)).to(DEV).to(torch.bfloat16).train()
     M._FLASH_VARLEN = None  # as a plain install: no flash_attn
     m.varlen_kernel = kernel
     out, g = loss_and_grads(m, on(synthetic(LENGTHS)[1]))
-    assert m.packed_attention == ("sdpa-block-diagonal-mask" if kernel == "auto" else "varlen:nested_varlen")
+    assert m.packed_attention == ("sdpa-block-diagonal-mask" if kernel == "auto" else f"varlen:{kernel}")
     assert torch.isfinite(out.loss) and all(torch.isfinite(v).all() for v in g.values())
     m.eval()
     m.varlen_kernel = "auto"
