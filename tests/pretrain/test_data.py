@@ -351,3 +351,28 @@ def test_the_preflight_names_a_bad_row_before_any_rank_starts(golden, tmp_path):
     cfg = TrainConfig(train_dir=str(bad), output_dir=str(tmp_path / "o"), model="tiny", device="cpu")
     with pytest.raises(InputError, match=f"bad training data in {bad} row 4: input_mask holds 5"):
         preflight(cfg)
+
+
+@pytest.mark.parametrize(("dataset", "slot", "value", "says"), [
+    ("input_ids", 1, -5, r"input_ids holds the negative token id -5 \(column 1\)"),
+    ("masked_lm_positions", 0, 600, r"masked_lm_positions holds 600 \(column 0\), outside the row's 512 columns"),
+    ("segment_ids", 0, 3, r"segment_ids holds 3 \(column 0\)"),
+])
+def test_a_bad_value_in_an_nvidia_pack_is_refused_naming_the_file_and_pack(golden, tmp_path, dataset, slot, value,
+                                                                            says):
+    from pretrain.packing import best_fit_packs, pack_rows, sequence_lengths, training_sampler, write_nvidia
+
+    with h5py.File(golden / "sample.hdf5") as f:
+        rows = {k: f[k][:60] for k in FIELDS}
+    packed = pack_rows(rows, best_fit_packs(sequence_lengths(rows), 512, 3), 512)
+    (tmp_path / "p").mkdir()
+    path = tmp_path / "p" / "output_0"
+    write_nvidia(path, packed)
+    with h5py.File(path, "a") as h:  # NVIDIA's vlen rows, edited in place
+        row = np.array(h[dataset][5])
+        row[slot] = value
+        h[dataset][5] = row
+    s, layout = training_sampler(str(tmp_path / "p"), True, len(packed["input_ids"]), vocab_size=30528)
+    assert layout == "nvidia"
+    with pytest.raises(InputError, match=f"{path} row 5 .*{says}"):
+        s.next_batch()
