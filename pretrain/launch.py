@@ -98,13 +98,19 @@ class _LauncherLog:
 
 
 class _Failure:
-    """The first rank error line of a launch: shown once, and the whole training stopped at once (the other
-    ranks would only add their view of it: a collective whose peer is gone, launcher tracebacks)."""
+    """The first rank error line of a launch: shown once, and the whole training stopped :attr:`GRACE_S` later,
+    or as soon as the launcher ends (the other ranks would only add their view of it: a collective whose peer
+    is gone, launcher tracebacks; in that time they mostly end by themselves, rank 0 closing the MLPerf log
+    with run_stop aborted)."""
+
+    GRACE_S = 3.0
 
     def __init__(self) -> None:
         self.line: str | None = None
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._tree: list = []
+        self._timer: threading.Timer | None = None
 
     def see(self, line: str) -> str | None:
         """The rank's error line when ``line`` is the first one (then the training is being stopped)."""
@@ -116,8 +122,20 @@ class _Failure:
                 return None
             self.line = m[1]
         if self.proc is not None:
-            stop_training(self.proc.pid)
+            self._tree = _descendants(self.proc.pid)  # (now: a killed parent's children move to init)
+            self._timer = threading.Timer(self.GRACE_S, self.stop)
+            self._timer.daemon = True
+            self._timer.start()
         return self.line
+
+    def stop(self) -> None:
+        """SIGKILL what is left of the training: the launcher (while it is unreaped, its pid is ours) and every
+        process that was below it at the error."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.proc is not None and self.proc.poll() is None:
+            stop_training(self.proc.pid)
+        _kill(self._tree)
 
     @property
     def status(self) -> int:
@@ -125,24 +143,27 @@ class _Failure:
         return 1 if self.line is None or "(traceback: " in self.line else 2
 
 
-def stop_training(launcher_pid: int) -> None:
-    """SIGKILL the launcher, every process below it (torchrun's workers run in sessions of their own) and its
-    process group: the ranks' descendants are listed first, before their parents die and they are reparented."""
-    procs = []
+def _descendants(pid: int) -> list:
     try:
         import psutil
 
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - psutil missing, or the process gone
+        return []
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
         try:
-            procs = psutil.Process(launcher_pid).children(recursive=True)
-        except psutil.Error:
+            p.send_signal(signal.SIGKILL)  # (psutil checks it is still the same process: no reused pid)
+        except Exception:  # noqa: BLE001 - gone already
             pass
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-    except ImportError:
-        pass
+
+
+def stop_training(launcher_pid: int) -> None:
+    """SIGKILL the launcher, every process below it (torchrun's workers run in sessions of their own) and its
+    process group: the ranks' descendants are listed first, before their parents die and they are reparented."""
+    _kill(_descendants(launcher_pid))
     try:
         os.killpg(launcher_pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -495,6 +516,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
         if on_output is not None:
             _stream(proc.stdout, on_output)  # until the launcher and every rank closed it
         rc = proc.wait()
+        if failure.line is not None:  # the launcher ended after a rank's error: whatever is left goes now
+            failure.stop()
         wait_for_group(proc.pid)  # after a SIGTERM the ranks are still writing their checkpoint
         for t in pumps:
             t.join(timeout=30)
