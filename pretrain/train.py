@@ -23,6 +23,12 @@ Runbook (from the repository root; ``bertpipe train ...`` prints and runs the sa
   # ./.deepspeed_env or the file named by DS_ENV_FILE work too.
   deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --master_addr 10.10.100.101 pretrain/train.py \\
       --model 5b --deepspeed-config deployments/ds_config_bert_5b.json --max-steps 75000 ...
+  # or one command per node, no ssh (`bertpipe train ... --num-nodes 4 --node-rank K --master-addr 10.10.100.101`):
+  deepspeed --hostfile hostsfile --num_nodes 4 --num_gpus 8 --no_ssh --node_rank K --master_addr 10.10.100.101 ...
+  torchrun --nnodes 4 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint 10.10.100.101:29500 --rdzv-id RUN ...
+
+  # a rank's exception (bad data: one line naming the file and row; a crash; a peer gone) prints one line
+  # "pretrain/train.py [rank N]: error: ..." and ends the rank at once; bertpipe train then stops every rank.
 
   # resume after a stop / SIGTERM (SIGTERM or Ctrl-C writes a checkpoint and exits 0, an eval in progress
   # included: it stops, and runs first on resume): add --resume, same flags. --resume takes
