@@ -386,7 +386,7 @@ def spy(sandbox, monkeypatch):
     """Records every open/listing/removal (audited), native md5 and h5py.File under the victim folder."""
     import h5py
 
-    import core.manifest as cm
+    import core.manifest.format as cm  # the room that hashes
 
     victim = os.path.realpath(sandbox[1])
     real_md5 = cm._MD5

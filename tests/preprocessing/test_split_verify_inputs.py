@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import core.manifest as manifest
+import core.manifest.format as manifest  # the room whose verify reads files
 from core.errors import ChecksumError, ManifestError
 from core.manifest import StageOutput, recording_stats
 from preprocessing.hdf5_io import verify_inputs

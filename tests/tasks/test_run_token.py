@@ -119,7 +119,7 @@ def test_a_call_running_when_its_run_ends_commits_no_manifest(work) -> None:
 
 def test_a_manifest_written_while_the_run_ended_is_taken_back(work, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race: the gate passes, the token goes during the manifest's write: the manifest is removed again."""
-    import core.manifest as cm
+    import core.manifest.output as cm  # the room whose StageOutput writes the manifest
 
     w, token = work
     real = cm.atomic_write_text

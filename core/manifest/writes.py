@@ -1,0 +1,213 @@
+"""Safe writes (a room of core.manifest): temporary names, atomic renames, fsyncs, hashing while writing, the
+commit gate of a run, a full disk said in one line, and the fault-injection hooks of the tests.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import errno
+import hashlib
+import io
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from core.errors import DiskFullError
+
+log = logging.getLogger(__name__)
+
+
+#: Set around a call run for a DAG run (tasks.runtoken.entered): called with what is about to start, be committed
+#: or deleted; it raises when the run has ended, so a call still running after its run commits nothing.
+_COMMIT_GATE: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("bertpipe_commit_gate",
+                                                                                           default=None)
+
+def fsync_dir(path: Path | str) -> None:
+    """Flush a directory's entries (renames into it) to the disk; a no-op where the file system cannot."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, before_rename=None) -> None:
+    """Write a small file atomically (temp name, fsync, rename, fsync dir).
+
+    ``before_rename``: called once the temporary file is complete, just before the rename (fault hook).
+    """
+    path = Path(path)
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, path)
+        raise
+    fsync_dir(path.parent)
+
+class HashingWriter(io.RawIOBase):
+    """A raw binary file that hashes (md5) and counts every byte written to it."""
+
+    def __init__(self, path: Path, *, hashing: bool = True) -> None:
+        super().__init__()
+        self._f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
+        self.md5 = hashlib.md5() if hashing else None  # None: hashed later (deferred_md5)
+        self.nbytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        view = memoryview(b)
+        n = self._f.write(view)
+        if n is None:
+            n = 0
+        if self.md5 is not None:
+            self.md5.update(view[:n])
+        self.nbytes += n
+        return n
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            finally:
+                self._f.close()
+        super().close()
+
+@contextmanager
+def commit_gate(check: Callable[[str], None]) -> Iterator[None]:
+    """Inside this block, every stage output asks ``check(what)`` before it starts (removing an old manifest), before
+    and after it commits its manifest (removing it again when the check fails then), and before files are dropped."""
+    token = _COMMIT_GATE.set(check)
+    try:
+        yield
+    finally:
+        _COMMIT_GATE.reset(token)
+
+def gate(what: str) -> None:
+    """Ask the commit gate of this context (see :func:`commit_gate`); nothing when there is none."""
+    check = _COMMIT_GATE.get()
+    if check is not None:
+        check(what)
+
+# -- fault injection (tests) -------------------------------------------------------------------
+FAULT_ENV = "BERTPIPE_FAULT"
+
+#: The points where a stage directory can be killed, in the order a stage reaches them.
+FAULT_POINTS = {
+    "start": "the stage directory is ready (old manifest and debris removed), nothing written yet",
+    "rename": "an output file is complete under its temporary name, not yet renamed into place",
+    "file": "an output file was renamed into place and recorded",
+    "manifest": "the manifest is written and fsynced under its temporary name, not yet renamed",
+    "done": "the manifest was renamed into place (the stage is done; its caller has not returned)",
+}
+
+def parse_fault(spec: str) -> tuple[str, str, int, bool]:
+    """``STAGE:POINT[:N][:pg]`` -> (stage, point, n, whole process group); ValueError if malformed."""
+    parts = spec.strip().split(":")
+    if len(parts) < 2 or not parts[0] or parts[1] not in FAULT_POINTS:
+        raise ValueError(f"{FAULT_ENV}={spec!r}: expected STAGE:POINT[:N][:pg] with POINT one of "
+                         f"{', '.join(FAULT_POINTS)}")
+    n, group = 1, False
+    for extra in parts[2:]:
+        if extra == "pg":
+            group = True
+        elif extra.isdigit() and int(extra) >= 1:
+            n = int(extra)
+        else:
+            raise ValueError(f"{FAULT_ENV}={spec!r}: {extra!r} is neither a count (1, 2, ...) nor 'pg'")
+    return parts[0], parts[1], n, group
+
+def fault_point(spec: str, point: str, n: int, names: Iterable[str]) -> None:
+    """Test hook: SIGKILL this process (``pg``: its whole process group) at a named point of a stage.
+
+    ``BERTPIPE_FAULT=STAGE:POINT[:N][:pg]`` kills when a stage directory reaches ``POINT`` (one of
+    :data:`FAULT_POINTS`) for the ``N``-th time (default 1; counted per stage directory and process).
+    ``STAGE`` is the library stage name (the manifest's ``stage``: text, vocab, create_pretraining_data,
+    tfrecord_to_hdf5, split_4bins ...) or a folder name on the stage directory's path (the data DAG's
+    ``work/<stage>/<key>``: tfrecord, eval_tfrecord, hdf5, bins ...). ``pg`` kills the process group, as
+    ``kill -9 -PGID`` would (start the run in its own session). Used by bench/kill_campaign.py and
+    tests/test_faults.py; when the variable is unset nothing happens (one environment lookup per point).
+    """
+    stage, want, count, group = parse_fault(spec)
+    if want != point or count != n or stage not in set(names):
+        return
+    print(f"bertpipe: {FAULT_ENV}={spec}: SIGKILL at '{point}' ({FAULT_POINTS[point]})", file=sys.stderr, flush=True)
+    if group:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # the signal is delivered at once; never return into the stage
+
+SLOW_ENV = "BERTPIPE_TEST_SLOW"
+
+def slow_point(spec: str, point: str, names: Iterable[str]) -> None:
+    """Test hook: ``BERTPIPE_TEST_SLOW=STAGE:POINT:SECONDS`` sleeps that long each time a stage directory of
+    ``STAGE`` (as for BERTPIPE_FAULT) reaches ``POINT`` (keeps a run busy while a test stops its servers)."""
+    parts = spec.strip().split(":")
+    if len(parts) != 3 or parts[1] not in FAULT_POINTS:
+        raise ValueError(f"{SLOW_ENV}={spec!r}: expected STAGE:POINT:SECONDS with POINT one of "
+                         f"{', '.join(FAULT_POINTS)}")
+    if parts[1] == point and parts[0] in set(names):
+        time.sleep(float(parts[2]))
+
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+_ERRNO_IN_MESSAGE = re.compile(r"errno = (\d+)")  # how HDF5 reports a failed write(2) in h5py's messages
+
+#: NumPy's short write (np.save, tofile): an OSError without errno, "N requested and M written"
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+def disk_full_errno(exc: BaseException | None) -> int | None:
+    """ENOSPC / EFBIG / EDQUOT if ``exc`` comes from a full disk, else None.
+
+    Looks at the error's own errno and, for h5py's errors (an OSError, or a RuntimeError when HDF5
+    fails again while closing the file), at the ``errno = N`` in its message and at the errors it was
+    raised from or while handling.
+    """
+    seen: set[int] = set()
+    while isinstance(exc, (OSError, RuntimeError)) and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else None
+        if code not in _DISK_FULL and (m := _ERRNO_IN_MESSAGE.search(str(exc))):
+            code = int(m.group(1))
+        if code is None and isinstance(exc, OSError) and _SHORT_WRITE.match(str(exc)):
+            code = errno.ENOSPC  # the write(2) under it came back short: the device (or the limit) is full
+        if code in _DISK_FULL:
+            return code
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike) -> None:
+    """Turn ENOSPC / EFBIG / EDQUOT into one clear error naming the file (no manifest is written)."""
+    if isinstance(exc, DiskFullError) or (code := disk_full_errno(exc)) is None:
+        return
+    what = {errno.ENOSPC: "no space left on the device", errno.EFBIG: "the file-size limit was reached",
+            errno.EDQUOT: "the disk quota was exceeded"}[code]
+    raise DiskFullError(code, f"{what} while writing {path}; the stage was not marked done and its "
+                        "partial output was removed. Free space (or raise the limit) and re-run: "
+                        "finished stages and shards are kept") from exc
