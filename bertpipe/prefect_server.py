@@ -252,6 +252,10 @@ def start_temporary_server() -> tuple[str, Callable[[], bool]]:
 
     s = get_current_settings()
     timeout = s.server.ephemeral.startup_timeout_seconds
+    # The server process's own log: only what stops it. On a loaded machine its shutdown cancels the task-run
+    # recorder mid-flush and it printed ~100 lines of tracebacks after a run that had succeeded; a server that
+    # fails while a run needs it is reported by the run's watch (ServerWatch) in one line. Unless the user chose.
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     server = SubprocessASGIServer()
     try:
         with _home_lock(Path(s.home).expanduser(), wait_s=timeout + 30):
