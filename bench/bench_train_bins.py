@@ -12,7 +12,7 @@ rank. The micro-batch is 16 (Samsung's 6+3+2+5) for every run.
 
     .venv/bin/python bench/bench_train_bins.py [--steps 25] [--nproc 2] [--model tiny] [--mixes one-bin,random]
 
-Figures: README "Benchmarks" (bench/bench_train_bins.py row).
+Figures: docs/benchmarks.md ("Batch mixes").
 """
 
 from __future__ import annotations

@@ -160,7 +160,8 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    """A standing Prefect server (the README's multi-machine recipe) and the environment of every process."""
+    """A standing Prefect server (docs/caching-and-clusters.md's multi-machine recipe) and the environment of
+    every process."""
     tmp = tmp_path_factory.mktemp("prefect")
     api = f"http://127.0.0.1:{free_port()}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "BERTPIPE_FAULT", "DASK_"))}

@@ -1,6 +1,6 @@
-"""The README's deployment section, run as written: every shell line of its block, in order, on a fresh copy
-of the checkout (its own HOME, so Prefect's database is new), against the real `prefect server` it starts
-and the real process worker. Then the outputs are checked: the data set, the redone stage, the refresh's
+"""The deployment section (docs/deployments.md, where the README points), run as written: every shell line
+of its block, in order, on a fresh copy of the checkout (its own HOME, so Prefect's database is new), against
+the real `prefect server` it starts and the real process worker. Then the outputs are checked: the data set, the redone stage, the refresh's
 version and `latest`, the training run on it."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def readme_block(heading: str = "## The Prefect deployments") -> list[str]:
-    """The shell lines of the first ```bash block under ``heading`` (continuations joined)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def readme_block(heading: str = "# The Prefect deployments", page: str = "docs/deployments.md") -> list[str]:
+    """The shell lines of the first ```bash block under ``heading`` of ``page`` (continuations joined)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
     section = text[text.index(heading):]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, f"no ```bash block under {heading!r}"

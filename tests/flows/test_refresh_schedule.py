@@ -1,6 +1,6 @@
 """The weekly refresh really fires, once enabled: deployments/prefect.yaml deployed (--all) as shipped to a real
 `prefect server` with its scheduler creates no refresh run (its schedule ships paused: deploying arms nothing);
-enabled as the README says (the schedule's datasets_dir and `active: true`, then `prefect deploy --name refresh`),
+enabled as docs/deployments.md says (the schedule's datasets_dir and `active: true`, then `prefect deploy --name refresh`),
 the scheduler creates the refresh's scheduled runs with no error in the server log (with SQLAlchemy 2.1 it logged
 "Can't evaluate bulk DML statement" every loop and created none), and a real process worker runs one of those
 runs to completion: the run taken from the schedule is pointed at a small local file:// dump with an md5sums file
@@ -109,9 +109,9 @@ def test_the_scheduler_creates_refresh_runs_and_a_worker_runs_one(tmp_path: Path
         time.sleep(10)  # a few scheduler loops (3 s each): a paused schedule makes no run
         assert not api.scheduled_runs(dep["id"])
 
-        # enabled as the README says: the schedule's datasets_dir and active: true, then deploy the refresh again
+        # enabled as docs/deployments.md says: the schedule's datasets_dir and active: true, then deploy the refresh again
         shipped = (ROOT / "deployments" / "prefect.yaml").read_text()
-        paused = "        active: false   # enable: see the README (\"The Prefect deployments\", Refresh)\n"
+        paused = "        active: false   # enable: see docs/deployments.md (Refresh)\n"
         assert paused in shipped
         enabled = shipped.replace(paused, "        active: true\n        parameters: {datasets_dir: "
                                   f"{tmp_path / 'scheduled-datasets'}}}\n")
