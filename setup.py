@@ -2,7 +2,7 @@
 
 Everything else is declared in pyproject.toml. The extension is optional: when no C compiler is
 available the build carries on without it and bertpipe uses the plain-Python implementation
-(same bytes, slower). `python -c "import preprocessing.cpd_fast as f; print(f.available())"` tells.
+(same bytes, slower). `python -c "import preprocessing.mlperf.cpd_fast as f; print(f.available())"` tells.
 """
 
 import hashlib

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from preprocessing.extract import ExtractConfig, run_extract  # noqa: E402
-from preprocessing.extract_streams import to_multistream  # noqa: E402
+from preprocessing.text.extract import ExtractConfig, run_extract  # noqa: E402
+from preprocessing.text.extract_streams import to_multistream  # noqa: E402
 
 REAL = "data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -114,7 +114,7 @@ _RUNNER = (
     "time.strftime = lambda f, tt=None: _s(f, t if tt is None else tt)\n"
     "script = sys.argv[2]; sys.argv = [script] + sys.argv[3:]\n"
     "if sys.version_info >= (3, 11):\n"
-    "    sys.path.insert(0, sys.argv.pop()); from preprocessing.mlperf_extractor import load_script\n"
+    "    sys.path.insert(0, sys.argv.pop()); from preprocessing.text.mlperf_extractor import load_script\n"
     "    load_script(__import__('pathlib').Path(script), iso).main()\n"
     "else:\n"
     "    runpy.run_path(script, run_name='__main__')\n")

@@ -7,7 +7,7 @@ Every measurement runs in a fresh child process, so its peak RSS (ru_maxrss) is 
 * baseline: a re-enactment of Samsung's ``trans_tfrecord_to_hdf5.py`` (TF1 graph mode,
   ``parse_single_example`` + one-shot iterator, one ``sess.run`` per record, pass 1 counting, pass 2
   assigning row by row into the six h5py datasets). Samsung measured ~630 records/s on this box.
-* ours: ``preprocessing.tfrecord_to_hdf5.convert_tfrecord_to_hdf5`` (CRC-checked, validated).
+* ours: ``preprocessing.mlperf.tfrecord_to_hdf5.convert_tfrecord_to_hdf5`` (CRC-checked, validated).
 * memory flat as input grows: the same conversion / split on the sample and on the sample 4x and 8x over.
 """
 
@@ -33,7 +33,7 @@ def _rss_mb() -> float:
 
 
 def child_ours(src: str, dst: str) -> dict:
-    from preprocessing.tfrecord_to_hdf5 import convert_tfrecord_to_hdf5
+    from preprocessing.mlperf.tfrecord_to_hdf5 import convert_tfrecord_to_hdf5
 
     t0 = time.perf_counter()
     n = convert_tfrecord_to_hdf5(Path(src), Path(dst))
@@ -41,7 +41,7 @@ def child_ours(src: str, dst: str) -> dict:
 
 
 def child_split(src: str, dst: str) -> dict:
-    from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+    from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
 
     t0 = time.perf_counter()
     m = run_split_4bins([Path(src)], Path(dst), Split4BinsConfig(n_output_shards=8))
@@ -52,8 +52,8 @@ def child_imports(_src: str, _dst: str) -> dict:
     import h5py  # noqa: F401
     import numpy  # noqa: F401
 
-    import preprocessing.split_4bins  # noqa: F401
-    import preprocessing.tfrecord_to_hdf5  # noqa: F401
+    import preprocessing.mlperf.split_4bins  # noqa: F401
+    import preprocessing.mlperf.tfrecord_to_hdf5  # noqa: F401
     return {"records": 0, "seconds": 0.0}
 
 

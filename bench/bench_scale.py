@@ -301,9 +301,9 @@ def dag_run(args: argparse.Namespace, corpus: Path, work: Path, sizes: dict[str,
     print("peak RSS per process (MB): " + ", ".join(f"{mb:.0f} {what}" for mb, what in watch.report()))
 
 
-STARTUP = "import h5py, numpy, bertpipe.cli, preprocessing.split_4bins, preprocessing.create_pretraining_data"
+STARTUP = "import h5py, numpy, bertpipe.cli, preprocessing.mlperf.split_4bins, preprocessing.mlperf.create_pretraining_data"
 
-#: One part through the hdf5 stage's fused call (preprocessing.tfrecord_to_hdf5.run_fused), units as the DAG plans
+#: One part through the hdf5 stage's fused call (preprocessing.mlperf.tfrecord_to_hdf5.run_fused), units as the DAG plans
 #: them: argv = part, vocab, output folder. The call's own CPU seconds (no interpreter start-up: a worker process
 #: pays that once, not per part) go to <output folder>/cpu_seconds.txt.
 FUSED_CALL = """
@@ -311,8 +311,8 @@ import resource
 import sys
 from pathlib import Path
 from core.stage import Unit
-from preprocessing.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
-from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
+from preprocessing.mlperf.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
+from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
 part, vocab, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 cfg = CreatePretrainingDataConfig(vocab_file=vocab, do_lower_case=True, max_seq_length=512, max_predictions_per_seq=76,
                                   dupe_factor=10, masked_lm_prob=0.15, short_seq_prob=0.1, random_seed=12345)
@@ -331,7 +331,7 @@ run_fused(tf, h5)
 """
 
 
-#: The bins stage's work on the real part's padded HDF5, as the DAG does it (preprocessing.split_4bins: counts,
+#: The bins stage's work on the real part's padded HDF5, as the DAG does it (preprocessing.mlperf.split_4bins: counts,
 #: then shard groups; inputs checked against their manifest by stat, not re-hashed: no upstream here), in one
 #: process with ``workers`` pool workers: argv = HDF5 folder, output folder, shards per bin, workers. Wall and (for
 #: 1 worker: a forkserver's workers are not this process's children) CPU seconds go to <output>.seconds.txt.
@@ -340,12 +340,12 @@ import resource
 import sys
 import time
 from pathlib import Path
-from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
 src, out, n, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-import preprocessing.split_4bins as split
+import preprocessing.mlperf.split_4bins as split
 hashing = [0.0, 0]  # seconds and bytes of the shards' md5s (this process's: 1 worker)
 def timed_md5_files(paths, real=split.md5_files):
     t = time.perf_counter()
@@ -403,17 +403,17 @@ with h5py.File(part, "r") as f:
 shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
 c0 = cpu()
 if what == "nvidia_4320":
-    from preprocessing.nvidia_chop import ChopConfig, run_nvidia_chop
+    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
     m = run_nvidia_chop([part], out / what, ChopConfig(num_shards=shards, varlength=True))
 elif what == "nvidia_4320_shuffled":
-    from preprocessing.nvidia_shuffle import input_files, run_nvidia_shuffle
+    from preprocessing.nvidia.shuffle import input_files, run_nvidia_shuffle
     m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), out / what)
 elif what == "nvidia_eval":
-    from preprocessing.nvidia_eval import PickVarlenConfig, run_pick_eval_varlength
+    from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength
     m = run_pick_eval_varlength(part, out / what, PickVarlenConfig(num_examples_to_pick=10000))
 elif what == "nvidia_packed":
-    import preprocessing.pack_nvidia as mod
-    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    import preprocessing.nvidia.pack as mod
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
     time_recipe(mod)
     # one call for this part's shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
     # ~1 M) and hashes them side by side (8 files at once with AVX2); this part's ~5 shards alone would get 4
@@ -421,8 +421,8 @@ elif what == "nvidia_packed":
     mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
     m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
 elif what == "habana_packed":
-    import preprocessing.pack_habana as mod
-    from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
+    import preprocessing.habana.pack as mod
+    from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
     time_recipe(mod)
     m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76), data_dir="packed")
 else:
@@ -478,6 +478,7 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
     figures: the full set with the target added to today's run, and a run of the target alone (``--target X``:
     no 4-bin stage; the bins' core-hours, today per text part, rescaled to the same rows or tokens)."""
     sys.path.insert(0, str(ROOT))
+    from preprocessing.params import DataParams
     from preprocessing.registry import for_target
     from preprocessing.targets import names
 
@@ -493,7 +494,7 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
         for basis, scale in scales.items():
             extra = 0.0
             parts = []
-            for stage in for_target(target):
+            for stage in for_target(target, DataParams()):
                 f = fig.get(stage.replace("2048", "4320"))
                 if f is None:
                     continue

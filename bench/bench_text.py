@@ -24,14 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.manifest import StageOutput  # noqa: E402
-from preprocessing import segment  # noqa: E402
-from preprocessing.clean import clean_text  # noqa: E402
-from preprocessing.gather import GatherConfig, gather_into  # noqa: E402
-from preprocessing.punkt_345 import Punkt345, english_model, nltk_tokenizer  # noqa: E402
-from preprocessing.segment import segment_text  # noqa: E402
-from preprocessing.split_eval import split_text  # noqa: E402
-from preprocessing.text_pipeline import TextConfig, run_text_stages  # noqa: E402
-from preprocessing.textio import iter_lines, list_wiki_files, universal_newlines  # noqa: E402
+from preprocessing.text import segment  # noqa: E402
+from preprocessing.text.clean import clean_text  # noqa: E402
+from preprocessing.text.gather import GatherConfig, gather_into  # noqa: E402
+from preprocessing.text.pipeline import TextConfig, run_text_stages  # noqa: E402
+from preprocessing.text.punkt_345 import Punkt345, english_model, nltk_tokenizer  # noqa: E402
+from preprocessing.text.segment import segment_text  # noqa: E402
+from preprocessing.text.split_eval import split_text  # noqa: E402
+from preprocessing.text.textio import iter_lines, list_wiki_files, universal_newlines  # noqa: E402
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:

@@ -198,7 +198,7 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     if verbose:  # create_pretraining_data's example dumps (reference-style), here and in worker processes;
         os.environ["BERTPIPE_LOG_EXAMPLES"] = "1"  # the DeepSpeed launcher's whole output (pretrain/launch.py)
         os.environ["BERTPIPE_VERBOSE"] = str(verbose)
-        logging.getLogger("preprocessing.create_pretraining_data.examples").setLevel(logging.INFO)
+        logging.getLogger("preprocessing.mlperf.create_pretraining_data.examples").setLevel(logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
 

@@ -6,7 +6,7 @@ or was built from other sources, :meth:`NativeModule.load` compiles the sources 
 ``$XDG_CACHE_HOME/bertpipe/native/`` (``BERTPIPE_NATIVE_CACHE`` overrides the folder) and loads that. When neither
 works, ``load()`` returns None and ``reason`` says why; ``BERTPIPE_NATIVE=0`` disables every extension.
 
-Users: ``preprocessing.cpd_fast`` (the create_pretraining_data core), ``core.manifest`` (md5 of many files) and
+Users: ``preprocessing.mlperf.cpd_fast`` (the create_pretraining_data core), ``core.manifest`` (md5 of many files) and
 ``preprocessing.pack_fast`` (the packers' gathers, CPython's shuffle, NVIDIA's shard lists).
 """
 

@@ -61,8 +61,8 @@ def published_md5(source: str) -> str:
 
     ``sample`` (the packaged dump) has its md5 in the package.
     """
-    from preprocessing.download import resolve
     from preprocessing.params import SAMPLE
+    from preprocessing.text.download import resolve
 
     if source == SAMPLE:
         from preprocessing.sample import SAMPLE_MD5

@@ -19,6 +19,7 @@ file's first row) and the value. Checks are vectorized over a chunk of rows: a f
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,10 +41,18 @@ def _first_row(bad: np.ndarray) -> int:
 
 
 def check_padded(path: Path | str, first: int, rows: dict[str, np.ndarray], *,
-                 vocab_size: int | None = None) -> np.ndarray:
-    """Check a chunk of padded rows (``first``: the file's row of the chunk's first row; any subset of the six
-    datasets, ``input_mask`` needed for the positions). Returns the rows' lengths (int64) when ``input_mask`` is
-    there, else an empty array."""
+                 vocab_size: int | None = None, row_ids: np.ndarray | None = None) -> np.ndarray:
+    """Check a chunk of padded rows (``first``: the file's row of the chunk's first row, or ``row_ids`` the file's
+    row of each; any subset of the six datasets, ``input_mask`` needed for the positions). Returns the rows' lengths
+    (int64) when ``input_mask`` is there, else an empty array."""
+    if row_ids is not None:
+        try:
+            return check_padded(path, 0, rows, vocab_size=vocab_size)
+        except RecordError as exc:  # renamed to the file's row
+            m = re.search(r" row (\d+): ", str(exc))
+            if m is None:
+                raise
+            raise RecordError(str(exc).replace(m.group(0), f" row {int(row_ids[int(m.group(1))])}: ", 1)) from None
     seq = np.zeros(0, np.int64)
     mask = rows.get("input_mask")
     if mask is not None and mask.size:

@@ -138,8 +138,8 @@ class DataParams:
         from preprocessing.registry import normalize_stage
 
         object.__setattr__(self, "stages", None if self.stages is None else
-                           [normalize_stage(s, "stages") for s in self.stages])
-        object.__setattr__(self, "force", [normalize_stage(s, "force") for s in self.force or []])
+                           [normalize_stage(s, spell("stages")) for s in self.stages])
+        object.__setattr__(self, "force", [normalize_stage(s, spell("force")) for s in self.force or []])
         from preprocessing.targets import normalize as normalize_targets
 
         object.__setattr__(self, "targets", normalize_targets(self.targets, spell("targets")))
@@ -154,7 +154,7 @@ class DataParams:
         if self.text_dir and self.source not in (SAMPLE, ""):
             raise InputError(f"give either {spell('text_dir')} or {spell('source')}, not both")
         if self.extractor is not None:
-            from preprocessing.extract import check_extractor
+            from preprocessing.text.extract import check_extractor
 
             check_extractor(self.extractor, spell("extractor"))
         if self.runner not in ("local", "prefect-process", "dask"):
@@ -188,7 +188,7 @@ class DataParams:
         return self.current_time or (SAMPLE_TIME if self.is_sample else None)
 
     def resolved_extractor(self) -> str:
-        from preprocessing.extract import default_extractor
+        from preprocessing.text.extract import default_extractor
 
         return self.extractor or default_extractor(self.source)
 

@@ -21,23 +21,15 @@ from typing import Any
 
 from core.errors import InputError
 from core.stage import Stage
-from preprocessing import (
-    create_pretraining_data,
-    download,
-    extract,
-    nvidia_chop,
-    nvidia_eval,
-    nvidia_shuffle,
-    pack_habana,
-    pack_nvidia,
-    pick_eval_samples,
-    split_4bins,
-    targets,
-    text_import,
-    text_pipeline,
-    tfrecord_to_hdf5,
-    vocab,
-)
+from preprocessing import targets
+from preprocessing.habana import pack as pack_habana
+from preprocessing.mlperf import create_pretraining_data, pick_eval_samples, split_4bins, tfrecord_to_hdf5
+from preprocessing.nvidia import chop as nvidia_chop
+from preprocessing.nvidia import eval_pick as nvidia_eval
+from preprocessing.nvidia import pack as pack_nvidia
+from preprocessing.nvidia import shuffle as nvidia_shuffle
+from preprocessing.text import download, extract, text_import, vocab
+from preprocessing.text import pipeline as text_pipeline
 
 #: Every declaration, in DAG order (a stage comes after the stages it reads).
 STAGES: tuple[Stage, ...] = (
@@ -63,13 +55,12 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
-def for_target(target: str, params: Any = None) -> list[str]:
-    """The stages a run of ``target`` alone builds, beyond those every run builds (text ... hdf5, the eval chain)."""
+def for_target(target: str, params: Any) -> list[str]:
+    """The stages a run of ``target`` alone builds, beyond those every run builds (text ... hdf5, the eval chain),
+    for the run's ``params`` (a DataParams: the registry never imports the parameters, they import it)."""
     from dataclasses import replace
 
-    from preprocessing.params import DataParams
-
-    base = params if params is not None else DataParams()
+    base = params
     every = set.intersection(*({s.name for s in active(replace(base, targets=[t]))} for t in targets.names()))
     return [s.name for s in active(replace(base, targets=[target])) if s.name not in every]
 
@@ -121,11 +112,10 @@ def active(params: Any) -> list[Stage]:
 
 
 def normalize_stage(name: str, what: str = "stages") -> str:
-    """``create-pretraining-data`` -> ``tfrecord``; InputError naming the choices otherwise."""
+    """``create-pretraining-data`` -> ``tfrecord``; InputError naming the choices otherwise (``what``: the flag or
+    parameter as the user spells it; the caller spells it, the registry does not import the parameters)."""
     n = name.strip().lower().replace("-", "_")
     for s in STAGES:
         if n == s.name or n in s.aliases:
             return s.name
-    from preprocessing.params import spell
-
-    raise InputError(f"{spell(what)}: unknown stage {name!r}; the data stages are: {', '.join(names())}")
+    raise InputError(f"{what}: unknown stage {name!r}; the data stages are: {', '.join(names())}")

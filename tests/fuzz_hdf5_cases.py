@@ -71,7 +71,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
 
 
 def read_bins(path: Path, scratch: Path, chunk_rows: int) -> None:
-    from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+    from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
 
     out = scratch / "bins"
     shutil.rmtree(out, ignore_errors=True)
@@ -79,7 +79,7 @@ def read_bins(path: Path, scratch: Path, chunk_rows: int) -> None:
 
 
 def read_pack(path: Path, scratch: Path, chunk_rows: int) -> None:
-    from preprocessing.pack_varlength import PackConfig, pack_varlength
+    from preprocessing.nvidia.varlength import PackConfig, pack_varlength
 
     pack_varlength(path, scratch / "packed.hdf5", PackConfig(chunk_rows=chunk_rows))
 

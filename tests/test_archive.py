@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from core.errors import InputError
-from preprocessing.archive import safe_extract_tar
+from preprocessing.text.archive import safe_extract_tar
 
 
 def _tar(path, members):

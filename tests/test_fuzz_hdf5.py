@@ -19,8 +19,8 @@ import pytest
 from core.errors import BertpipeError
 from core.schema import HDF5_DATASETS
 from preprocessing.hdf5_io import open_padded
-from preprocessing.pack_varlength import pack_varlength
-from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
+from preprocessing.nvidia.varlength import pack_varlength
 from pretrain.data import discover_shards
 
 WORKER = Path(__file__).with_name("fuzz_hdf5_cases.py")
@@ -137,7 +137,7 @@ def _rows(path: Path) -> dict[str, list[np.ndarray]]:
 def test_pack_varlength_of_chunks_whose_rows_have_one_length(golden: Path, tmp_path: Path, chunk_rows: int) -> None:
     """Regression (found by the fuzz): rows of equal length in a chunk (a chunk of 512-token rows, a last
     chunk of one row) made h5py fail with TypeError "Can't broadcast (k, n) -> (k,)"."""
-    from preprocessing.pack_varlength import PackConfig
+    from preprocessing.nvidia.varlength import PackConfig
 
     out = tmp_path / "packed.hdf5"
     assert pack_varlength(golden / "eval_100.hdf5", out, PackConfig(chunk_rows=chunk_rows)) == 100

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from core.errors import BertpipeError
-from preprocessing.clean import CleanConfig, clean_text, run_clean
-from preprocessing.gather import GatherConfig, run_gather
-from preprocessing.segment import SegmentConfig, run_segment, segment_text
-from preprocessing.split_eval import SplitEvalConfig, run_split_eval, split_text
-from preprocessing.text_pipeline import TextConfig, run_text_stages
+from preprocessing.text.clean import CleanConfig, clean_text, run_clean
+from preprocessing.text.gather import GatherConfig, run_gather
+from preprocessing.text.pipeline import TextConfig, run_text_stages
+from preprocessing.text.segment import SegmentConfig, run_segment, segment_text
+from preprocessing.text.split_eval import SplitEvalConfig, run_split_eval, split_text
 
 CASES = 1000
 SEED = 7_2025

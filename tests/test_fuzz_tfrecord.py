@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import RecordError
 from core.schema import FEATURES
-from preprocessing.tfrecord import encode_mlperf_example, frame, read_examples
+from preprocessing.mlperf.tfrecord import encode_mlperf_example, frame, read_examples
 
 
 def _valid_file(tmp_path, n: int = 6):

@@ -24,10 +24,10 @@ import pytest
 
 from core.errors import BertpipeError
 from core.manifest import Manifest, md5_file
-from preprocessing import cpd_fast
 from preprocessing import hdf5_io as hio
-from preprocessing import split_4bins as s4
 from preprocessing.hdf5_io import h5_close_for_good, h5_create, h5_open_new
+from preprocessing.mlperf import cpd_fast
+from preprocessing.mlperf import split_4bins as s4
 
 
 class FrameHolder(threading.Thread):
@@ -96,21 +96,21 @@ def _split(golden: Path, shared_data: Path, out: Path) -> tuple[Manifest, Path]:
 
 
 def _tfrecord_to_hdf5(golden: Path, shared_data: Path, out: Path) -> tuple[Manifest, Path]:
-    from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5
+    from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5
 
     return run_tfrecord_to_hdf5(golden / "eval_100.tfrecord", out, HDF5Config(batch_size=8),
                                 output_name="eval_100.hdf5"), out
 
 
 def _tfrecord_to_hdf5_many(golden: Path, shared_data: Path, out: Path) -> tuple[Manifest, Path]:
-    from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5_many
+    from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5_many
 
     return run_tfrecord_to_hdf5_many([golden / "eval_100.tfrecord", golden / "edge.tfrecord"], out,
                                      HDF5Config(batch_size=32)), out
 
 
 def _pack_varlength(golden: Path, shared_data: Path, out: Path) -> tuple[Manifest, Path]:
-    from preprocessing.pack_varlength import PackConfig, run_pack_varlength
+    from preprocessing.nvidia.varlength import PackConfig, run_pack_varlength
 
     return run_pack_varlength([golden / "eval_100.hdf5"], out, PackConfig(chunk_rows=8)), out
 
@@ -118,8 +118,11 @@ def _pack_varlength(golden: Path, shared_data: Path, out: Path) -> tuple[Manifes
 def _fused(golden: Path, shared_data: Path, out: Path) -> tuple[Manifest, Path]:
     """The DAG's fused tfrecord+hdf5 call (the HDF5 filled from the C engine, md5s taken side by side)."""
     from core.stage import Unit
-    from preprocessing.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
-    from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
+    from preprocessing.mlperf.create_pretraining_data import (
+        CreatePretrainingDataConfig,
+        run_create_pretraining_data,
+    )
+    from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
 
     text = golden / "edge_input.txt"
     name = text.name

@@ -40,7 +40,7 @@ TEXT = "The first sentence of a document.\nThe second one here.\n\nAnother docum
 
 
 def _build_sandbox(s: Path) -> None:
-    from preprocessing.tfrecord import write_records
+    from preprocessing.mlperf.tfrecord import write_records
 
     (s / "in").mkdir()
     (s / "in" / "x.txt").write_text(TEXT)
@@ -479,7 +479,7 @@ def test_tfrecord_length_header_past_the_end_is_one_line(tmp_path, monkeypatch):
     import struct
 
     from core.errors import RecordError
-    from preprocessing.tfrecord import count_records
+    from preprocessing.mlperf.tfrecord import count_records
 
     for length in (0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFF00, 40):
         bad = tmp_path / f"bad{length}.tf"

@@ -109,8 +109,9 @@ def test_libraries_do_not_import_prefect():
     import pkgutil
 
     names = []
-    for pkg in PLAIN:  # the project's own folders (tests/preprocessing is a different thing)
-        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules([str(ROOT / pkg)]) if not m.name.startswith("_")]
+    for pkg in PLAIN:  # the project's own folders (tests/preprocessing is a different thing), families included
+        names += [m.name for m in pkgutil.walk_packages([str(ROOT / pkg)], prefix=f"{pkg}.")
+                  if not m.name.rsplit(".", 1)[-1].startswith("_") and ".sample." not in m.name]
     assert len(names) > 20, names
     code = "\n".join(f"import {n}" for n in names if n not in ("pretrain.train",))
     mods = _modules_after_import(code)
@@ -129,3 +130,67 @@ def test_command_parsers_import_nothing_heavy():
                                  "for c in ('import-tf', 'export-hf', 'train'): build_parser(c)")
     for heavy in ("torch", "tensorflow", "transformers", "safetensors", "deepspeed", "numpy"):
         assert heavy not in mods, heavy
+
+
+# -- preprocessing/ by family (issue 32 item 1) ----------------------------------------------------------------------
+#: family -> the families its modules may import. The vendors' folders build on mlperf/ (its padded HDF5), never
+#: the reverse, nor on each other (what both packers share lives at the top: preprocessing/packing.py, pack_fast.py);
+#: the text chain checks its vocabulary with mlperf/'s tokenizer loader.
+FAMILIES = {"text": {"mlperf"}, "mlperf": set(), "nvidia": {"mlperf"}, "habana": {"mlperf"}}
+
+
+def _family_imports(source: str) -> list[tuple[int, str]]:
+    """(line, family) of every import of ``preprocessing.<family>`` (any form, lazy ones included)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        mods: list[str] = []
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods = [node.module] if node.module != "preprocessing" else [f"preprocessing.{a.name}" for a in node.names]
+        for m in mods:
+            parts = m.split(".")
+            if len(parts) > 1 and parts[0] == "preprocessing" and parts[1] in FAMILIES:
+                out.append((node.lineno, parts[1]))
+    return out
+
+
+def _family_violations(family: str, source: str, name: str = "<source>") -> list[str]:
+    return [f"{name}:{line} imports preprocessing.{other}" for line, other in _family_imports(source)
+            if other != family and other not in FAMILIES[family]]
+
+
+def test_preprocessing_is_one_folder_per_family_each_with_its_docstring() -> None:
+    for family in FAMILIES:
+        init = ROOT / "preprocessing" / family / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), family
+        assert "Equals" in ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), family
+    top = sorted(p.stem for p in (ROOT / "preprocessing").glob("*.py"))
+    assert top == ["__init__", "hdf5_check", "hdf5_io", "pack_fast", "packing", "params", "pyrandom", "registry",
+                   "targets"], top
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_families_import_one_way(family: str) -> None:
+    files = sorted((ROOT / "preprocessing" / family).rglob("*.py"))
+    assert files, family
+    bad = []
+    for f in files:
+        bad += _family_violations(family, f.read_text(encoding="utf-8"), str(f.relative_to(ROOT)))
+    assert not bad, "imports against the families' direction:\n" + "\n".join(bad)
+
+
+def test_the_family_check_can_fail() -> None:
+    for source in ("from preprocessing.nvidia.pack import x", "from preprocessing import habana",
+                   "def f():\n    import preprocessing.nvidia.chop as c\n"):
+        assert _family_violations("mlperf", source)
+    assert _family_violations("habana", "from preprocessing.nvidia.pack import take_runs")
+    assert not _family_violations("nvidia", "from preprocessing.mlperf.split_4bins import count_pieces")
+
+
+def test_the_registry_does_not_import_the_parameters() -> None:
+    """No circle between params and registry: the parameters ask the registry, never the other way."""
+    src = (ROOT / "preprocessing" / "registry.py").read_text(encoding="utf-8")
+    mods = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
+    mods |= {a.name for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Import) for a in n.names}
+    assert "preprocessing.params" not in mods and not any(m and m.endswith(".params") for m in mods)

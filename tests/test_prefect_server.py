@@ -418,8 +418,8 @@ def test_prefects_reports_of_the_unreachable_api_leave_the_console(dead_url: str
     assert not f.filter(rec("prefect._internal.concurrency", "Service 'EventsWorker' failed to process item Event(",
                             logging.ERROR))
     assert w._wake.is_set()  # the watch checks at once
-    assert f.filter(rec("prefect.task_runs", "preprocessing.download: Connection refused by the mirror; retrying"))
-    assert f.filter(rec("preprocessing.download", "Connection refused"))
+    assert f.filter(rec("prefect.task_runs", "preprocessing.text.download: Connection refused by the mirror; retrying"))
+    assert f.filter(rec("preprocessing.text.download", "Connection refused"))
     assert f.filter(rec("prefect.flow_runs", "Finished in state Completed()", logging.INFO))
     assert f.filter(rec("prefect.task_runs", "a warning of the run"))
 

@@ -28,8 +28,8 @@ SCRIPT = textwrap.dedent('''
     from prefect import flow
 
     from core import pools
-    from preprocessing.extract import ExtractConfig, run_extract
-    from preprocessing.text_pipeline import TextConfig, run_text_stages
+    from preprocessing.text.extract import ExtractConfig, run_extract
+    from preprocessing.text.pipeline import TextConfig, run_text_stages
 
     DUMP = Path("preprocessing/sample/sample-wiki.xml.bz2")
 

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from preprocessing.create_pretraining_data import CreatePretrainingDataConfig
+    from preprocessing.mlperf.create_pretraining_data import CreatePretrainingDataConfig
 
     return CreatePretrainingDataConfig(
         vocab_file=args.vocab_file, do_lower_case=args.do_lower_case, max_seq_length=args.max_seq_length,
@@ -74,7 +74,7 @@ def plan_jobs(args: argparse.Namespace) -> tuple[list, list[Path]]:
     an input (the text, the vocab) by any spelling, and --output_suffix cannot leave --output_dir."""
     from core.errors import InputError
     from core.paths import PathCheck, check_suffix
-    from preprocessing.cpd_run import Job, expand_inputs
+    from preprocessing.mlperf.cpd_run import Job, expand_inputs
 
     pc = PathCheck()
     for pattern in (x.strip() for x in args.input_file.split(",")):
@@ -105,7 +105,7 @@ def _same(a: str, b: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.cpd_run import summary, timed_jobs
+    from preprocessing.mlperf.cpd_run import summary, timed_jobs
 
     t0 = time.perf_counter()
     cfg = _config(args)

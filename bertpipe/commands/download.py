@@ -79,7 +79,7 @@ def check_source(source: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.download import DownloadConfig, run_download
+    from preprocessing.text.download import DownloadConfig, run_download
 
     check_source(args.source)
     pc = PathCheck()
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_mlcommons(args: argparse.Namespace, cfg) -> int:
-    from preprocessing.download import run_mlcommons, run_mlcommons_dataset
+    from preprocessing.text.download import run_mlcommons, run_mlcommons_dataset
 
     if args.md5 or args.filename:
         from core.errors import InputError

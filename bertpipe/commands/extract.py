@@ -61,7 +61,7 @@ def parse_size(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.extract import EXTRACTOR_MLPERF, ExtractConfig, default_extractor, run_extract
+    from preprocessing.text.extract import EXTRACTOR_MLPERF, ExtractConfig, default_extractor, run_extract
 
     pc = PathCheck(overwrite=args.overwrite)
     pc.input_file("--dump", args.dump, "dump")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     extractor = args.extractor or default_extractor(str(args.dump))
     if extractor == EXTRACTOR_MLPERF:
-        from preprocessing.mlperf_extractor import script_path
+        from preprocessing.text.mlperf_extractor import script_path
 
         script_path(args.extractor_script)  # before any output: one line saying where to get it
     cfg = ExtractConfig(processes=args.processes, current_time=args.current_time,

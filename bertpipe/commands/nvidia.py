@@ -61,7 +61,7 @@ def add_arguments_for(command: str, p: argparse.ArgumentParser) -> None:
         flag(p, "num_shards", type=positive_int(1 << 20), default=2048, help="output shards (default: 2048; "
              "NVIDIA's prepare_data.sh: 4320, or 2048 below 256 nodes)")
         _widths(p)
-        flag(p, "rule", choices=("v3.1", "v1.1"), default="v3.1",  # preprocessing.nvidia_chop.RULES (--help stays light)
+        flag(p, "rule", choices=("v3.1", "v1.1"), default="v3.1",  # preprocessing.nvidia.chop.RULES (--help stays light)
              help="whose chop_hdf5_files.py: v3.1 (default: the first `excess` shards hold nominal-1 rows, the "
                   "others nominal, no row dropped; NVIDIA's current 4,320 lists) or v1.1 (every shard nominal-1 rows, "
                   "the rest dropped; the 2,048 list and v1.1's 4,320 list)")
@@ -116,7 +116,7 @@ def _foreign(folder: Path, expected: set[str], flag_name: str) -> None:
 def _chop(args: argparse.Namespace) -> int:
     from core.manifest import MANIFEST_NAME, remove_debris
     from core.paths import PathCheck
-    from preprocessing.nvidia_chop import (
+    from preprocessing.nvidia.chop import (
         INPUT_GLOB,
         ChopConfig,
         chop_layout,
@@ -157,7 +157,7 @@ def _shuffle(args: argparse.Namespace) -> int:
 
     from core.manifest import MANIFEST_NAME, remove_debris
     from core.paths import PathCheck
-    from preprocessing.nvidia_shuffle import (
+    from preprocessing.nvidia.shuffle import (
         INPUT_GLOB,
         SCRATCH,
         ShuffleConfig,
@@ -191,7 +191,7 @@ def _shuffle(args: argparse.Namespace) -> int:
 
 def _pick(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.nvidia_eval import PickVarlenConfig, pick_eval_varlength_file
+    from preprocessing.nvidia.eval_pick import PickVarlenConfig, pick_eval_varlength_file
 
     pc = PathCheck()
     src = pc.input_file("--input_hdf5_file", args.input_hdf5_file, "padded HDF5")

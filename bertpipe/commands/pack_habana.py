@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.pack_habana import (
+    from preprocessing.habana.pack import (
         PART_RE,
         HabanaPackConfig,
         check_config,

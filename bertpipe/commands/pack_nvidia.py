@@ -75,7 +75,7 @@ def expand_inputs(spec: str) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck, is_dir
-    from preprocessing.pack_nvidia import InputFile, PackNvidiaConfig, output_names, run_pack_nvidia
+    from preprocessing.nvidia.pack import InputFile, PackNvidiaConfig, output_names, run_pack_nvidia
 
     pc = PathCheck(overwrite=args.overwrite)
     if is_dir("--input_hdf5", Path(args.input_hdf5)):

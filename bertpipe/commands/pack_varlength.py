@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.pack_varlength import PackConfig, pack_varlength_file, run_pack_varlength
+    from preprocessing.nvidia.varlength import PackConfig, pack_varlength_file, run_pack_varlength
 
     cfg = PackConfig(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
     inputs, out, as_dir = check_paths(args, "padded HDF5", "pack_varlength", "")

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.pick_eval_samples import PickEvalConfig, pick_eval_samples_file
+    from preprocessing.mlperf.pick_eval_samples import PickEvalConfig, pick_eval_samples_file
 
     pc = PathCheck()
     src = pc.input_file("--input_tfrecord", args.input_tfrecord, "TFRecord")

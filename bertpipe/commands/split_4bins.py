@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.paths import PathCheck
-    from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
+    from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
 
     pc = PathCheck(overwrite=args.overwrite)
     in_dir = pc.input_dir("--input_dir", args.input_dir)

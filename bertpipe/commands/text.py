@@ -69,13 +69,13 @@ def check_paths(args: argparse.Namespace) -> None:
 
 def _extract_dump(args: argparse.Namespace) -> tuple[Path, list]:
     """Download (URLs only) and extract the dump; returns the extractor folder and its manifest."""
-    from preprocessing.extract import ExtractConfig, run_extract
+    from preprocessing.text.extract import ExtractConfig, run_extract
 
     work = args.work or args.out / "_work"
     upstream: list = []
     local = Path(args.dump)
     if not local.is_file():  # a URL or a download preset (run_download names a missing local path)
-        from preprocessing.download import run_download
+        from preprocessing.text.download import run_download
 
         dl = run_download(args.dump, work / "download", md5=args.md5)
         local = work / "download" / dl.files[0].name
@@ -116,7 +116,7 @@ def _cpus() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.text_pipeline import TextConfig, run_text_stages
+    from preprocessing.text.pipeline import TextConfig, run_text_stages
 
     t0 = time.perf_counter()
     check_paths(args)

@@ -72,21 +72,21 @@ def run_for(command: str, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     check_paths(command, args)
     if command == "clean":
-        from preprocessing.clean import CleanConfig, run_clean
+        from preprocessing.text.clean import CleanConfig, run_clean
 
         m = run_clean(args.extracted, args.out, CleanConfig(keep_cleanup_output=args.keep_cleanup_output,
                                                             workers=args.workers))
     elif command == "segment":
-        from preprocessing.segment import SegmentConfig, run_segment
+        from preprocessing.text.segment import SegmentConfig, run_segment
 
         m = run_segment(args.input, args.out, SegmentConfig(workers=args.workers))
     elif command == "split-eval":
-        from preprocessing.split_eval import SplitEvalConfig, run_split_eval
+        from preprocessing.text.split_eval import SplitEvalConfig, run_split_eval
 
         m = run_split_eval(args.input, args.out, SplitEvalConfig(
             num_test_articles=args.num_test_articles, seed=args.seed, workers=args.workers))
     else:
-        from preprocessing.gather import GatherConfig, run_gather
+        from preprocessing.text.gather import GatherConfig, run_gather
 
         m = run_gather(args.input, args.out, GatherConfig(block_size_mb=args.block_size_mb,
                                                           num_outputs=args.num_outputs), raw_dir=args.extracted)

@@ -74,7 +74,11 @@ def check_paths(args: argparse.Namespace, what: str, stage: str, suffix: str) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from preprocessing.tfrecord_to_hdf5 import HDF5Config, run_tfrecord_to_hdf5_many, tfrecord_to_hdf5_file
+    from preprocessing.mlperf.tfrecord_to_hdf5 import (
+        HDF5Config,
+        run_tfrecord_to_hdf5_many,
+        tfrecord_to_hdf5_file,
+    )
 
     cfg = HDF5Config(max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq)
     inputs, out, as_dir = check_paths(args, "TFRecord", "tfrecord_to_hdf5", ".hdf5")

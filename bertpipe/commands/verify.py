@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(hdf5_4320_shards_varlength, chop rule v3.1), nvidia-4320-shuffled "
                         "(hdf5_4320_shards_varlength_shuffled), nvidia-4320-v1.1 (4,320 shards, rule v1.1), "
                         "nvidia-2048 (2,048 shards, rule v1.1) or nvidia-eval, the lists that ship with bertpipe "
-                        "(preprocessing/nvidia_chk/README.md), or the path of any .chk file")
+                        "(preprocessing/nvidia/nvidia_chk/README.md), or the path of any .chk file")
     p.add_argument("--dir", dest="shard_dir", type=path_arg, metavar="DIR",
                    help="with --against: the folder of shards to check (e.g. hdf5_4320_shards_varlength)")
 
@@ -84,7 +84,7 @@ def _against(args: argparse.Namespace) -> int:
     from core.errors import InputError
     from core.paths import PathCheck
     from core.pools import default_workers
-    from preprocessing.nvidia_md5 import read_chk, resolve_chk, unlisted, verify_against
+    from preprocessing.nvidia.md5 import read_chk, resolve_chk, unlisted, verify_against
 
     if args.against is None or args.shard_dir is None:
         raise InputError("--against and --dir go together: --against nvidia-4320 --dir <folder of shards>")

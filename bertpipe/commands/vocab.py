@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from core.errors import InputError
     from core.paths import MANIFEST_NAME, PathCheck
-    from preprocessing.vocab import VOCAB_NAME, VocabConfig, run_vocab
+    from preprocessing.text.vocab import VOCAB_NAME, VocabConfig, run_vocab
 
     pc = PathCheck(overwrite=args.overwrite)
     files: list[Path] = []

@@ -1,6 +1,6 @@
-/* Helpers of the compiled core of bertpipe's fast create_pretraining_data (preprocessing/cpd_fast.py).
+/* Helpers of the compiled core of bertpipe's fast create_pretraining_data (preprocessing/mlperf/cpd_fast.py).
  *
- * Byte-identical to the plain implementation (preprocessing/create_pretraining_data.py), which is
+ * Byte-identical to the plain implementation (preprocessing/mlperf/create_pretraining_data.py), which is
  * the oracle. What lives here:
  *   - reading: lines split on \n, every \r deleted (TF GFile.readline), Python str.strip() blank test;
  *     pure-ASCII lines are tokenized here with the reference's algorithm (clean, lower, punctuation,

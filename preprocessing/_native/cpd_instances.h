@@ -1,5 +1,5 @@
 /* Instance creation for cpd.c: spec §8.3, draw for draw (see create_instances_from_document and
- * create_masked_lm_predictions in preprocessing/create_pretraining_data.py, the oracle). */
+ * create_masked_lm_predictions in preprocessing/mlperf/create_pretraining_data.py, the oracle). */
 #ifndef BERTPIPE_CPD_INSTANCES_H
 #define BERTPIPE_CPD_INSTANCES_H
 

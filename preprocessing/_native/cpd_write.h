@@ -1,5 +1,5 @@
 /* Canonical tf.train.Example encoding and TFRecord framing for cpd.c (spec §8.4; the Python
- * equivalent is preprocessing.tfrecord.encode_mlperf_example + frame). */
+ * equivalent is preprocessing.mlperf.tfrecord.encode_mlperf_example + frame). */
 #ifndef BERTPIPE_CPD_WRITE_H
 #define BERTPIPE_CPD_WRITE_H
 

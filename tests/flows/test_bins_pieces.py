@@ -16,7 +16,7 @@ from flowhelpers import FAST, last_run, output_md5s, run_cli
 
 from core.manifest import MANIFEST_NAME, load_manifest, md5_file
 from core.schema import HDF5_FIELDS
-from preprocessing.split_4bins import Split4BinsConfig, group_count, run_split_4bins
+from preprocessing.mlperf.split_4bins import Split4BinsConfig, group_count, run_split_4bins
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDS = 8  # 4 groups with 1 worker, 8 with 2: two different cuts of the same 4 x 8 files

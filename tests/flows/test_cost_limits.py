@@ -111,7 +111,7 @@ def test_a_full_disk_under_the_packers_is_one_line_and_reruns_to_the_same_bytes(
 def test_a_full_disk_under_a_packer_command_is_one_line(packer, tmp_path):
     import numpy as np
 
-    from tests.preprocessing.test_pack_habana import write_padded
+    from tests.preprocessing.habana.test_pack_habana import write_padded
 
     d = tmp_path / "in"
     d.mkdir()

@@ -12,12 +12,12 @@ import json
 import os
 import signal
 import socket
-from collections import Counter
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest

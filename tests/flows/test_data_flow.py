@@ -20,11 +20,11 @@ from flowhelpers import (
     run_cli,
 )
 
-import preprocessing.create_pretraining_data as cpd
-import preprocessing.pick_eval_samples as pick
-import preprocessing.split_4bins as bins
-import preprocessing.text_import as text_import
-import preprocessing.tfrecord_to_hdf5 as h5
+import preprocessing.mlperf.create_pretraining_data as cpd
+import preprocessing.mlperf.pick_eval_samples as pick
+import preprocessing.mlperf.split_4bins as bins
+import preprocessing.mlperf.tfrecord_to_hdf5 as h5
+import preprocessing.text.text_import as text_import
 
 WORK_FUNCTIONS = [(cpd, "run_create_pretraining_data"), (h5, "run_tfrecord_to_hdf5"), (bins, "run_split_4bins"),
                   (pick, "run_pick_eval_samples"), (text_import, "run_import_text")]

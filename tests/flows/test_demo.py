@@ -92,7 +92,7 @@ def test_the_quiet_console_filter() -> None:
 
     f = QuietConsole()
     relayed = "08:19:47 [rank0] INFO pretrain.train: step {}/40: loss 7.5131 lr 0.03947 11.0 seq/s"
-    assert f.filter(rec(logging.WARNING, "preprocessing.pick_eval_samples: holds only 125 records"))
+    assert f.filter(rec(logging.WARNING, "preprocessing.mlperf.pick_eval_samples: holds only 125 records"))
     assert f.filter(rec(logging.ERROR, "pretrain/train.py [rank 0]: error: boom"))
     assert f.filter(rec(logging.INFO, relayed.format(10))) and not f.filter(rec(logging.INFO, relayed.format(11)))
     assert not f.filter(rec(logging.INFO, "Finished in state Completed()"))

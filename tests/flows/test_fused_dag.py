@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from flowhelpers import FAST, manifest_mtimes, output_md5s, run_cli
 
-import preprocessing.tfrecord_to_hdf5 as h5
-from preprocessing import cpd_fast
+import preprocessing.mlperf.tfrecord_to_hdf5 as h5
+from preprocessing.mlperf import cpd_fast
 
 
 def _hdf5_manifests(work: Path) -> dict[str, dict]:

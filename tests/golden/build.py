@@ -133,12 +133,12 @@ class _Builder:
             self.check(rel)
 
     def records(self, tmp: Path) -> None:
-        from preprocessing.cpd_run import write_pretraining_data
-        from preprocessing.create_pretraining_data import CreatePretrainingDataConfig
-        from preprocessing.pack_varlength import run_pack_varlength
-        from preprocessing.pick_eval_samples import PickEvalConfig, run_pick_eval_samples
-        from preprocessing.split_4bins import Split4BinsConfig, run_split_4bins
-        from preprocessing.tfrecord_to_hdf5 import run_tfrecord_to_hdf5
+        from preprocessing.mlperf.cpd_run import write_pretraining_data
+        from preprocessing.mlperf.create_pretraining_data import CreatePretrainingDataConfig
+        from preprocessing.mlperf.pick_eval_samples import PickEvalConfig, run_pick_eval_samples
+        from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
+        from preprocessing.mlperf.tfrecord_to_hdf5 import run_tfrecord_to_hdf5
+        from preprocessing.nvidia.varlength import run_pack_varlength
 
         vocab = str(self.data / "vocab.txt")
         for name, inp, seq, pred, dupe in (("sample.tfrecord", "text_chain/part-00000-of-00500", 512, 76, 10),

@@ -2,7 +2,7 @@
 
 Read from HabanaAI/Model-References ``PyTorch/nlp/pretraining/bert/pack_pretraining_data_pytorch.py`` @ cf11d241
 and written here in the script's own plain style, row by row (it shares no code with bertpipe's vectorized
-``preprocessing/pack_habana.py``): seeds ``random`` and ``np.random`` with ``seed + local_rank``; reads every row
+``preprocessing/habana/pack.py``): seeds ``random`` and ``np.random`` with ``seed + local_rank``; reads every row
 of the ``*training*`` files into a dict of lists keyed by length; the NNLS packing recipe with
 ``scipy.optimize.nnls``; ``random.shuffle`` of every length's list (with ``None`` padding slots), in the dict's
 order; ``np.random.permutation`` of the strategy instances; slices popped from per-(strategy, length) stacks;

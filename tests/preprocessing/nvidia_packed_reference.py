@@ -1,5 +1,5 @@
 """NVIDIA's ``input_preprocessing/packed_data/`` scripts re-enacted in their own simple style, for the exactness
-tests of ``bertpipe pack-nvidia`` (preprocessing/pack_nvidia.py).
+tests of ``bertpipe pack-nvidia`` (preprocessing/nvidia/pack.py).
 
 Our own code, written from reading NVIDIA's scripts (training_results v2.0 ``gather_per_seqlength_data.py``;
 the v2.x/v3.x ``generate_packing_strategy.py`` and ``create_packed_trainset.py``; the v3.1 packed_data README):

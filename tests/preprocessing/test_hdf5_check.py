@@ -15,7 +15,7 @@ import pytest
 from bertpipe.cli import main
 from core.errors import RecordError
 from preprocessing.hdf5_check import check_compact, check_padded, kind_problem
-from tests.preprocessing.test_pack_habana import write_padded
+from tests.preprocessing.habana.test_pack_habana import write_padded
 
 WIDTH, PREDS = 64, 12
 LENGTHS = [10, 4, 20, 30, 2, 9, 17, 40]
@@ -174,9 +174,71 @@ def test_flags_beyond_what_the_input_can_use_are_refused_before_work(argv, say, 
 
 
 def test_empty_shards_up_to_nvidias_count_are_still_written(tmp_path):
-    from preprocessing.pack_nvidia import MAX_EMPTY_SHARDS_TO, check_shards
+    from preprocessing.nvidia.pack import MAX_EMPTY_SHARDS_TO, check_shards
 
     check_shards(MAX_EMPTY_SHARDS_TO, 3)  # as NVIDIA's script: 3 packs in 4,320 shards
     check_shards(10**6, 10**6)
     with pytest.raises(Exception, match="use at most 4,320"):
         check_shards(MAX_EMPTY_SHARDS_TO + 1, 3)
+
+
+# -- the same rules for every reader of padded rows (issue 33, item 4) ----------------------------------------------
+READERS = {
+    "chop-hdf5": lambda d, o: ["chop-hdf5", "--input_hdf5_dir", str(d), "--output_hdf5_dir", str(o), "--num_shards",
+                               "2", "--max_seq_length", str(WIDTH), "--max_predictions_per_seq", str(PREDS)],
+    "chop-hdf5-varlength": lambda d, o: ["chop-hdf5", "--input_hdf5_dir", str(d), "--output_hdf5_dir", str(o),
+                                         "--num_shards", "2", "--max_seq_length", str(WIDTH),
+                                         "--max_predictions_per_seq", str(PREDS), "--varlength"],
+    "pack-varlength": lambda d, o: ["pack-varlength", "--input", str(d / "part-00000-of-00500.hdf5"), "--output",
+                                    str(o / "x.hdf5"), "--max_seq_length", str(WIDTH), "--max_predictions_per_seq",
+                                    str(PREDS)],
+    "pick-eval-samples-varlength": lambda d, o: ["pick-eval-samples-varlength", "--input_hdf5_file",
+                                                 str(d / "part-00000-of-00500.hdf5"), "--output_hdf5_file",
+                                                 str(o / "eval.hdf5"), "--num_examples_to_pick", str(len(LENGTHS)),
+                                                 "--max_seq_length", str(WIDTH), "--max_predictions_per_seq",
+                                                 str(PREDS)],
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("case", ["position-600", "negative-id", "mask-5", "nsp-2", "segment-300"])
+def test_every_reader_of_padded_rows_refuses_the_same_values(reader, case, tmp_path, capsys):
+    d = tmp_path / "in"
+    d.mkdir()
+    (tmp_path / "o").mkdir()
+    name = "part-00000-of-00500.hdf5"
+    _bad_file(d / name, case)
+    rc, err = _cli(READERS[reader](d, tmp_path / "o"), capsys)
+    lines = err.splitlines()
+    ds, row, _, say = BAD[case]
+    assert rc == 2 and len(lines) == 1, err
+    assert f"dataset {ds!r} row {row}:" in lines[0] and say in lines[0] and name in lines[0], lines[0]
+    assert not [p for p in (tmp_path / "o").rglob("*.hdf5")], "an output was left"
+
+
+def test_the_shuffle_refuses_compact_rows_by_the_same_rules(tmp_path):
+    """shuffle-samples reads NVIDIA's variable-length rows: the compact form of the same rules."""
+    with pytest.raises(RecordError, match=r"'segment_ids' row 12: value 3 \(expected 0 or 1\)"):
+        check_compact("s.hdf5", 10, np.array([2, 3, 2]), np.array([1, 1, 1]), seg=np.array([0, 1, 0, 0, 1, 0, 3]))
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_training_refuses_what_the_preprocessing_commands_refuse(case, tmp_path):
+    """The same rules in train's batches and preflight (pretrain/data.py check_values; pretrain does not import
+    preprocessing, so the rules live twice and this test holds them together): every generated bad row that the
+    commands refuse, training refuses too, naming the same row. The one exception is a gap in input_mask, which
+    the model reads as the mask it is (training checks values, not the prefix form)."""
+    from core.errors import InputError
+    from pretrain.data import check_values
+
+    p = tmp_path / "x.hdf5"
+    _bad_file(p, case)
+    with h5py.File(p, "r") as f:
+        rows = {k: f[k][:] for k in f}
+    with pytest.raises(RecordError):
+        check_padded(p, 0, rows)
+    _, row, _, _ = BAD[case]
+    if case == "mask-gap":
+        return
+    with pytest.raises(InputError, match=rf"bad training data in {p.name} row {row}\b"):
+        check_values(rows, 30522, lambda i: f"{p.name} row {i}")

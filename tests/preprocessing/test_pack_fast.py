@@ -147,8 +147,8 @@ def test_format_packs_is_json_dumps():
 def test_pack_nvidia_writes_the_same_files_in_both_modes(tmp_path, monkeypatch):
     """The memory-mapped padded path (C gathers) and the chunked h5py path (NumPy) write the same bytes, for
     several padded inputs, one stored chunked (which is read through h5py in both modes)."""
-    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
-    from tests.preprocessing.test_pack_nvidia import made_up_rows, write_padded
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
 
     require_native()
     rng = np.random.default_rng(21)
@@ -172,8 +172,8 @@ def test_pack_nvidia_writes_the_same_files_in_both_modes(tmp_path, monkeypatch):
 
 
 def test_a_value_outside_int16_names_the_same_row_in_both_modes(tmp_path, monkeypatch):
-    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
-    from tests.preprocessing.test_pack_nvidia import made_up_rows, write_padded
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
 
     require_native()
     rng = np.random.default_rng(4)

@@ -494,9 +494,9 @@ def test_vocab_sets_the_model_vocab_size_unless_given(tmp_path):
 
 def test_bertpipe_train_takes_a_work_dirs_bins_eval_and_vocab(tmp_path, capsys, shared_data):
     """--train-dir naming a data work dir (last_run.json) stands for its bins, eval file and vocab."""
-    from bertpipe.cli import main
-
     import shutil
+
+    from bertpipe.cli import main
 
     golden = shared_data / "golden"
     work = tmp_path / "work"

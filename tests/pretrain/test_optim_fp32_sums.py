@@ -12,8 +12,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pretrain.optim import BLOCK, PartitionLayout, build_optimizer, combine_ranks, compensated_sum, \
-    fragment_sums_of_squares
+from pretrain.optim import (
+    BLOCK,
+    PartitionLayout,
+    build_optimizer,
+    combine_ranks,
+    compensated_sum,
+    fragment_sums_of_squares,
+)
 
 
 class RefuseFloat64(TorchDispatchMode):

@@ -339,8 +339,8 @@ def test_best_fit_packs_respects_the_limits():
 def vendor_packs(golden, tmp_path_factory):
     """bertpipe's pack-habana and pack-nvidia stages (the vendors' packers re-done exactly) on the golden
     128 bin, packed to 128 tokens (so that their NNLS recipes take seconds)."""
-    from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
-    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
 
     files = sorted((golden / "4bins" / "128").glob("part_*.hdf5"))
     root = tmp_path_factory.mktemp("vendor")

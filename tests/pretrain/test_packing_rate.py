@@ -28,8 +28,8 @@ def packed_sets(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     import h5py
     import numpy as np
 
-    from preprocessing.pack_habana import HabanaPackConfig, run_pack_habana
-    from preprocessing.pack_nvidia import PackNvidiaConfig, run_pack_nvidia
+    from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
 
     d = tmp_path_factory.mktemp("packed_rate")
     src = d / "in" / "part_training_0.hdf5"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["bertpipe.commands.run", "bertpipe.commands.status", "bertpipe.commands.verify", "bertpipe.commands.vocab",
-           "tasks.calls", "core.lock", "tasks.workdir", "preprocessing.params", "preprocessing.vocab",
-           "preprocessing.text_import"]
+           "tasks.calls", "core.lock", "tasks.workdir", "preprocessing.params", "preprocessing.text.vocab",
+           "preprocessing.text.text_import"]
 
 
 def test_no_prefect_on_import() -> None:

@@ -1,0 +1,844 @@
+"""Habana's packed BERT training set: ``pack_pretraining_data_pytorch.py`` (HabanaAI Model-References).
+
+Reference: HabanaAI/Model-References ``PyTorch/nlp/pretraining/bert/pack_pretraining_data_pytorch.py`` @ cf11d241
+(later ``PyTorch/nlp/bert/``; the trainer ``PyTorch/nlp/bert/run_pretraining.py`` reads its files with
+``--enable_packed_data_mode True``, its default). Graphcore's packing recipe (Krell et al. 2021, "Efficient
+sequence packing without cross-contamination"), at most ``max_sequences_per_pack`` sequences per pack.
+
+What the script does, and bertpipe with it:
+
+1. **Inputs**: the regular files of ``--input_dir`` whose *name* contains ``training``, in ``os.listdir`` order
+   (file-system dependent). bertpipe takes them **sorted by name** (:func:`training_files`); the script with a
+   sorted listing packs exactly as bertpipe does. Each file's six padded MLPerf datasets are read; a row's
+   length is ``sum(input_mask)``, its number of predictions the count of non-zero ``masked_lm_ids``.
+2. **Seeds**: ``random.seed(seed + local_rank)`` and ``np.random.seed(seed + local_rank)`` (defaults 42 and -1, so
+   41; ``--local_rank`` defaults to ``$LOCAL_RANK``). (The script also seeds torch, which it never draws from.)
+3. **Recipe** (:func:`packing_recipe`): every non-decreasing list of at most ``max_sequences_per_pack`` lengths
+   summing to ``max_sequence_length`` is a *strategy* (:func:`packing_strategies`, the script's order); up to 20
+   rounds of ``scipy.optimize.nnls`` on the weighted strategy matrix, solutions rounded (``rint`` below 2, else
+   ``floor``), a gradient step when a round rounds to nothing, deficits become padding "sequences"; lengths
+   left over take the two-length strategy ``[l, L - l]``. Same NumPy/SciPy calls on the same arrays, so the same
+   result (it depends on SciPy's NNLS and NumPy's sort: run both on one machine to compare).
+4. **Assignment** (:func:`assign_packs`): per length, the list of its rows (input order) plus its padding
+   slots is shuffled with Python's ``random.shuffle``, the lengths taken in the order of the dict the script
+   fills (first appearance in the input, then the lengths without rows, ascending); the packs are the
+   strategies' instances in ``np.random.permutation`` order; each pack pops, per length of its strategy, the
+   last unused slot of that strategy's range of the shuffled list.
+5. **Files**: packs are written 4,480 to a file, ``mixed_strategies_part_<i>.hdf5`` (i = 0, 1, ...), nine
+   gzip-compressed datasets each (:data:`PACKED_DATASETS`; ``P`` = max_predictions_per_sequence, ``S`` =
+   max_sequences_per_pack, ``L`` = max_sequence_length)::
+
+       input_ids                (n, L)     i4  the pack's sequences' tokens, one after the other, then 0
+       input_mask               (n, L)     i4  1 on the first sequence's tokens, 2 on the second's, ..., 0 after
+       segment_ids              (n, L)     i1  each sequence's segment ids
+       positions                (n, L)     i4  0, 1, ... restarting at each sequence (0 after the last)
+       masked_lm_positions      (n, P + S) i4  masked positions within the pack (a sequence's + its start), then 0
+       masked_lm_ids            (n, P + S) i4  the original token ids there, then 0
+       next_sentence_positions  (n, S)     i4  where each sequence starts (its [CLS]), then 0
+       next_sentence_labels     (n, S)     i1  each sequence's NSP label, then 0
+       next_sentence_weights    (n, S)     i4  1 per sequence, then 0
+
+Habana's trainer reads every regular file of its ``--input_dir`` (so the folder holds nothing else), and
+``<input_dir>_metadata.json`` beside it for ``avg_seq_per_sample`` (without it: 1.2 at 128, 2.0 at 512, and a
+failure at any other length).
+
+Sources read: the script at cf11d241 (above); the trainer ``PyTorch/nlp/bert/run_pretraining.py`` @ 2be60441
+(packed-mode ``pretraining_dataset``, file listing, ``read_avg_seq_per_sample``) and Habana's packed-data checker
+``pytorch_packed_data_checker.py``; the metadata file's keys from Habana's MLPerf 2.1 packer
+(``MLPERF2.1/Habana/benchmarks/bert/implementations/PyTorch/pack_pretraining_data_pytorch.py`` @ 236cc617,
+``create_json_metadata``). The later copy of the script in ``PyTorch/nlp/bert/`` (which Habana's README says
+writes that metadata file) was not readable in the sources searched: its packing is assumed unchanged.
+
+Where bertpipe differs (each said in README, "stages one by one"):
+
+* **The last, partial file.** The script keeps only whole files of 4,480 packs: the ``M mod 4480`` packs after
+  the last whole file are silently dropped (with them their sequences; a set of fewer than 4,480 packs writes
+  nothing). bertpipe writes them as one more, shorter file (every sequence once); ``keep_partial_last=False``
+  (``--keep_partial_last=False``) gives the script's files exactly.
+* A length-``L`` sequence left after the NNLS rounds: the script looks up the strategy ``[0, L]`` and crashes;
+  bertpipe gives it a pack of its own. ``max_sequences_per_pack`` 1 is refused (the script then crashes on
+  any shorter sequence).
+* NumPy 2: the script sums int8 ``input_mask`` rows with Python's ``sum()``, which wraps at 128 under NEP 50
+  (and then crashes); bertpipe sums in int64 (the script's NumPy 1 behaviour).
+* Rows of length 0 or above ``L``, masked positions outside their sequence, and packs with ``P + S`` or more
+  predictions (the script's assertion) are refused with one line naming the file (and row).
+
+How bertpipe runs it (same bytes): every input's lengths are read (:func:`read_inputs`), the recipe and the
+assignment made in one process; then each input is read once more, in blocks, and its rows that the written packs
+hold, compact, sorted by their place in the packs, go to a scratch folder beside the trainer's folder
+(:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs (whole files) then takes its
+places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`), and builds and writes its
+files (:func:`write_group`). Inputs and groups run on ``workers`` processes.
+
+Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots), plus the largest input's compact
+rows (the scatter) or a group's rows and packs; scratch disk about the inputs' unpadded size while it runs. The
+script holds every row of the input in Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import InputError, RecordError
+from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_text
+from core.pools import run_all
+from core.schema import H5_ERRORS, HDF5_FIELDS
+from core.stage import Stage
+from preprocessing.hdf5_check import check_padded, folder_entries
+from preprocessing.hdf5_io import reading, stage_params, verify_inputs
+from preprocessing.packing import check_strategy_space, take_runs
+from preprocessing.packing import save_array as _save
+from preprocessing.pyrandom import Shuffles
+
+log = logging.getLogger(__name__)
+
+STAGE_VERSION = "1"
+
+#: Packs per output file (the script's ``num_sample_per_slice``).
+PACKS_PER_FILE = 4480
+#: The script's output names.
+PART_NAME = "mixed_strategies_part_{}.hdf5"
+PART_RE = re.compile(r"^mixed_strategies_part_(\d+)\.hdf5$")
+_DEBRIS = re.compile(r"^\..+\.tmp-\d+$")  # a killed writer's temporary file (core.manifest's pattern)
+#: The trainer's folder inside the DAG's stage directory (``<stage>/packed/``, ``<stage>/packed_metadata.json``).
+DAG_DATA_DIR = "packed"
+#: The padded datasets read, by name.
+INPUT_DATASETS = HDF5_FIELDS
+#: (name, dtype, width) of the packed datasets, in the script's creation order; width "L", "P+S" or "S".
+PACKED_DATASETS = (
+    ("input_ids", "i4", "L"),
+    ("input_mask", "i4", "L"),
+    ("segment_ids", "i1", "L"),
+    ("positions", "i4", "L"),
+    ("masked_lm_positions", "i4", "P+S"),
+    ("masked_lm_ids", "i4", "P+S"),
+    ("next_sentence_positions", "i4", "S"),
+    ("next_sentence_labels", "i1", "S"),
+    ("next_sentence_weights", "i4", "S"),
+)
+#: The recipe's constants (the script's): NNLS rounds at most, stop below this many sequences left, the
+#: lengths up to ``_CUTOFF`` weigh less.
+_ROUNDS, _ENOUGH, _CUTOFF = 20, 100, 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class HabanaPackConfig:
+    """The script's flags (its defaults), plus bertpipe's own."""
+
+    max_sequence_length: int = 512
+    max_predictions_per_sequence: int = 80
+    max_sequences_per_pack: int = 3
+    seed: int = 42
+    local_rank: int = -1  # the script's default is $LOCAL_RANK, else -1 (the CLI reads it; the DAG does not)
+    keep_partial_last: bool = True  # False: drop the packs after the last whole file, as the script does
+    chunk_rows: int = 8 * PACKS_PER_FILE  # packs built at once (whole files), input rows read at once; speed only
+
+    @property
+    def rng_seed(self) -> int:
+        return self.seed + self.local_rank
+
+
+def check_config(cfg: HabanaPackConfig) -> None:
+    """Refuse settings the script cannot run with, naming the flag."""
+    if cfg.max_sequence_length < 2:
+        raise InputError(f"--max_sequence_length must be at least 2, got {cfg.max_sequence_length}")
+    if cfg.max_sequences_per_pack < 2:
+        raise InputError(f"--max_sequences_per_pack must be at least 2, got {cfg.max_sequences_per_pack} (1 means "
+                         "no packing; Habana's script then fails on any sequence shorter than max_sequence_length)")
+    check_strategy_space(cfg.max_sequence_length, cfg.max_sequences_per_pack,  # grows as length^(k-1)
+                         ("--max_sequences_per_pack", "--max_sequence_length"))
+    if cfg.max_predictions_per_sequence < 1:
+        raise InputError(f"--max_predictions_per_sequence must be at least 1, got {cfg.max_predictions_per_sequence}")
+    if not 0 <= cfg.rng_seed < 2 ** 32:
+        raise InputError(f"--seed + --local_rank = {cfg.rng_seed}: NumPy's seed must be 0..2**32-1 (the script "
+                         "calls np.random.seed with it)")
+
+
+def training_files(input_dir: Path | str) -> list[Path]:
+    """The script's inputs, sorted: the entries of ``input_dir`` whose name holds "training", each a plain file (or
+    a link to one): a folder, a FIFO or a broken link of such a name is refused in one line, not skipped."""
+    return folder_entries(input_dir, lambda n: "training" in n)
+
+
+# -- 1. reading the inputs ---------------------------------------------------------------------------------------
+@dataclass
+class Inputs:
+    """Every input row's length and number of predictions, in input order (files in order, rows in order)."""
+
+    files: list[str]
+    starts: np.ndarray  # int64 (n_files + 1,): global index of each file's first row
+    seq: np.ndarray  # int32: sum(input_mask)
+    pred: np.ndarray  # int32: count of non-zero masked_lm_ids
+
+
+def _check_file(f: Any, path: Path) -> int:
+    import h5py
+
+    n = None
+    for name in INPUT_DATASETS:
+        ds = f.get(name)
+        if not isinstance(ds, h5py.Dataset):
+            raise InputError(f"{path} has no dataset {name!r}; Habana's packer reads padded MLPerf HDF5 with "
+                             f"{', '.join(INPUT_DATASETS)}")
+        two_d = name != "next_sentence_labels"
+        ok = (len(ds.shape) == 2 if two_d else len(ds.shape) == 1 or (len(ds.shape) == 2 and ds.shape[1] == 1))
+        if not ok or ds.dtype.kind not in "iu" or (n is not None and ds.shape[0] != n):
+            raise InputError(f"{path}: dataset {name!r} has shape {ds.shape} and dtype {ds.dtype}; expected "
+                             f"{'(N, width)' if two_d else '(N,)'} integers with the same N as input_ids")
+        n = ds.shape[0]
+    for a, b in (("input_mask", "input_ids"), ("segment_ids", "input_ids"),
+                 ("masked_lm_ids", "masked_lm_positions")):
+        if f[a].shape != f[b].shape:
+            raise InputError(f"{path}: {a} has shape {f[a].shape} but {b} {f[b].shape}; the file is not padded MLPerf "
+                             "HDF5")
+    return int(n or 0)
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[Any]:
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise InputError(f"HDF5 file {path} does not exist") from None
+    except H5_ERRORS as exc:
+        raise InputError(f"{path} is not a readable HDF5 file ({exc}); Habana's packer reads the padded HDF5 of "
+                         "tfrecord-to-hdf5") from None
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, predictions) of every row of one input, checked (lengths 1..L, masked positions inside)."""
+    path = Path(path)
+    L = cfg.max_sequence_length
+    with _open(path) as f:
+        with reading(path, "its datasets"):
+            n = _check_file(f, path)
+        seq = np.empty(n, dtype=np.int32)
+        pred = np.empty(n, dtype=np.int32)
+        step = max(1, cfg.chunk_rows)
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            with reading(path, f"rows {a}..{b - 1}"):
+                mask = f["input_mask"][a:b]
+                pos = f["masked_lm_positions"][a:b]
+                ids = f["masked_lm_ids"][a:b]
+            s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
+            bad = np.flatnonzero((s < 1) | (s > min(L, mask.shape[1])))
+            if bad.size:
+                r = int(bad[0])
+                more = (f"; raise --max_sequence_length (it is {L})" if s[r] > L and s[r] <= mask.shape[1]
+                        else ": the file is corrupt, re-create it")
+                raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
+                                  f"Habana's packer needs 1..{L}{more}")
+            check_padded(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids})
+            p = np.count_nonzero(ids, axis=1)
+            seq[a:b] = s
+            pred[a:b] = p
+    return seq, pred
+
+
+def read_inputs(input_files: Sequence[Path | str], cfg: HabanaPackConfig) -> Inputs:
+    files = [str(p) for p in input_files]
+    seqs, preds = [], []
+    for p in files:
+        s, q = read_lengths(p, cfg)
+        seqs.append(s)
+        preds.append(q)
+    counts = np.array([len(s) for s in seqs], dtype=np.int64)
+    if not counts.sum():
+        raise InputError(f"pack-habana: the {len(files)} input file(s) hold no rows")
+    return Inputs(files, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                  np.concatenate(seqs), np.concatenate(preds))
+
+
+# -- 2. the recipe -------------------------------------------------------------------------------------------------
+def packing_strategies(target: int, depth: int) -> list[tuple[int, ...]]:
+    """Every non-decreasing tuple of 1..``depth`` positive lengths summing to ``target``, in the script's order:
+    by first length; for one first length, the longer tuples (by their next length) before the one that ends
+    there; ``(target,)`` last."""
+    out: list[tuple[int, ...]] = []
+
+    def walk(prefix: tuple[int, ...], rest: int, low: int, left: int) -> None:
+        if left == 1:
+            if rest >= low:
+                out.append(prefix + (rest,))
+            return
+        for new in range(low, rest + 1):
+            if new == rest:
+                out.append(prefix + (new,))
+            else:
+                walk(prefix + (new,), rest - new, new, left - 1)
+
+    walk((), target, 1, depth)
+    return out
+
+
+@dataclass
+class Recipe:
+    """How many packs of each strategy (``mixture``) and how many padding slots of each length (``padding``)."""
+
+    strategies: list[tuple[int, ...]]
+    mixture: np.ndarray  # int64 (n_strategies,)
+    padding: np.ndarray  # int64 (L,): padding slots of length l at index l - 1
+    stats: dict[str, Any] = field(default_factory=dict)
+    rounds: list[str] = field(default_factory=list)  # per round: "nnls", or "gradient" (all rounded to 0)
+    leftover: list[int] = field(default_factory=list)  # lengths given [l, L - l] (or [L]) after the rounds
+
+
+def strategy_matrix(strategies: Sequence[tuple[int, ...]], length: int) -> np.ndarray:
+    """``A[l - 1, s]`` = how often length l occurs in strategy s (int32, as the script builds it)."""
+    a = np.zeros((length, len(strategies)), dtype=np.int32)
+    for s, strat in enumerate(strategies):
+        for seq_len in strat:
+            a[seq_len - 1, s] += 1
+    return a
+
+
+def packing_recipe(lengths: np.ndarray, length: int, depth: int) -> Recipe:
+    """The script's ``get_packing_recipe``: the same arithmetic, in the same dtypes, with the same SciPy/NumPy
+    calls (``optimize.nnls``, ``np.argsort``), so the same mixture and padding."""
+    try:
+        from scipy import optimize
+    except ImportError:
+        raise InputError("pack-habana needs SciPy (scipy.optimize.nnls, the packing recipe's solver): "
+                         "pip install scipy") from None
+    lengths = np.asarray(lengths, dtype=np.int64)
+    histogram, _ = np.histogram(lengths, bins=np.arange(1, length + 2))
+    strategies = packing_strategies(length, depth)
+    a = strategy_matrix(strategies, length)
+    w0 = np.ones([length])
+    w0[:_CUTOFF] = _CUTOFF / (2 * length)
+    w0 = np.sqrt(w0)
+    weighted = np.expand_dims(w0, -1) * a
+    padding: np.ndarray = np.zeros([length], dtype=np.int32)
+    mixture: np.ndarray = np.zeros([len(strategies)], dtype=np.int32)
+    b = histogram + padding
+    rounds: list[str] = []
+    for rnd in range(_ROUNDS):
+        part, _ = optimize.nnls(weighted, w0 * b)
+        part = np.where(part < 2, np.rint(part), np.floor(part))
+        rounds.append("nnls")
+        if part.max() == 0:  # everything rounded away (small sets): one pack of each of the best strategies
+            grad = a.T @ (b * np.arange(1, length + 1))
+            part[np.argsort(-grad)[:int(b.sum() // 2) + 1]] += 1
+            rounds[-1] = "gradient"
+        mixture = mixture + part
+        residual = b - a @ part
+        padding = padding + np.where(residual < 0, -residual, 0)
+        b = histogram + padding - a @ mixture
+        log.debug("recipe round %d: %d sequences left", rnd, int(b.sum()))
+        if b.sum() < _ENOUGH:
+            break
+    index = {s: i for i, s in enumerate(strategies)}
+    leftover = np.arange(1, length + 1)[b > 0].tolist()
+    for seq_len in leftover:
+        # the script looks up sorted([l, L - l]); for l == L that is [0, L], which it does not have (ValueError)
+        pair = (length,) if seq_len == length else tuple(sorted((seq_len, length - seq_len)))
+        mixture[index[pair]] += b[seq_len - 1]
+    b = histogram - a @ mixture
+    padding = np.where(b < 0, -b, 0)
+    if (histogram + padding - a @ mixture).sum() != 0:  # pragma: no cover - the script's assertion
+        raise InputError("pack-habana: the packing recipe does not cover every sequence (internal error)")
+    stats = _recipe_stats(a, mixture, padding, lengths, length)
+    mix = mixture.astype(np.int64)
+    pad = padding.astype(np.int64)
+    if not (np.array_equal(mix, mixture) and np.array_equal(pad, padding)):  # pragma: no cover
+        raise InputError("pack-habana: the packing recipe is not integral (internal error)")
+    return Recipe(strategies, mix, pad, stats, rounds, leftover)
+
+
+def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengths: np.ndarray,
+                  length: int) -> dict[str, Any]:
+    """The figures the script prints (and Habana's later packers write to ``<output_dir>_metadata.json``)."""
+    new = int(mixture.sum())
+    original = len(lengths)
+    compression = 1 - new / original
+    pad_tokens = (np.arange(1, length + 1) * padding).sum()
+    return {
+        "number_of_sequences_dropped": 0,
+        "number_of_strategies_utilized": int(np.count_nonzero(mixture)),
+        "new_number_of_samples": new,
+        "original_number_of_samples": original,
+        "compression_ratio": compression,
+        "expected_speed_up": 1 / (1 - compression),
+        "theoretical_speed_up": float(1.0 / (1 - ((1 - lengths / length).mean()))),
+        "avg_seq_per_sample": float(((a.sum(0) * mixture).sum() - padding.sum()) / new),
+        "padding_tokens_packed_dataset": float(pad_tokens),
+        "padding_tokens_original_dataset": int((length - lengths).sum()),
+        "packing_efficiency": float((new * length - pad_tokens) / (new * length)),
+        "top_8_strategies": np.argsort(-mixture)[:8].tolist(),
+    }
+
+
+# -- 3. the assignment ---------------------------------------------------------------------------------------------
+def shuffled_lists(seq: np.ndarray, padding: np.ndarray, cfg: HabanaPackConfig,
+                   shuffles: Shuffles) -> tuple[np.ndarray, np.ndarray]:
+    """(flat, base): per length l, its rows (input order) then its padding slots (-1), shuffled as the script
+    shuffles ``examples_by_length[l]``, at ``flat[base[l]:base[l + 1]]``. ``shuffles``: the successive
+    ``random.shuffle`` permutations of the script's generator (pyrandom: the same draws, vectorized)."""
+    length = cfg.max_sequence_length
+    hist = np.bincount(seq, minlength=length + 1).astype(np.int64)
+    total = hist.copy()
+    total[1:] += padding
+    base = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
+    by_len = np.argsort(seq, kind="stable")  # row ids grouped by length, input order within a length
+    first_row = np.concatenate([[0], np.cumsum(hist)])
+    present, first = np.unique(seq, return_index=True)
+    keys = present[np.argsort(first)].tolist() + [v for v in range(1, length + 1) if hist[v] == 0]
+    dtype = np.int32 if len(seq) < 2 ** 31 else np.int64
+    flat = np.empty(int(base[-1]), dtype=dtype)
+    for v in keys:  # the dict's insertion order: first appearance, then the lengths without rows
+        rows = by_len[first_row[v]:first_row[v] + hist[v]]
+        items = np.concatenate([rows, np.full(int(padding[v - 1]), -1, dtype=rows.dtype)])
+        if len(items) > 1:  # (a list of 0 or 1 items draws nothing)
+            items = items[shuffles.permutation(len(items))]
+        flat[base[v]:base[v + 1]] = items
+    return flat, base
+
+
+def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig) -> np.ndarray:
+    """``(n_packs, max_sequences_per_pack)``: each pack's slots in strategy order, a global row id or -1 for a
+    padding slot; packs in the order the script writes them."""
+    depth = cfg.max_sequences_per_pack
+    # random.seed(seed + local_rank), then random.shuffle of each length's list: the same draws
+    flat, base = shuffled_lists(seq, recipe.padding, cfg, Shuffles(cfg.rng_seed))
+    mixture = recipe.mixture
+    n_strat = len(recipe.strategies)
+    packs = int(mixture.sum())
+    order = np.random.RandomState(cfg.rng_seed).permutation(packs)  # = np.random.seed(...); np.random.permutation
+    strat = np.repeat(np.arange(n_strat), mixture)[order]  # each pack's strategy, in output order
+    by_strat = np.argsort(strat, kind="stable")
+    rank = np.empty(packs, dtype=np.int64)  # t: the pack is the t-th of its strategy in output order
+    sorted_strat = strat[by_strat]
+    rank[by_strat] = np.arange(packs) - np.searchsorted(sorted_strat, sorted_strat, side="left")
+    # per strategy and slot: the length, how often it occurs in the strategy (c) and which occurrence (u)
+    lens = np.zeros((n_strat, depth), dtype=np.int64)
+    for s, st in enumerate(recipe.strategies):
+        lens[s, :len(st)] = st
+    occ = np.zeros_like(lens)
+    cnt = np.zeros_like(lens)
+    for k in range(depth):
+        same = lens[:, :k] == lens[:, k:k + 1]
+        occ[:, k] = same.sum(axis=1)
+        cnt[:, k] = (lens == lens[:, k:k + 1]).sum(axis=1)
+    # the first slot of each strategy's range in length l's list: packs of the strategies before it, times c
+    first_k = (occ == 0) & (lens > 0)
+    s_idx, k_idx = np.nonzero(first_k)
+    ls = lens[s_idx, k_idx]
+    use = cnt[s_idx, k_idx] * mixture[s_idx]
+    o = np.lexsort((s_idx, ls))  # by length, then strategy
+    csum = np.cumsum(use[o])
+    grp = np.searchsorted(ls[o], ls[o], side="left")
+    excl = csum - use[o]
+    start = np.empty_like(excl)
+    start[o] = excl - excl[grp]
+    offset = np.zeros_like(lens)
+    offset[s_idx, k_idx] = start
+    for k in range(depth):  # the later occurrences of a length share the first one's range
+        same_first = np.argmax(lens == lens[:, k:k + 1], axis=1)
+        offset[:, k] = offset[np.arange(n_strat), same_first]
+    slots = np.full((packs, depth), -1, dtype=flat.dtype)
+    r = mixture[strat]
+    for k in range(depth):
+        v = lens[strat, k]
+        has = v > 0
+        # the script pops the slot ranges back to front: the t-th pack takes c * (r - t) - 1 - u
+        elem = offset[strat, k] + cnt[strat, k] * (r - rank) - 1 - occ[strat, k]
+        slots[has, k] = flat[base[v[has]] + elem[has]]
+    return slots
+
+
+# -- 4. the files ------------------------------------------------------------------------------------------------
+def pack_files(packs: int, cfg: HabanaPackConfig) -> list[tuple[int, int]]:
+    """(first pack, end) of each output file; the partial last one only with ``keep_partial_last``."""
+    whole = packs // PACKS_PER_FILE
+    bounds = [(i * PACKS_PER_FILE, (i + 1) * PACKS_PER_FILE) for i in range(whole)]
+    if cfg.keep_partial_last and packs % PACKS_PER_FILE:
+        bounds.append((whole * PACKS_PER_FILE, packs))
+    return bounds
+
+
+_ROW_DATASETS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+#: The scratch folder, beside the trainer's folder while the stage runs (removed at the end and at the next start).
+SCRATCH_SUFFIX = ".pack_habana_scratch"
+#: What the scatter keeps of each input, sorted by place: places, cumulative tokens and masked positions (from 0),
+#: labels, and the rows' tokens, segment ids, masked positions and ids back to back.
+_SCRATCH = ("keys", "tok", "prd", "nsl", "ids", "seg", "pos", "mlm")
+
+
+def scratch_dir(data: Path) -> Path:
+    """The scratch folder of the trainer's folder ``data``: a hidden folder beside it."""
+    real = Path(data).resolve()
+    return real.parent / f".{real.name}{SCRATCH_SUFFIX}"
+
+
+def _load(path: Path) -> np.ndarray:
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np.ndarray, scratch: str,
+                  chunk: int) -> int:
+    """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
+    slots, or -1), compact (a row's first ``seq`` tokens and ``pred`` masked positions), sorted by place, into
+    ``scratch``: the input is read once, in blocks of ``chunk`` rows. Returns the rows kept."""
+    p, sd = Path(path), Path(scratch)
+    n = len(keys)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_DATASETS}
+    with _open(p) as f:
+        dsets = {name: f[name] for name in _ROW_DATASETS}
+        if dsets["input_ids"].shape[0] != n:
+            raise InputError(f"{p} changed while pack-habana ran ({dsets['input_ids'].shape[0]} rows, {n} read "
+                             "first); run again")
+        dtypes = {name: ds.dtype for name, ds in dsets.items()}
+        for a in range(0, n, max(1, chunk)):
+            b = min(n, a + max(1, chunk))
+            use = keys[a:b] >= 0
+            if not use.any():
+                continue
+            with reading(p, f"rows {a}..{b - 1}"):
+                d = {name: ds[a:b] for name, ds in dsets.items()}
+            d["next_sentence_labels"] = d["next_sentence_labels"].reshape(b - a)
+            check_padded(p, a, {"input_ids": d["input_ids"], "segment_ids": d["segment_ids"],
+                                "next_sentence_labels": d["next_sentence_labels"]})
+            if not use.all():
+                d = {name: v[use] for name, v in d.items()}
+            s, q = seq[a:b][use], pred[a:b][use]
+            valid = np.arange(d["input_ids"].shape[1]) < s[:, None]
+            pvalid = np.arange(d["masked_lm_positions"].shape[1]) < q[:, None]
+            for name in ("input_ids", "segment_ids"):
+                parts[name].append(d[name][valid])
+            for name in ("masked_lm_positions", "masked_lm_ids"):
+                parts[name].append(d[name][pvalid])
+            parts["next_sentence_labels"].append(d["next_sentence_labels"])
+    comp = {name: np.concatenate(v) if v else np.zeros(0, dtypes[name]) for name, v in parts.items()}
+    del parts
+    for name, v in comp.items():  # 2-byte values where they fit (a 30,522-token vocabulary): the same values
+        if v.dtype.itemsize > 2 and v.size and -2**15 <= int(v.min()) and int(v.max()) < 2**15:
+            comp[name] = v.astype(np.int16)
+    kept = keys >= 0
+    key, s, q = keys[kept], seq[kept].astype(np.int64), pred[kept].astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    _save(sd / f"in_{k:05d}_keys.npy", key[order])
+    _save(sd / f"in_{k:05d}_tok.npy", np.concatenate([[0], np.cumsum(s[order])]))
+    _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q[order])]))
+    _save(sd / f"in_{k:05d}_nsl.npy", comp.pop("next_sentence_labels")[order])
+    for lens, names in ((s, (("ids", "input_ids"), ("seg", "segment_ids"))),
+                        (q, (("pos", "masked_lm_positions"), ("mlm", "masked_lm_ids")))):
+        for (short, _), arr in zip(names, take_runs([comp.pop(name) for _, name in names], lens, order), strict=True):
+            _save(sd / f"in_{k:05d}_{short}.npy", arr)
+    return int(len(key))
+
+
+def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarray]:
+    """The compact rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch: ``seq``,
+    ``pred``, ``next_sentence_labels`` per row; ``input_ids``, ``segment_ids`` (``masked_lm_positions``,
+    ``masked_lm_ids``) the rows' values back to back."""
+    sd = Path(scratch)
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")}
+    for k in range(n_inputs):
+        key = _load(sd / f"in_{k:05d}_keys.npy")
+        a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
+        if b <= a:
+            continue
+        tok, prd = _load(sd / f"in_{k:05d}_tok.npy")[a:b + 1], _load(sd / f"in_{k:05d}_prd.npy")[a:b + 1]
+        t0, t1, m0, m1 = int(tok[0]), int(tok[-1]), int(prd[0]), int(prd[-1])
+        cols["keys"].append(key[a:b])
+        cols["seq"].append(np.diff(tok))
+        cols["pred"].append(np.diff(prd))
+        cols["nsl"].append(_load(sd / f"in_{k:05d}_nsl.npy")[a:b])
+        for name in ("ids", "seg"):
+            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[t0:t1])
+        for name in ("pos", "mlm"):
+            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[m0:m1])
+    got = {n: np.concatenate(v) if v else np.zeros(0, np.int64) for n, v in cols.items()}
+    order = np.argsort(got["keys"], kind="stable")
+    if not np.array_equal(got["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
+        raise InputError(f"pack-habana: places {q0}..{q1 - 1} are not each held once by the scratch (internal error)")
+    ids, seg = take_runs((got["ids"], got["seg"]), got["seq"], order)
+    pos, mlm = take_runs((got["pos"], got["mlm"]), got["pred"], order)
+    return {"seq": got["seq"][order], "pred": got["pred"][order], "next_sentence_labels": got["nsl"][order],
+            "input_ids": ids, "segment_ids": seg, "masked_lm_positions": pos, "masked_lm_ids": mlm}
+
+
+def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
+                cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
+    """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``seq``, ``pred`` and
+    ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's first ``seq`` tokens and
+    segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real slots, in row-major
+    order."""
+    n, depth = slots.shape
+    length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
+    real = slots >= 0
+    pack = np.nonzero(real)[0]
+    j = (np.cumsum(real, axis=1) - 1)[real]  # the sequence's index in its pack (padding slots skipped)
+    seq = seq.astype(np.int64)
+    pred = pred.astype(np.int64)
+    first = np.searchsorted(pack, pack, side="left")
+    cs = np.cumsum(seq) - seq
+    off = cs - cs[first]  # where the sequence starts in its pack
+    total = np.bincount(pack, weights=pred, minlength=n).astype(np.int64)
+    over = np.flatnonzero(total >= width)
+    if over.size:
+        q = int(over[0])
+        raise InputError(f"pack-habana: {where}, pack {q} holds {int(total[q])} masked positions; Habana's script "
+                         f"asserts fewer than max_predictions_per_sequence + max_sequences_per_pack = {width}: raise "
+                         f"--max_predictions_per_sequence (it is {cfg.max_predictions_per_sequence})")
+    tok = np.bincount(pack, weights=seq, minlength=n)
+    if (tok > length).any():  # pragma: no cover - a strategy sums to L
+        raise InputError("pack-habana: a pack exceeds max_sequence_length (internal error)")
+    out = {"input_ids": np.zeros((n, length), np.int32), "input_mask": np.zeros((n, length), np.int32),
+           "segment_ids": np.zeros((n, length), np.int32), "positions": np.zeros((n, length), np.int32),
+           "masked_lm_positions": np.zeros((n, width), np.int32), "masked_lm_ids": np.zeros((n, width), np.int32),
+           "next_sentence_positions": np.zeros((n, depth), np.int32),
+           "next_sentence_labels": np.zeros((n, depth), np.int32),
+           "next_sentence_weights": np.zeros((n, depth), np.int32)}
+    # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
+    # mask of the packs' filled cells takes the compact values in row-major order, which is pack order.
+    filled = np.arange(length) < tok.astype(np.int64)[:, None]
+    out["input_ids"][filled] = rows["input_ids"]
+    out["segment_ids"][filled] = rows["segment_ids"]
+    out["input_mask"][filled] = np.repeat(j + 1, seq)
+    out["positions"][filled] = np.arange(int(seq.sum())) - np.repeat(cs, seq)
+    filled = np.arange(width) < total[:, None]
+    out["masked_lm_positions"][filled] = rows["masked_lm_positions"] + np.repeat(off, pred)
+    out["masked_lm_ids"][filled] = rows["masked_lm_ids"]
+    out["next_sentence_positions"][pack, j] = off
+    out["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
+    out["next_sentence_weights"][pack, j] = 1
+    return out
+
+
+def _h5_new(path: Path) -> Any:
+    """A new HDF5 file closed for good when the block ends (hdf5_io's strong close where there is one)."""
+    try:
+        from preprocessing.hdf5_io import h5_create  # type: ignore[attr-defined]
+    except ImportError:
+        h5_create = None
+    if h5_create is not None:
+        return h5_create(path, in_memory=True)  # a full disk: a plain write fails, never an HDF5 flush
+
+    @contextmanager
+    def plain() -> Iterator[Any]:
+        import h5py
+
+        f = h5py.File(path, "w")
+        try:
+            yield f
+        finally:
+            f.close()
+
+    return plain()
+
+
+def write_packed_file(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """One packed file: the nine datasets, created in the script's order as it creates them
+    (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``)."""
+    with _h5_new(path) as f:
+        for name, dt, _ in PACKED_DATASETS:
+            f.create_dataset(name, data=arrays[name], dtype=dt, compression="gzip")
+
+
+def metadata_json(stats: dict[str, Any]) -> str:
+    """``<output_dir>_metadata.json``: the keys of Habana's packers (MLPerf 2.1's ``create_json_metadata``)."""
+    return json.dumps(stats, sort_keys=True, indent=2)
+
+
+def _prepare_out(data: Path) -> None:
+    """Refuse a trainer folder holding anything but this stage's files; drop its old part files."""
+    if not data.exists():
+        return
+    if not data.is_dir():
+        raise InputError(f"{data} is a file; pack-habana writes a folder of packed files there")
+    for e in os.scandir(data):
+        if PART_RE.match(e.name) and e.is_file(follow_symlinks=False):
+            os.unlink(e.path)  # a stale part (the previous run may have written more) would be read
+        elif not (_DEBRIS.match(e.name) and e.is_file(follow_symlinks=False)):  # debris: StageOutput sweeps it
+            raise InputError(f"{data} holds {e.name}; Habana's trainer reads every file of its --input_dir as "
+                             "packed data: choose an empty folder, or remove it")
+
+
+def write_group(first: int, bounds: list[tuple[int, int]], slots: np.ndarray, seq: np.ndarray, pred: np.ndarray,
+                q0: int, scratch: str, n_inputs: int, data: str, cfg: HabanaPackConfig) -> list[tuple[str, str]]:
+    """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots`` from the first one on; ``seq`` and
+    ``pred`` of their real slots, row-major, which hold places ``q0``, ``q0 + 1``, ... of the scratch), each
+    written to a temporary name and closed; then hashed (side by side: core.manifest.md5_files) and renamed into
+    ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
+    from core.manifest import md5_files, raise_if_disk_full
+    from preprocessing.hdf5_io import tmp_path
+
+    rows = _gather(scratch, n_inputs, q0, q0 + len(seq))
+    if not (np.array_equal(rows["seq"], seq) and np.array_equal(rows["pred"], pred)):  # pragma: no cover
+        raise InputError("pack-habana: the scratch rows' lengths differ from the plan's (internal error)")
+    tok = np.concatenate([[0], np.cumsum(rows["seq"])])
+    prd = np.concatenate([[0], np.cumsum(rows["pred"])])
+    a = bounds[0][0]
+    done = 0
+    names, tmps = [], []
+    final = Path(data)
+    final.mkdir(parents=True, exist_ok=True)
+    try:
+        for i, (p0, p1) in enumerate(bounds, start=first):
+            part = slots[p0 - a:p1 - a]
+            k = int((part >= 0).sum())
+            name = PART_NAME.format(i)
+            t0, t1, m0, m1 = int(tok[done]), int(tok[done + k]), int(prd[done]), int(prd[done + k])
+            arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
+                                 {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
+                                  "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
+                                  "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
+                                  "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name)
+            done += k
+            final = Path(data) / name
+            tmps.append(tmp_path(final))
+            names.append(name)
+            write_packed_file(tmps[-1], arrays)
+        md5s = md5_files(tmps)
+        for name, tmp in zip(names, tmps, strict=True):
+            os.replace(tmp, Path(data) / name)
+    except BaseException as exc:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, final)
+        raise
+    return list(zip(names, md5s, strict=True))
+
+
+def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
+                    cfg: HabanaPackConfig = HabanaPackConfig(), upstream: Sequence[Manifest] = (), *,
+                    data_dir: str = "", manifest_name: str = MANIFEST_NAME, workers: int = 1) -> Manifest:
+    """Stage function: Habana's packed set of ``input_files`` (in this order).
+
+    Writes ``out_dir/[data_dir/]mixed_strategies_part_<i>.hdf5`` (the trainer's folder: nothing else in it),
+    ``<that folder>_metadata.json`` beside it, and the manifest ``out_dir/manifest_name`` last (relative to
+    ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
+    lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
+    dropped_packs, dropped_sequences, padding_slots, empty_packs, strategies_used, avg_seq_per_sample, speedup.
+    ``workers`` processes scatter the inputs, then write groups of ``chunk_rows`` packs (whole files); the bytes
+    do not depend on it. Scratch: a hidden folder beside the trainer's folder (:func:`scratch_dir`), removed.
+    """
+    check_config(cfg)
+    files = [Path(p) for p in input_files]
+    if not files:
+        raise InputError("pack-habana got no input files (the script reads the files of --input_dir whose name "
+                         "contains 'training')")
+    verify_inputs(files, upstream)
+    out_dir = Path(out_dir)
+    data = out_dir / data_dir if data_dir else out_dir
+    real = data.resolve()
+    meta_path = real.parent / f"{real.name}_metadata.json"
+    inside = data_dir != ""
+    if inside and (os.path.islink(data) or not real.is_relative_to(out_dir.resolve())):
+        raise InputError(f"{data} is a symbolic link (to {os.path.realpath(data)}): pack-habana writes its packed "
+                         f"files, and its scratch folder beside them, in {out_dir} only; remove the link")
+    t0 = time.perf_counter()
+    inputs = read_inputs(files, cfg)
+    t1 = time.perf_counter()
+    log.info("pack-habana: %d sequences in %d file(s), mean length %.2f (read in %.1f s)", len(inputs.seq),
+             len(files), inputs.seq.mean(), t1 - t0)
+    recipe = packing_recipe(inputs.seq, cfg.max_sequence_length, cfg.max_sequences_per_pack)
+    st = recipe.stats
+    t2 = time.perf_counter()
+    log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used); recipe: "
+             "%d NNLS round(s) in %.1f s", st["new_number_of_samples"], st["expected_speed_up"],
+             st["avg_seq_per_sample"], st["number_of_strategies_utilized"], len(recipe.rounds), t2 - t1)
+    slots = assign_packs(inputs.seq, recipe, cfg)
+    log.info("pack-habana: packs assigned in %.1f s", time.perf_counter() - t2)
+    bounds = pack_files(len(slots), cfg)
+    (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir too)
+    _prepare_out(data)
+    prefix = f"{data_dir}/" if data_dir else ""
+    per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
+    groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
+    written = bounds[-1][1] if bounds else 0
+    # each row's place: its slot's index among the real slots of the written packs, row-major (-1: not written)
+    held = slots[:written]
+    real_ids = held[held >= 0].astype(np.int64)
+    place = np.full(len(inputs.seq), -1, dtype=np.int64)
+    place[real_ids] = np.arange(len(real_ids))
+    first_place = np.concatenate([[0], np.cumsum((held >= 0).sum(axis=1))])  # of each pack
+    sd = scratch_dir(data)
+    shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed
+    sd.mkdir(parents=True)
+    try:
+        with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
+                         code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
+            st_ = inputs.starts
+            scatter = [(k, p, place[st_[k]:st_[k + 1]], inputs.seq[st_[k]:st_[k + 1]], inputs.pred[st_[k]:st_[k + 1]],
+                        str(sd), max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
+            run_all(scatter_input, scatter, min(workers, len(scatter)))
+            log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
+            calls = []
+            for g, group in zip(range(0, len(bounds), per_group), groups, strict=True):
+                sl = slots[group[0][0]:group[-1][1]]
+                ids = sl[sl >= 0]
+                calls.append((g, group, sl, inputs.seq[ids], inputs.pred[ids], int(first_place[group[0][0]]), str(sd),
+                              len(inputs.files), str(data), cfg))
+            for entries in run_all(write_group, calls, min(workers, len(calls))):
+                for name, md5 in entries:
+                    out.add_file(prefix + name, md5)
+            log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
+            shutil.rmtree(sd, ignore_errors=True)
+            text = metadata_json(st)
+            if inside:
+                with out.open_text(f"{data_dir}_metadata.json") as fh:
+                    fh.write(text)
+            else:
+                atomic_write_text(meta_path, text)
+            out.count("sequences", int(len(inputs.seq)))
+            out.count("packs", written)
+            out.count("files", len(bounds))
+            out.count("dropped_packs", len(slots) - written)
+            out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
+            out.count("padding_slots", int(recipe.padding.sum()))
+            out.count("empty_packs", int((held < 0).all(axis=1).sum()))  # padding slots only (the script too)
+            out.count("strategies_used", st["number_of_strategies_utilized"])
+            out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
+            out.count("speedup", round(st["expected_speed_up"], 6))
+    finally:
+        shutil.rmtree(sd, ignore_errors=True)
+    return out.manifest
+
+
+# -- the DAG's declaration (core/stage.py); the lead adds it to preprocessing/registry.py ---------------------------
+def configure(p: Any) -> HabanaPackConfig:
+    """The run's parameters -> the stage's config (MLPerf data: 76 predictions a sequence, so 79 a pack)."""
+    return HabanaPackConfig(max_sequence_length=getattr(p, "max_seq_length", 512),
+                            max_predictions_per_sequence=getattr(p, "max_predictions_per_seq", 76),
+                            max_sequences_per_pack=getattr(p, "max_sequences_per_pack", 3),
+                            seed=getattr(p, "habana_pack_seed", 42))
+
+
+def _plan_dag(plan: Any) -> list[Any]:
+    """One call over every part's padded HDF5, in part order (its groups of files on the run's workers)."""
+    h5 = plan.result("hdf5")
+    files = [str(h5.path(s + ".hdf5", s)) for s in h5.shards]
+    from core.pools import default_workers
+
+    workers = getattr(plan.params, "workers", 0) or default_workers()
+    return [plan.unit(files, cfg=plan.cfg, data_dir=DAG_DATA_DIR, workers=workers,
+                      upstream=[h5.unit_dir(s) for s in h5.shards])]
+
+
+DAG_STAGES = (Stage(name="habana_packed", title="pack_habana: Habana's packed set (<= 3 sequences a pack), what its "
+                    "trainer reads with --enable_packed_data_mode True",
+                    reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
+                    configure=configure, key_params=stage_params, plan=_plan_dag,
+                    when=lambda p: "habana-packed" in getattr(p, "targets", ()),
+                    outputs={"habana_packed_dir": DAG_DATA_DIR}, aliases=("pack_habana",)),)

@@ -1,0 +1,159 @@
+"""shuffle-samples = NVIDIA's v3.x shuffle (index lists from random.Random(24), then shuffle_samples.py), compared
+with both scripts re-enacted row by row on shards made by the reference chain (chop_hdf5_files.py then
+convert_fixed2variable.py, re-enacted too), and the permutation with the interpreter's own random module."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocessing: the shared helpers
+import nvidia_reference as ref  # noqa: E402
+
+from core.errors import InputError  # noqa: E402
+from preprocessing.nvidia.shuffle import (  # noqa: E402
+    DAG_STAGES,
+    ShuffleConfig,
+    input_files,
+    list_name,
+    run_nvidia_shuffle,
+    shard_name,
+)
+from preprocessing.pyrandom import PY_TAIL, shuffle_permutation  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 10, 1000, PY_TAIL - 1, PY_TAIL, PY_TAIL + 1, 200_003])
+@pytest.mark.parametrize("seed", [24, 0, 12345, 2**40 + 3])
+def test_permutation_is_random_shuffle(n, seed):
+    x = list(range(n))
+    random.Random(seed).shuffle(x)
+    assert shuffle_permutation(n, seed).tolist() == x
+
+
+@pytest.fixture(scope="module")
+def varlength(tmp_path_factory) -> Path:
+    """7 variable-length shards from the reference chain (chop 7 + convert): 560 rows, lengths 1..512."""
+    d = tmp_path_factory.mktemp("vl")
+    (d / "in").mkdir()
+    lengths = list(range(1, 513)) + [512] * 30 + [7] * 21
+    np.random.default_rng(0).shuffle(lengths)
+    for i, chunk in enumerate([lengths[:200], lengths[200:201], [], lengths[201:]]):
+        ref.write_padded(d / "in" / f"part-{i:05d}-of-00500.hdf5", ref.padded_rows(chunk, i))
+    padded = Path(ref.chop_hdf5_files(str(d / "in"), str(d / "chop"), 7))
+    out = d / "hdf5_7_shards_varlength"
+    out.mkdir()
+    for p in sorted(padded.iterdir()):
+        ref.convert_fixed2variable(str(p), str(out / p.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(varlength, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref")
+    ref.shuffle_index_lists(str(varlength), str(out))
+    ref.shuffle_samples_write(str(varlength), str(out))
+    return out
+
+
+def _compare(ours: Path, theirs: Path, n: int, lists: bool) -> None:
+    for k in range(n):
+        mine = ours / shard_name(k, n)
+        script = theirs / f"part_{k:05d}_of_{n:05d}.hdf"  # the script's name; the published list says .hdf5
+        ref.assert_same_content(mine, script)
+        assert ref.hdf5_md5(mine) == ref.hdf5_md5(script)
+        if lists:
+            assert (ours / list_name(k)).read_text() == (theirs / list_name(k)).read_text()
+
+
+def test_shards_and_lists_equal_the_scripts(varlength, reference, tmp_path):
+    m = run_nvidia_shuffle(input_files(varlength), tmp_path, ShuffleConfig(index_lists=True, chunk_rows=33))
+    _compare(tmp_path, reference, 7, lists=True)
+    assert m.counters == {"files": 7, "rows": 560}
+    assert sorted(f.name for f in m.files) == sorted([shard_name(k, 7) for k in range(7)] +
+                                                     [list_name(k) for k in range(7)])
+    assert not (tmp_path / ".shuffle-scratch").exists()
+    for k in range(7):  # each shard keeps its input's row count, and the rows really moved across shards
+        with h5py.File(tmp_path / shard_name(k, 7), "r") as a, h5py.File(varlength / shard_name(k, 7), "r") as b:
+            assert a["input_ids"].shape == b["input_ids"].shape
+    with h5py.File(tmp_path / shard_name(0, 7), "r") as a, h5py.File(varlength / shard_name(0, 7), "r") as b:
+        assert [r.tolist() for r in a["input_ids"][:10]] != [r.tolist() for r in b["input_ids"][:10]]
+
+
+def test_buckets_and_workers_do_not_change_the_bytes(varlength, reference, tmp_path):
+    """Small buckets (several gathers), two workers: the same files as one bucket in one process. (The rows
+    written per call, chunk_rows, shape the HDF5 heap of a vlen file: the same content, other bytes.)"""
+    one = run_nvidia_shuffle(input_files(varlength), tmp_path / "one", ShuffleConfig(chunk_rows=17))
+    many = run_nvidia_shuffle(input_files(varlength), tmp_path / "many", ShuffleConfig(bucket_rows=50, chunk_rows=17),
+                              workers=2)
+    assert [(f.name, f.md5) for f in one.files] == [(f.name, f.md5) for f in many.files]
+    assert not (tmp_path / "one" / list_name(0)).exists()  # the lists only on request
+    _compare(tmp_path / "many", reference, 7, lists=False)
+
+
+def test_another_seed_another_order(varlength, tmp_path):
+    a = run_nvidia_shuffle(input_files(varlength), tmp_path / "a", ShuffleConfig())
+    b = run_nvidia_shuffle(input_files(varlength), tmp_path / "b", ShuffleConfig(seed=25))
+    assert a.files[0].md5 != b.files[0].md5 and a.key != b.key
+
+
+def test_cli(varlength, reference, tmp_path, monkeypatch):
+    from bertpipe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["shuffle-samples", "--input_hdf5", str(varlength), "--output_hdf5", "shuf", "--index_lists"]) == 0
+    _compare(tmp_path / "shuf", reference, 7, lists=True)
+    assert main(["shuffle-samples", "--input-hdf5", str(varlength), "--output-hdf5", "shuf", "--workers", "1"]) == 0
+    (tmp_path / "shuf" / "notes.txt").write_text("mine")
+    assert main(["shuffle-samples", "--input_hdf5", str(varlength), "--output_hdf5", "shuf"]) == 2  # not ours
+
+
+def test_padded_shards_are_refused_naming_the_file(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    ref.write_padded(d / "part_00000_of_00001.hdf5", ref.padded_rows([3, 4], 0))
+    with pytest.raises(InputError, match=r"part_00000_of_00001.hdf5: no variable-length 'input_ids'"):
+        run_nvidia_shuffle(input_files(d), tmp_path / "out")
+    with pytest.raises(InputError, match="no input files"):
+        run_nvidia_shuffle([], tmp_path / "out")
+
+
+@pytest.mark.parametrize("name,shards", [("eval_100", 4), pytest.param("sample", 8, marks=pytest.mark.slow)])
+def test_golden_chain(golden, tmp_path, name, shards):
+    """A golden file (the reference converter's output) through chop-hdf5 --varlength and the shuffle: the
+    scripts agree with us (the 12,606-row sample takes the re-enacted scripts a minute: slow)."""
+    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-00000-of-00500.hdf5").symlink_to(golden / f"{name}.hdf5")
+    vl = tmp_path / "vl"
+    run_nvidia_chop([tmp_path / "in" / "part-00000-of-00500.hdf5"], vl,
+                    ChopConfig(num_shards=shards, varlength=True))
+    theirs = tmp_path / "ref"
+    theirs.mkdir()
+    ref.shuffle_index_lists(str(vl), str(theirs))
+    ref.shuffle_samples_write(str(vl), str(theirs))
+    run_nvidia_shuffle(input_files(vl), tmp_path / "ours", ShuffleConfig(index_lists=True))
+    _compare(tmp_path / "ours", theirs, shards, lists=True)
+
+
+def test_dag_declaration_runs_as_pieces(varlength, tmp_path):
+    from nvidia_dag import folder_result, run_pieces
+
+    from core.manifest import StageOutput
+
+    up = tmp_path / "up"
+    shutil.copytree(varlength, up)
+    with StageOutput(up, "nvidia_chop") as out:  # the chop stage's folder: shards and its manifest
+        for p in sorted(up.glob("part_*")):
+            out.add_file(p.name)
+    m = run_pieces(DAG_STAGES[0], {"nvidia_4320": folder_result("nvidia_4320", up)}, tmp_path / "work",
+                   targets=("nvidia-4320",), workers=2)
+    direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct")
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
+    assert not (tmp_path / "work" / "nvidia_4320_shuffled" / "key" / ".shuffle-scratch").exists()
