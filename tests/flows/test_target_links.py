@@ -29,7 +29,7 @@ from flowhelpers import run_cli
 from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME
 
-TARGETS = ("nvidia-4320", "nvidia-2048", "nvidia-varlength", "nvidia-packed", "habana-packed")
+TARGETS = ("nvidia-4320", "nvidia-4320-v1.1", "nvidia-2048", "nvidia-varlength", "nvidia-packed", "habana-packed")
 SHORT = ("--max-seq-length", "128", "--max-predictions-per-seq", "20", "--workers", "1")
 ARGS = tuple(a for t in TARGETS for a in ("--target", t)) + SHORT
 PER_SHARD = ("tfrecord", "hdf5")
@@ -95,7 +95,8 @@ FAST_CASES = {("habana_packed", "folder"), ("nvidia_packed", "file"), ("nvidia_4
 def _cases() -> list:
     """Every (stage, level) the sample's work dir has; the entries themselves are found in the template."""
     stages = ("download", "extract", "text", "vocab", "tfrecord", "hdf5", "nvidia_4320", "nvidia_4320_shuffled",
-              "nvidia_2048", "nvidia_2048_shuffled", "nvidia_packed", "habana_packed", "eval_tfrecord", "eval_10k",
+              "nvidia_4320_v11", "nvidia_2048", "nvidia_2048_shuffled", "nvidia_packed", "habana_packed", "eval_tfrecord",
+              "eval_10k",
               "eval_hdf5", "nvidia_eval")
     out = []
     for stage in stages:
@@ -141,8 +142,11 @@ def test_a_link_at_any_level_never_reaches_outside(stage, level, template, tmp_p
 
 def test_the_cases_reach_every_target_stage(template):
     found = {(s, lv) for s, _, lv in _levels(template)}
-    for stage in ("nvidia_4320", "nvidia_4320_shuffled", "nvidia_2048", "nvidia_packed", "habana_packed",
-                  "nvidia_eval", "hdf5"):
+    for stage in ("nvidia_4320", "nvidia_4320_shuffled", "nvidia_4320_v11", "nvidia_2048", "nvidia_packed",
+                  "habana_packed", "nvidia_eval", "hdf5"):
         assert {(stage, "stage"), (stage, "key"), (stage, "file")} <= found, stage
     assert ("habana_packed", "folder") in found  # packed/, the trainer's folder
-    assert ("hdf5", "shard") in found
+    assert ("hdf5", "shard") in found and ("nvidia_eval", "folder") in found  # eval_varlength/, the eval's folder
+    from preprocessing.targets import names
+
+    assert set(names()) - {"samsung-4bins"} == set(TARGETS), "a target this test does not build"
