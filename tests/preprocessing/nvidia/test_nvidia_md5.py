@@ -265,7 +265,10 @@ def test_a_listed_shard_that_is_a_link_is_not_followed(golden, tmp_path, capsys)
     assert rc == 1 and out == [f"BAD  part_00001_of_00002.hdf5: a symbolic link (to {real}), never followed"], out
 
 
-def test_many_mismatches_print_a_summary_and_v_prints_all(golden, tmp_path, capsys):
+def test_many_mismatches_print_a_summary_and_v_prints_all(golden, tmp_path, capsys, monkeypatch):
+    for var in ("BERTPIPE_LOG_EXAMPLES", "BERTPIPE_VERBOSE"):  # -v sets them for child processes: restored after
+        monkeypatch.setenv(var, "0")
+        monkeypatch.delenv(var)
     d, chk = _folder_and_list(golden, tmp_path)
     lines = [f"part_{k:05d}_of_00040.hdf5\t{'0' * 32}\n" for k in range(40)]
     for k in range(15):  # 15 present with other digests, 25 missing
