@@ -12,7 +12,7 @@ for every target.
 
 Everything that needs the list of stages derives it from :data:`STAGES`: the DAG walk, the Prefect
 tasks, ``--only``/``--force``/``stages`` names, ``status`` rows and the summary table. To add a stage,
-declare it in its library module and add that module here (README, "Development").
+declare it in its library module and add that module here (docs/development.md, "Adding a stage").
 """
 
 from __future__ import annotations

@@ -268,7 +268,7 @@ class _AtenFlashVarlen(torch.autograd.Function):
 def aten_flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
                       dropout_p: float) -> Tensor:
     """PyTorch's flash varlen kernel called directly, with attention dropout (CUDA fp16/bf16; no extra package).
-    Static shapes like torch_varlen. Not yet timed on a GPU, so "auto" does not pick it (README)."""
+    Static shapes like torch_varlen. Not yet timed on a GPU, so "auto" does not pick it (docs/training.md)."""
     return _AtenFlashVarlen.apply(q, k, v, cu_seqlens, max_seqlen, dropout_p)
 
 
@@ -340,7 +340,7 @@ def auto_varlen_kernel(device: torch.device, dtype: torch.dtype, dropout_p: floa
     """The packed attention kernel "auto" picks: on CUDA in fp16/bf16, flash_attn's varlen kernel where the
     package imports, else PyTorch's ``varlen_attn`` without attention dropout; with attention dropout (which
     varlen_attn lacks) the full-row SDPA with the block-diagonal mask (None), as before: SDPA on nested tensors
-    (``nested_varlen``, flash with dropout) ran at 0.87x the padded rows' real tokens/s on an H200 (README).
+    (``nested_varlen``, flash with dropout) ran at 0.87x the padded rows' real tokens/s on an H200 (docs/benchmarks.md).
     Everywhere else (CPU, HPU, CUDA fp32) ``split_varlen``."""
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         if _flash_attn_varlen() is not None:

@@ -49,7 +49,7 @@ Sources read: the script at cf11d241 (above); the trainer ``PyTorch/nlp/bert/run
 ``create_json_metadata``). The later copy of the script in ``PyTorch/nlp/bert/`` (which Habana's README says
 writes that metadata file) was not readable in the sources searched: its packing is assumed unchanged.
 
-Where bertpipe differs (each said in README, "stages one by one"):
+Where bertpipe differs (each said in docs/stages.md):
 
 * **The last, partial file.** The script keeps only whole files of 4,480 packs: the ``M mod 4480`` packs after
   the last whole file are silently dropped (with them their sequences; a set of fewer than 4,480 packs writes
