@@ -136,8 +136,10 @@ def pack(input_dir: Path, output_dir: Path, *, L: int = 512, P: int = 80, S: int
     saved = random.getstate(), np.random.get_state()
     old_limit = sys.getrecursionlimit()
     try:
-        random.seed(seed + local_rank)
-        np.random.seed(seed + local_rank)
+        # the script's random.seed / np.random.seed, as generators of their own: the same draws, and no other
+        # thread of the test process (Prefect's, from earlier tests) can take a draw in between
+        rnd = random.Random(seed + local_rank)
+        nprnd = np.random.RandomState(seed + local_rank)
         files = sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir)
                        if os.path.isfile(os.path.join(input_dir, f)) and "training" in f)
         by_length: dict[int, list] = defaultdict(list)
@@ -158,7 +160,7 @@ def pack(input_dir: Path, output_dir: Path, *, L: int = 512, P: int = 80, S: int
                 by_length[i] = []
             by_length[i].extend([None] * int(padding[i - 1]))
         for key in by_length:
-            random.shuffle(by_length[key])
+            rnd.shuffle(by_length[key])
         stacks: dict[str, list] = defaultdict(list)
         for strategy, offsets, count in zip(strategy_set, slicing, mixture, strict=True):
             for _ in range(count):
@@ -166,7 +168,7 @@ def pack(input_dir: Path, output_dir: Path, *, L: int = 512, P: int = 80, S: int
                     start = int(offsets[seq_len - 1])
                     offsets[seq_len - 1] = start + 1
                     stacks[f"{strategy}_{seq_len}"].append(start)
-        order = np.random.permutation(sum(mixture))
+        order = nprnd.permutation(sum(mixture))
         expanded = [s for s, r in zip(strategy_set, mixture, strict=True) for _ in range(r)]
         packs = []
         for ind in order:

@@ -125,16 +125,16 @@ def generate_packing_strategy(counts: list[int], max_seq_length: int, max_seq_pe
                               seed: int) -> list[str]:
     """The shard lists' texts, with ``random.seed(seed)`` first (the script itself is unseeded)."""
     saved = random.getstate()
-    random.seed(seed)
+    rnd = random.Random(seed)  # random.seed(seed) as a generator of its own: no other thread draws in between
     try:
         strategy_set, mixture, padding = get_packing_recipe(counts, max_seq_length, max_seq_per_sample)
         per_seqlength_idxs = [list(range(n)) for n in counts]
         for seq_length, pad in enumerate(padding):
             per_seqlength_idxs[seq_length].extend([None] * int(pad))
-            random.shuffle(per_seqlength_idxs[seq_length])
+            rnd.shuffle(per_seqlength_idxs[seq_length])
         all_strategies = [instance for idx, strategy in enumerate(strategy_set)
                           for instance in [strategy] * mixture[idx]]
-        random.shuffle(all_strategies)
+        rnd.shuffle(all_strategies)
     finally:
         random.setstate(saved)
     seq_length_idx = [0] * max_seq_length
