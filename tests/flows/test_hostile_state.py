@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from flowhelpers import FAST, run_cli
+from flowhelpers import BIG, FAST, link_tree, run_cli, snapshot
 
 from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME, canonical_json, md5_file
@@ -297,7 +297,6 @@ CLASSES: dict[str, tuple[Callable[[Path, Path, str], str], tuple[str, ...]]] = {
 
 
 # -- the sandbox, the victim, the spy --------------------------------------------------------------------------
-BIG = 64 << 10  # data files above this size are hard links into the module's template (bookkeeping is copied)
 
 
 def data_md5s(w: Path) -> dict[str, str]:
@@ -322,15 +321,7 @@ def link_copy(src: Path, dst: Path) -> None:
     for the copy, as a first `bertpipe status` would, so a status re-hashes only what a case changed."""
     from core.manifest import write_stat_records
 
-    for dirpath, _dirs, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        (dst / rel).mkdir(exist_ok=True)
-        for n in filenames:
-            p = Path(dirpath) / n
-            if p.stat().st_size > BIG:
-                os.link(p, dst / rel / n)
-            else:
-                shutil.copy2(p, dst / rel / n)
+    link_tree(src, dst)
     for m in dst.rglob(MANIFEST_NAME):
         write_stat_records(m.parent, {f["name"]: f["md5"] for f in read_manifest(m.parent)["files"]})
 
@@ -342,17 +333,6 @@ def sandbox(template, tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "victim").mkdir()
     (tmp_path / "victim" / "v.txt").write_bytes(VICTIM)
     return tmp_path / "w", tmp_path / "victim"
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            p = Path(dirpath) / n
-            rel = str(p.relative_to(root))
-            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
-                        else hashlib.md5(p.read_bytes()).hexdigest())
-    return out
 
 
 _WATCH: list[str] = []

@@ -18,13 +18,12 @@ rest are ``slow``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from flowhelpers import run_cli
+from flowhelpers import link_tree, run_cli, snapshot
 
 from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME
@@ -33,7 +32,6 @@ TARGETS = ("nvidia-4320", "nvidia-4320-v1.1", "nvidia-2048", "nvidia-varlength",
 SHORT = ("--max-seq-length", "128", "--max-predictions-per-seq", "20", "--workers", "1")
 ARGS = tuple(a for t in TARGETS for a in ("--target", t)) + SHORT
 PER_SHARD = ("tfrecord", "hdf5")
-BIG = 64 << 10
 
 
 @pytest.fixture(scope="module")
@@ -64,30 +62,6 @@ def _levels(w: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """``cp -a`` in effect, data files hard-linked (every write in bertpipe replaces a file, never edits one)."""
-    for dirpath, _dirs, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        (dst / rel).mkdir(exist_ok=True)
-        for n in filenames:
-            p = Path(dirpath) / n
-            if p.stat().st_size > BIG:
-                os.link(p, dst / rel / n)
-            else:
-                shutil.copy2(p, dst / rel / n)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            p = Path(dirpath) / n
-            rel = str(p.relative_to(root))
-            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
-                        else hashlib.md5(p.read_bytes()).hexdigest() + f":{p.stat().st_ino}")
-    return out
-
-
 #: the cases of the default suite (each is a cached run of the DAG plus one redo)
 FAST_CASES = {("habana_packed", "folder"), ("nvidia_packed", "file"), ("nvidia_4320", "key"), ("hdf5", "shard")}
 
@@ -114,7 +88,7 @@ def test_a_link_at_any_level_never_reaches_outside(stage, level, template, tmp_p
     if not entries:
         pytest.skip(f"{stage} has no {level} level in the sample's work dir")
     w, victim = tmp_path / "w", tmp_path / "victim"
-    _copy(template, w)
+    link_tree(template, w)
     victim.mkdir()
     for i, rel in enumerate(entries):
         src = w / rel

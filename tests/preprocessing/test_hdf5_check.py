@@ -78,6 +78,14 @@ def test_check_compact_names_the_file_row_of_gathered_rows():
         check_compact("f.hdf5", 0, seq, pred, ids=np.r_[np.zeros(4, int), [40], np.zeros(7, int)], vocab_size=30)
 
 
+def _packer_argv(packer: str, d: Path, out: Path) -> list[str]:
+    if packer == "pack-habana":
+        return ["pack-habana", "--input_dir", str(d), "--output_dir", str(out), "--max_sequence_length", str(WIDTH),
+                "--max_predictions_per_sequence", str(PREDS)]
+    return ["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(out), "--max_seq_length", str(WIDTH),
+            "--shards_num", "2"]
+
+
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
     capsys.readouterr()
     try:
@@ -94,12 +102,7 @@ def test_packers_refuse_bad_values_in_one_line(packer, case, tmp_path, capsys):
     d.mkdir()
     name = "part-00000-of-00500_training.hdf5"
     _bad_file(d / name, case)
-    if packer == "pack-habana":
-        argv = ["pack-habana", "--input_dir", str(d), "--output_dir", str(tmp_path / "o"), "--max_sequence_length",
-                str(WIDTH), "--max_predictions_per_sequence", str(PREDS)]
-    else:
-        argv = ["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o"), "--max_seq_length",
-                str(WIDTH), "--shards_num", "2"]
+    argv = _packer_argv(packer, d, tmp_path / "o")
     rc, err = _cli(argv, capsys)
     lines = err.splitlines()
     ds, row, _, say = BAD[case]
@@ -135,12 +138,7 @@ def test_packers_refuse_an_input_named_entry_that_is_no_file(packer, kind, say, 
     write_padded(d / "part-00000-of-00500_training.hdf5", LENGTHS, width=WIDTH, preds=PREDS, seed=3)
     _plant(d, kind, "part-00001-of-00500_training.hdf5")
     assert kind_problem(d / "part-00001-of-00500_training.hdf5")
-    if packer == "pack-habana":
-        argv = ["pack-habana", "--input_dir", str(d), "--output_dir", str(tmp_path / "o"), "--max_sequence_length",
-                str(WIDTH), "--max_predictions_per_sequence", str(PREDS)]
-    else:
-        argv = ["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o"), "--max_seq_length",
-                str(WIDTH), "--shards_num", "2"]
+    argv = _packer_argv(packer, d, tmp_path / "o")
     rc, err = _cli(argv, capsys)
     lines = err.splitlines()
     assert rc == 2 and len(lines) == 1 and say in lines[0] and "part-00001-of-00500_training.hdf5" in lines[0], err
