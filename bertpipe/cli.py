@@ -204,7 +204,12 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    rc = _main(argv)
+    try:
+        rc = _main(argv)
+    except KeyboardInterrupt as exc:  # (Terminated too) a signal after the command's own handling ended: its
+        if argv is not None or not _COMMAND:  # last line was printed; on the command line, one line, 130 / 143
+            raise
+        _exit_late(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     _RC[:] = [rc]
     return rc
 
@@ -260,6 +265,7 @@ def _main(argv: list[str] | None) -> int:
     previous_int = signal.signal(signal.SIGINT, _on_sigint) if _main_thread() else None
     try:
         rc = _call(module, command, args)
+        _RC[:] = [rc]  # the command's own code, known before a signal can still arrive (main(): a late signal)
     except _Aborted:
         return _report_abort(command)  # what failed after the abort is its consequence: the abort's line only
     except BertpipeError as exc:
