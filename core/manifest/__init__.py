@@ -83,6 +83,7 @@ from core.manifest.output import (  # noqa: F401 - re-exported
     StageOutput,
     _versions,
     deferred_md5,
+    flush_deferred,
 )
 from core.manifest.writes import (  # noqa: F401 - re-exported
     _COMMIT_GATE,

@@ -60,17 +60,37 @@ def deferred_md5() -> Iterator[None]:
     finished, each still last in its directory.
 
     For one call that writes several stages' files (the DAG's fused tfrecord+hdf5 call: a 500 MB TFRecord and a
-    700 MB HDF5 hash in about 0.75x the time one after the other). A later output of the block whose upstream is
-    an earlier one (``upstream=[that manifest]``) gets that manifest's final digest, and its key is derived from
-    it, as if the two had run one after the other. If the block raises, no manifest is written: the files are
-    debris of an unfinished stage and are redone.
+    700 MB HDF5 hash in about 0.75x the time one after the other), and for several such calls in one process
+    (tasks.calls.execute_group: 4 parts' 8 files hash in AVX2's 8 lanes, about 2.3x the speed of one part's 2). A
+    block inside another joins it (its outputs wait for the outer block's end). A later output of the block whose
+    upstream is an earlier one (``upstream=[that manifest]``) gets that manifest's final digest, and its key is
+    derived from it, as if the two had run one after the other. If the block raises, no manifest is written:
+    the files are debris of an unfinished stage and are redone (a caller that wants the outputs finished before
+    the error kept them: :func:`flush_deferred`, then raise).
     """
+    if _DEFERRED.get() is not None:  # inside an outer block: its end takes these md5s too
+        yield
+        return
     pending: list[StageOutput] = []
     token = _DEFERRED.set(pending)
     try:
         yield
     finally:
         _DEFERRED.reset(token)
+    _finish_deferred(pending)
+
+
+def flush_deferred() -> None:
+    """Inside a :func:`deferred_md5` block: take the md5s and write the manifests of the outputs finished so far,
+    now (a stage that reads them is about to run, or the caller stops at an error). Outside one: nothing."""
+    pending = _DEFERRED.get()
+    if pending:
+        done = list(pending)
+        pending.clear()
+        _finish_deferred(done)
+
+
+def _finish_deferred(pending: list[StageOutput]) -> None:
     todo = [(out, e) for out in pending for e in out.manifest.files if not e.md5]
     for (out, e), md5 in zip(todo, md5_files([out.path(e.name) for out, e in todo]), strict=True):
         out._entries[e.name] = FileEntry(e.name, e.bytes, md5)
@@ -84,6 +104,7 @@ def deferred_md5() -> Iterator[None]:
                 m.key = stage_key(m.stage, m.code_version, m.params, m.upstream.values())
         out._write_manifest()
         digests[f"{m.stage}:{m.key}"] = m.digest
+
 
 class StageOutput:
     """Context manager that owns one stage (or shard) directory while a stage writes into it.

@@ -179,10 +179,11 @@ def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
     """Part i's TFRecord and its padded HDF5 in one pass (the hdf5 stage's ``fused``; the DAG calls it when
     both are due). The TFRecord stage runs as always; its C engine is kept, and the HDF5 is filled from the
     instances it holds rather than from the 500 MB it wrote. The two files' md5s are then taken side by side
-    (core.manifest.deferred_md5) and the two manifests written, TFRecord's first: both are what the two stages
+    (core.manifest.deferred_md5; in tasks.calls.execute_group, with the other parts' of the group) and the two
+    manifests written, TFRecord's first: both are what the two stages
     write one after the other (same files, md5s, keys, counters). Without the C engine (``BERTPIPE_NATIVE=0``),
     or for any other pair of units, the HDF5 stage runs as usual on the TFRecord just written."""
-    from core.manifest import deferred_md5
+    from core.manifest import deferred_md5, flush_deferred
     from preprocessing.mlperf import cpd_fast
 
     with cpd_fast.keeping_engine() as engines:
@@ -203,6 +204,7 @@ def run_fused(tf_unit: Unit, h5_unit: Unit) -> list[Manifest]:
         finally:
             engines.clear()  # free the instances (before the separate path reads the TFRecord)
     if not fused:
+        flush_deferred()  # inside an outer block (tasks.calls.execute_group): the TFRecord's manifest, now
         return [tf_manifest, h5_unit.call()]
     return [tf_manifest, h5_manifest]
 
