@@ -35,6 +35,7 @@ import numpy as np
 
 from core.errors import BertpipeError, InputError, ManifestError, RecordError
 from core.manifest import FileCheck, Manifest, StageOutput, raise_if_disk_full, verify_files
+from core.manifest.writes import sync_fd
 from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_DATASETS, row_shape
 
@@ -159,7 +160,7 @@ def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, 
             out.write(image)
             out.flush()
             if fsync:
-                os.fsync(out.fileno())
+                sync_fd(out.fileno())
         return
     f = h5_open_new(path, in_memory=in_memory, **kw)
     try:
@@ -174,10 +175,11 @@ def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, 
 
 
 def fsync_file(path: Path | str) -> None:
-    """Flush a closed file's data to the disk (as StageOutput does for the files it writes)."""
+    """Flush a closed file's data to the disk (as StageOutput does for the files it writes): now, or inside a
+    deferred-md5 block, at its end (core.manifest.writes.sync_fd)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        sync_fd(fd)
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot fsync: nothing to do
             raise

@@ -100,8 +100,11 @@ from core.manifest.writes import (  # noqa: F401 - re-exported
     disk_full_errno,
     fault_point,
     fsync_dir,
+    fsync_path,
     gate,
     parse_fault,
     raise_if_disk_full,
     slow_point,
+    start_writeback,
+    sync_fd,
 )

@@ -33,10 +33,12 @@ from core.manifest.guards import begin_redo, check_inside, remove_debris, remove
 from core.manifest.writes import (
     FAULT_ENV,
     SLOW_ENV,
+    _LATE_FSYNC,
     HashingWriter,
     _tmp_name,
     atomic_write_text,
     fault_point,
+    fsync_path,
     gate,
     raise_if_disk_full,
     slow_point,
@@ -72,10 +74,11 @@ def deferred_md5() -> Iterator[None]:
         yield
         return
     pending: list[StageOutput] = []
-    token = _DEFERRED.set(pending)
+    token, late = _DEFERRED.set(pending), _LATE_FSYNC.set(True)
     try:
         yield
     finally:
+        _LATE_FSYNC.reset(late)
         _DEFERRED.reset(token)
     _finish_deferred(pending)
 
@@ -94,6 +97,14 @@ def _finish_deferred(pending: list[StageOutput]) -> None:
     todo = [(out, e) for out in pending for e in out.manifest.files if not e.md5]
     for (out, e), md5 in zip(todo, md5_files([out.path(e.name) for out, e in todo]), strict=True):
         out._entries[e.name] = FileEntry(e.name, e.bytes, md5)
+    # their writeback started when each was closed (sync_fd); wait for the rest before a manifest lists them
+    for out in pending:
+        for e in out.manifest.files:
+            try:
+                fsync_path(out.path(e.name))
+            except OSError as exc:
+                raise_if_disk_full(exc, out.path(e.name))
+                raise
     digests: dict[str, str] = {}
     for out in pending:
         m = out.manifest
