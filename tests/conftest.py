@@ -4,9 +4,13 @@ Two tiers. With ``../shared`` beside the checkout (or ``BERTPIPE_SHARED`` naming
 reference data there. In a clone without it, ``shared_data`` / ``golden`` are rebuilt from tests/golden (the
 real inputs plus the md5 of every reference output; see tests/golden/README.md): bertpipe's own stages remake
 the TFRecords, HDF5 files and 4 bins, and each file is kept only if it is the reference's (md5, or HDF5
-content where the HDF5 library differs), so the byte-exact tests run unchanged. Only what the clone tier
-lacks skips: ``mlperf_sample`` and the whole shortened dump (``real_dump`` then gives its first 127 pages).
-``BERTPIPE_REQUIRE_SHARED=1`` (set by .ci/run) makes a missing ../shared an error instead.
+content where the HDF5 library differs), so the byte-exact tests run unchanged. What the clone tier lacks:
+``mlperf_sample`` (its tests fall back on the golden text chain) and the whole shortened dump (``real_dump`` then
+gives its first 127 pages). Tests that need what only ../shared holds (the vendors' own scripts and lists in
+../shared/reference, which may not be copied into bertpipe) say so with ``@pytest.mark.needs_shared(path, ...)``;
+where one of those paths is absent they are taken out of the run and one skip line says how many and why
+(``fold_tests_that_need_shared``). ``BERTPIPE_REQUIRE_SHARED=1`` (set by .ci/run) makes a missing ../shared an
+error instead.
 """
 
 from __future__ import annotations
@@ -38,14 +42,69 @@ def pytest_configure(config: pytest.Config) -> None:
     if REQUIRE_SHARED and not SHARED_DATA.is_dir():
         raise pytest.UsageError(f"BERTPIPE_REQUIRE_SHARED is set but {SHARED_DATA} is absent: put the shared "
                                 "reference data beside the checkout (../shared) or point BERTPIPE_SHARED at it")
+    config.addinivalue_line("markers", "needs_shared(*paths): the test needs these paths under ../shared (relative "
+                            "to it, e.g. 'reference/habana'); where one is absent it is not run, and one skip line "
+                            "for all such tests says how many and why (a failure under BERTPIPE_REQUIRE_SHARED)")
     absl_handler_on_the_real_stderr()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``BERTPIPE_TEST_ORDER=reverse`` runs the tests in the reverse order (every module's tests stay together):
-    a test that passes only after another one ran (or fails only after it) shows up."""
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``needs_shared`` whose paths are absent leave the run behind one skip line
+    (``fold_tests_that_need_shared``). ``BERTPIPE_TEST_ORDER=reverse`` runs the tests in the reverse order (every
+    module's tests stay together): a test that passes only after another one ran (or fails only after it) shows up."""
+    fold_tests_that_need_shared(session, config, items)
     if os.environ.get("BERTPIPE_TEST_ORDER", "") == "reverse":
         items.reverse()
+
+
+def missing_shared(item: pytest.Item) -> list[str]:
+    """The paths of ``item``'s ``needs_shared`` marks that are absent under ../shared."""
+    want = {p for mark in item.iter_markers("needs_shared") for p in mark.args}
+    return sorted(p for p in want if not (SHARED / p).exists())
+
+
+class SharedAbsent(pytest.Item):
+    """Stands for the tests that need what is absent from ../shared: one skip that names them by module."""
+
+    def __init__(self, *, reason: str, **kw) -> None:
+        super().__init__(**kw)
+        self.reason = reason
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+def fold_tests_that_need_shared(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ../shared (or part of it), the tests marked ``needs_shared`` for an absent path cannot run: they are
+    deselected, and one item in their place skips with a line saying how many tests of which modules need what.
+    (Under BERTPIPE_REQUIRE_SHARED they stay, and fail in ``pytest_runtest_setup``.)"""
+    if REQUIRE_SHARED:
+        return
+    gone = [item for item in items if missing_shared(item)]
+    if not gone:
+        return
+    missing = sorted({p for item in gone for p in missing_shared(item)})
+    modules: dict[str, int] = {}
+    for item in gone:
+        name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        modules[name] = modules.get(name, 0) + 1
+    where = f"{SHARED} is absent" if not SHARED.is_dir() else f"{', '.join(missing)} absent from {SHARED}"
+    reason = (f"{where}: {len(gone)} tests that need it not run (" + ", ".join(f"{m} {n}" for m, n in modules.items())
+              + "); only ../shared holds the vendors' own files")
+    drop = set(gone)
+    items[:] = [item for item in items if item not in drop]
+    config.hook.pytest_deselected(items=gone)
+    here = Path(__file__)
+    items.append(SharedAbsent.from_parent(session, name="needs_shared", path=here,
+                                          nodeid=f"{here.relative_to(ROOT).as_posix()}::needs_shared", reason=reason))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if REQUIRE_SHARED and (missing := missing_shared(item)):
+        pytest.fail(f"BERTPIPE_REQUIRE_SHARED is set but {', '.join(missing)} absent from {SHARED}", pytrace=False)
 
 
 def absl_handler_on_the_real_stderr() -> None:

@@ -8,8 +8,9 @@ differential tests run them with another interpreter:
 * ``~/.cache/bertpipe/refvenv`` (``BERTPIPE_REF_VENV`` moves it): made once, the first time a test needs it, with
   ``python -m venv`` and pip from PyPI (about 30 s; later sessions reuse it).
 
-Where ``../shared/reference`` is absent the tests skip in one line (fail under ``BERTPIPE_REQUIRE_SHARED``); where
-the side venv cannot be made (no network) they skip in one line naming the way to give one.
+The modules are marked ``pytestmark = needs_reference(...)``: where ``../shared/reference`` is absent their tests are
+not run, and one skip line for all of them says so (tests/conftest.py; a failure under ``BERTPIPE_REQUIRE_SHARED``);
+where the side venv cannot be made (no network) they skip in one line naming the way to give one.
 """
 
 from __future__ import annotations
@@ -46,14 +47,11 @@ def need_reference() -> Path:
     return REFERENCE
 
 
-def need_reference_module() -> None:
-    """At a test module's top: the whole module skips in one line (one skip, not one per test) without
-    ../shared/reference; under BERTPIPE_REQUIRE_SHARED it fails instead."""
-    if not (NV31 / "input_preprocessing").is_dir():
-        msg = f"{REFERENCE} is absent: the vendors' scripts are not here to run"
-        if REQUIRE_SHARED:
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg, allow_module_level=True)
+def needs_reference(*names: str) -> pytest.MarkDecorator:
+    """The mark of a test (or, as ``pytestmark``, a module) that runs the vendors' files ``../shared/reference/<name>``:
+    where one is absent the test is not run, and one skip line for every such test says so (tests/conftest.py,
+    ``needs_shared``); under BERTPIPE_REQUIRE_SHARED it fails instead."""
+    return pytest.mark.needs_shared(*(f"{REFERENCE.relative_to(SHARED).as_posix()}/{n}" for n in names))
 
 
 def _usable(py: Path) -> bool:

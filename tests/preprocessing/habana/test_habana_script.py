@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocess
 import nvidia_reference as ref  # noqa: E402
 import vendor_scripts as vs  # noqa: E402
 
-vs.need_reference_module()
+pytestmark = vs.needs_reference("habana/pack_pretraining_data_pytorch.py")
 
 from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana  # noqa: E402
 

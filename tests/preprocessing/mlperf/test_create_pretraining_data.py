@@ -271,20 +271,26 @@ def test_failed_run_leaves_no_output(tmp_path, vocab):
     assert list(tmp_path.iterdir()) == [p]
 
 
-def test_fast_equals_plain_on_real_non_ascii_lines(mlperf_sample, vocab, tmp_path):
-    """Every non-ASCII line of the real MLPerf sample (Greek capitals, CJK, accents, ...), both paths."""
+def test_fast_equals_plain_on_real_non_ascii_lines(golden, data_tier, request, vocab, tmp_path):
+    """Every non-ASCII line of real Wikipedia text (Greek capitals, CJK, accents, ...), both paths: the golden text
+    chain's training part and eval file (every tier), and where ../shared has it the real MLPerf sample's part."""
     _fast_or_skip()
-    lines = (mlperf_sample / "part-00000-of-00500").read_bytes().split(b"\n")
-    text = tmp_path / "non_ascii.txt"
-    text.write_bytes(b"\n".join(x if not x.isascii() or not x.strip() else b"" for x in lines))
+    sources = {"golden text chain": [golden / "text_chain" / "part-00000-of-00500", golden / "text_chain" / "eval.txt"]}
+    if data_tier == "shared":
+        sources["MLPerf sample"] = [request.getfixturevalue("mlperf_sample") / "part-00000-of-00500"]
     kw = {"max_seq_length": 128, "max_predictions_per_seq": 20, "dupe_factor": 1}
-    fast, s1 = run_bytes([text], cfg(vocab, "fast", **kw))
-    plain, s2 = run_bytes([text], cfg(vocab, "plain", **kw))
-    assert s1.documents == s2.documents > 50 and s1.instances > 1000
-    assert fast == plain
+    for k, (what, files) in enumerate(sources.items()):
+        lines = b"\n\n".join(f.read_bytes() for f in files).split(b"\n")
+        text = tmp_path / f"non_ascii_{k}.txt"
+        text.write_bytes(b"\n".join(x if not x.isascii() or not x.strip() else b"" for x in lines))
+        fast, s1 = run_bytes([text], cfg(vocab, "fast", **kw))
+        plain, s2 = run_bytes([text], cfg(vocab, "plain", **kw))
+        assert s1.documents == s2.documents > 50 and s1.instances == s2.instances > 1000, what
+        assert fast == plain, what
 
 
 @pytest.mark.slow
+@pytest.mark.needs_shared("data/mlperf_sample")
 def test_fast_equals_plain_on_mlperf_sample(mlperf_sample, vocab):
     """The whole real MLPerf sample part with the MLPerf flags (plain takes ~30 s)."""
     _fast_or_skip()

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocessing: the shared helpers
 import nvidia_reference as ref  # noqa: E402
+import vendor_scripts as vs  # noqa: E402
 
 from core.errors import InputError  # noqa: E402
 from preprocessing.nvidia import chop as nvidia_chop  # noqa: E402
@@ -91,18 +92,26 @@ def test_every_published_name_is_shipped(monkeypatch, tmp_path):
         resolve_chk("nvidia-2048")
 
 
+@pytest.mark.parametrize("against", sorted(SHIPPED))
+def test_shipped_lists_name_their_source(against):
+    """The README beside the lists gives each one's row: its ``--against`` name, the file, where it comes from
+    (the round's repository, the file name there) and the md5 of the file that ships (test_shipped_lists checks the
+    file against that md5; test_shipped_lists_are_the_vendors_files against the vendors' copy)."""
+    rows = [line for line in (CHK_DIR / "README.md").read_text().splitlines() if line.startswith(f"| `{against}` |")]
+    assert len(rows) == 1, rows
+    row = rows[0]
+    name, md5 = SHIPPED[against][:2]
+    folder, source = SOURCE[against].split("/input_preprocessing/")
+    repo = {"nvidia-v3.1": "mlcommons/training_results_v3.1", "nvidia-v1.1": "mlcommons/training_results_v1.1"}[folder]
+    assert f"| `{name}` |" in row and f"`{md5}`" in row and source in row
+    assert repo in row or "both folders above" in row
+
+
+@vs.needs_reference("nvidia-v3.1/input_preprocessing", "nvidia-v1.1/input_preprocessing")
 def test_shipped_lists_are_the_vendors_files():
     """Each shipped list is byte for byte the file in the vendors' folder (../shared/reference) its README names."""
-    from tests.conftest import REQUIRE_SHARED, SHARED
-
-    if not (SHARED / "reference").is_dir():
-        if REQUIRE_SHARED:
-            pytest.fail(f"{SHARED / 'reference'} is absent")
-        pytest.skip(f"{SHARED / 'reference'} is absent: the vendors' lists are not here to compare")
-    readme = (CHK_DIR / "README.md").read_text()
     for against, rel in SOURCE.items():
-        assert (CHK_DIR / PUBLISHED[against]).read_bytes() == (SHARED / "reference" / rel).read_bytes(), against
-        assert f"`{PUBLISHED[against]}`" in readme and rel.split("/input_preprocessing/")[1] in readme
+        assert (CHK_DIR / PUBLISHED[against]).read_bytes() == (vs.REFERENCE / rel).read_bytes(), against
 
 
 @pytest.mark.parametrize("against", sorted(SHIPPED))

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocess
 import nvidia_reference as ref  # noqa: E402
 import vendor_scripts as vs  # noqa: E402
 
-vs.need_reference_module()
+pytestmark = vs.needs_reference("nvidia-v3.1/input_preprocessing/packed_data")
 
 from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia  # noqa: E402
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocess
 import nvidia_reference as ref  # noqa: E402  (made-up inputs and the content comparison only)
 import vendor_scripts as vs  # noqa: E402
 
-vs.need_reference_module()
+pytestmark = vs.needs_reference("nvidia-v3.1/input_preprocessing", "nvidia-v1.1/input_preprocessing")
 
 from core.errors import InputError  # noqa: E402
 from preprocessing.nvidia.chop import ChopConfig, chop_layout, input_files, run_nvidia_chop, shard_name  # noqa: E402

@@ -33,7 +33,7 @@ from preprocessing.nvidia import eval_pick as nvidia_eval  # noqa: E402
 from preprocessing.nvidia import pack as pack_nvidia  # noqa: E402
 from preprocessing.nvidia import shuffle as nvidia_shuffle  # noqa: E402
 
-vs.need_reference_module()
+pytestmark = vs.needs_reference("nvidia-v3.1/run_pretraining.py")
 
 WANTED = ("batched", "create_eval_dataset", "pretraining_dataset")
 

@@ -10,7 +10,7 @@ import pytest
 from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME, verify_manifest
 from preprocessing.sample import sample_dump_path
-from tests.conftest import SHARED
+from tests.conftest import REAL_DUMP, SHARED
 
 T0 = "2026-11-22T04:45:00"
 
@@ -86,15 +86,18 @@ def test_command_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, expect):
 # -- MLPerf's extractor (the pinned WikiExtractor.py): MLPerf's text chain byte for byte -------------------------
 _SCRIPT = SHARED / "reference" / "wikiextractor-3162bb6c" / "WikiExtractor.py"
 _GOLDEN_TIME = "2026-11-27T12:00:00"  # the golden chain's clock: its two "2026" are {{CURRENTYEAR}}
+# The script is in ../shared/reference only, and the golden chain's input is the whole shortened dump (the clone tier
+# keeps its first 127 pages): where either is absent these tests are not run, one skip line says so (tests/conftest.py).
+_needs_script_and_dump = pytest.mark.needs_shared("reference/wikiextractor-3162bb6c/WikiExtractor.py",
+                                                  f"data/{REAL_DUMP}")
 
 
-@pytest.mark.skipif(not _SCRIPT.is_file(), reason="../shared/reference/wikiextractor-3162bb6c absent")
+@_needs_script_and_dump
 def test_mlperf_extractor_then_text_stages_give_the_golden_text_chain(real_dump, golden, tmp_path):
     from preprocessing.text.extract import ExtractConfig, run_extract
     from preprocessing.text.pipeline import TextConfig, run_text_stages
 
-    if not real_dump.whole:  # the clone tier's dump is the first 127 pages: not the golden chain's input
-        pytest.skip("the whole shortened dump is in ../shared/data only (the clone tier keeps its first 127 pages)")
+    assert real_dump.whole
     run_extract(real_dump.path, tmp_path / "extract", ExtractConfig(
         extractor="mlperf", extractor_script=str(_SCRIPT), current_time=_GOLDEN_TIME, processes=2))
     run_text_stages(tmp_path / "extract", tmp_path / "text", TextConfig(num_test_articles=20, workers=2))
@@ -103,7 +106,7 @@ def test_mlperf_extractor_then_text_stages_give_the_golden_text_chain(real_dump,
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _SCRIPT.is_file(), reason="../shared/reference/wikiextractor-3162bb6c absent")
+@_needs_script_and_dump
 def test_bertpipe_run_dump_with_mlperf_extractor_gives_the_golden_text_chain(real_dump, golden, tmp_path):
     import subprocess
     import sys

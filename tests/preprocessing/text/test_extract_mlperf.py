@@ -26,14 +26,17 @@ from core.errors import InputError
 from preprocessing.text import extract_streams
 from preprocessing.text import mlperf_extractor as mx
 from preprocessing.text.extract import ExtractConfig, default_extractor, run_extract
+from tests.conftest import REAL_DUMP, SHARED
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT.parent / "shared" / "reference" / "wikiextractor-3162bb6c" / "WikiExtractor.py"
-DATA = ROOT.parent / "shared" / "data"
-GENSIM = DATA / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+SCRIPT = SHARED / "reference" / "wikiextractor-3162bb6c" / "WikiExtractor.py"
+GENSIM = SHARED / "data" / REAL_DUMP
 T0 = "2026-11-27T12:00:00"  # the golden text chain's clock (its two "2026" are {{CURRENTYEAR}})
 
-needs_script = pytest.mark.skipif(not SCRIPT.is_file(), reason="../shared/reference/wikiextractor-3162bb6c absent")
+# The script is not in the project (nor may it be): where ../shared is absent these tests are not run, one skip line
+# says so (tests/conftest.py). Those that read the whole gensim dump need it from ../shared/data too.
+needs_script = pytest.mark.needs_shared("reference/wikiextractor-3162bb6c/WikiExtractor.py")
+needs_gensim = pytest.mark.needs_shared(f"data/{REAL_DUMP}")
 
 # The pinned clock for the script run alone: time.strftime() without a time reads this one (test harness only).
 _RUNNER = r"""
@@ -267,10 +270,11 @@ def test_script_refuses_this_python_without_the_layer_and_loads_with_it(tmp_path
 
 
 # -- where the script comes from -----------------------------------------------------------------------------
-@needs_script
-def test_wrong_or_missing_script_is_one_line_saying_where_to_get_it(tmp_path):
+def test_wrong_or_missing_script_is_one_line_saying_where_to_get_it(real_dump, tmp_path):
+    """(The pinned script with a line added where ../shared has it, else another file.)"""
     bad = tmp_path / "WikiExtractor.py"
-    bad.write_bytes(SCRIPT.read_bytes() + b"\n# changed\n")
+    bad.write_bytes((SCRIPT.read_bytes() if SCRIPT.is_file() else b"print('not the pinned script')\n")
+                    + b"\n# changed\n")
     for path in (bad, tmp_path / "missing.py"):
         with pytest.raises(InputError) as e:
             mx.script_path(path)
@@ -278,7 +282,7 @@ def test_wrong_or_missing_script_is_one_line_saying_where_to_get_it(tmp_path):
         assert "\n" not in msg and mx.SCRIPT_URL in msg and mx.SCRIPT_SHA256 in msg and "--extractor-script" in msg
     out = tmp_path / "out"
     with pytest.raises(InputError):
-        run_extract(GENSIM, out, ExtractConfig(extractor="mlperf", extractor_script=str(bad)))
+        run_extract(real_dump.path, out, ExtractConfig(extractor="mlperf", extractor_script=str(bad)))
     assert not (out / "AA").exists()
 
 
@@ -339,6 +343,7 @@ def test_choice_and_clock_are_in_the_stage_key():
 
 # -- the same bytes as the script alone ----------------------------------------------------------------------
 @needs_script
+@needs_gensim
 @pytest.mark.parametrize("processes", [1, 2])
 def test_gensim_dump_gives_the_golden_extractor_output(golden, processes, tmp_path):
     got = ours(GENSIM, tmp_path / "out", processes)
@@ -347,17 +352,17 @@ def test_gensim_dump_gives_the_golden_extractor_output(golden, processes, tmp_pa
 
 
 @needs_script
-def test_shared_dumps_and_the_sample_as_the_script_alone(tmp_path):
+def test_shared_dumps_and_the_sample_as_the_script_alone(shared_data, tmp_path):
     from preprocessing.sample import sample_dump_path
 
     for dump in (sample_dump_path(),):  # (the gensim dump: its golden output is the script's, compared above)
         name = dump.name
         assert ours(dump, tmp_path / f"o-{name}", 2) == run_script_alone(dump, tmp_path / f"r-{name}")
     # the table-markup dump has no <siteinfo>: the script reads on to the end looking for it and writes nothing
-    ref = run_script_alone(DATA / "enwiki-table-markup.xml.bz2", tmp_path / "r-table")
+    ref = run_script_alone(shared_data / "enwiki-table-markup.xml.bz2", tmp_path / "r-table")
     assert ref == {"AA/wiki_00": b""}
     with pytest.raises(InputError, match="no articles"):
-        ours(DATA / "enwiki-table-markup.xml.bz2", tmp_path / "o-table")
+        ours(shared_data / "enwiki-table-markup.xml.bz2", tmp_path / "o-table")
 
 
 @needs_script
@@ -442,6 +447,7 @@ def test_raw_carriage_returns_read_as_python37_did(tmp_path):
 
 
 @needs_script
+@needs_gensim
 def test_extract_command(golden, tmp_path, capsys):
     from bertpipe.cli import main
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from preprocessing.text.pipeline import TextConfig, run_text_stages
 from preprocessing.text.split_eval import SplitEvalConfig, run_split_eval
 
 CFG = TextConfig(num_test_articles=2, workers=1)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _extracted(tmp_path: Path, files: dict[str, bytes]) -> Path:
@@ -67,15 +70,50 @@ def test_output_folder_under_a_file(tmp_path: Path) -> None:
     assert blocker.read_text() == "a file, not a folder"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+# The text stages in a child python that has lost root's way past permission bits: the capability bounding set
+# drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (prctl PR_CAPBSET_DROP), then the child execs itself, so that its
+# permitted and effective sets no longer hold them (as root, exec gives the bounding set). It prints its
+# effective set, then the InputError's message.
+_WITHOUT_DAC_OVERRIDE = r"""
+import ctypes, os, sys
+if sys.argv[1] == "drop":
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            sys.exit(f"cannot drop capability {cap}: {os.strerror(ctypes.get_errno())}")
+    os.execv(sys.executable, [sys.executable, "-c", sys.argv[2], "run", *sys.argv[2:]])  # (argv as this one's)
+from pathlib import Path
+from core.errors import InputError
+from preprocessing.text.pipeline import TextConfig, run_text_stages
+print([x.split()[1] for x in open("/proc/self/status") if x.startswith("CapEff:")][0], flush=True)
+try:
+    run_text_stages(Path(sys.argv[3]), Path(sys.argv[4]), TextConfig(num_test_articles=2, workers=1))
+except InputError as e:
+    print(e)
+    sys.exit(3)
+"""
+
+
 def test_read_only_output_folder(tmp_path: Path) -> None:
+    """As a user, and as root: as root (which writes into read-only folders) the stages run in a child that has lost
+    CAP_DAC_OVERRIDE, so the folder's mode binds it as it binds a user."""
     root = _extracted(tmp_path, {"AA/wiki_00": DOC})
     out = tmp_path / "ro"
     out.mkdir()
     out.chmod(0o500)
     try:
-        with pytest.raises(InputError, match=f"{out} is not writable"):
-            run_text_stages(root, out, CFG)
+        if not os.access(out, os.W_OK):
+            with pytest.raises(InputError, match=f"{out} is not writable"):
+                run_text_stages(root, out, CFG)
+        else:
+            r = subprocess.run([sys.executable, "-c", _WITHOUT_DAC_OVERRIDE, "drop", _WITHOUT_DAC_OVERRIDE, str(root),
+                                str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+            if r.returncode == 1 and r.stderr.startswith("cannot drop capability"):
+                pytest.skip(f"this process writes into read-only folders and cannot give that up: {r.stderr.strip()}")
+            cap_eff, *msg = r.stdout.splitlines()
+            assert not int(cap_eff, 16) & 0b110, cap_eff  # the child had neither capability
+            assert r.returncode == 3 and msg == [f"output folder {out} is not writable; choose another --out"], (
+                r.returncode, r.stdout, r.stderr[-2000:])
     finally:
         out.chmod(0o700)
     _no_outputs(out)

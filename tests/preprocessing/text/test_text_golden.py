@@ -1,4 +1,4 @@
-"""Text stages 3-6 against the reference's own outputs (../shared/data/golden/text_chain, mlperf_sample).
+"""Text stages 3-6 against the reference's own outputs (golden/text_chain in every tier; mlperf_sample in ../shared).
 
 Every comparison is byte for byte: the stage outputs are the product.
 """
@@ -90,21 +90,34 @@ def test_bertpipe_text_on_golden_extractor_output(chain: Path, tmp_path: Path, f
     assert sorted(p.name for p in out.iterdir()) == sorted((*FINAL, "_manifest.json"))
 
 
-def test_bertpipe_text_on_mlperf_sample(mlperf_sample: Path, tmp_path: Path) -> None:
-    sample = mlperf_sample
-    out = tmp_path / "results"
-    rc = main(["text", "--extracted", str(sample / "extracted"), "--out", str(out), "--num_test_articles=20",
-               "--block_size_mb=26.92", "--keep-intermediate"])
-    assert rc == 0
-    for n in FINAL:
-        _same(out / n, sample / n)
-    # the intermediates are the reference's files too: .4 pieces gathered give the part file
-    fours = sorted((out / "text" / "AA").glob("wiki_0?.4"))
-    assert [p.name for p in fours] == [f"wiki_0{k}.4" for k in range(4)]
-    pieces = [p.read_bytes() for p in fours]
-    pieces = [b[:-1] if b.endswith(b"\n\n") else b for b in pieces]
-    assert b"".join(pieces) == (sample / "part-00000-of-00500").read_bytes()
-    verify_manifest(out)
+def test_bertpipe_text_keeps_the_reference_intermediates(chain: Path, data_tier: str, request: pytest.FixtureRequest,
+                                                         tmp_path: Path) -> None:
+    """`bertpipe text --keep-intermediate` with the reference's flag spellings on real extractor files: the final
+    files are the reference's, the kept .4 pieces gathered give the part file, and where the reference's own
+    intermediates are known (the golden text chain) each .1-.4 is theirs. On MLCommons' sample (4 files of the
+    enwiki-20200101 dump MLPerf uses) where ../shared has it, and on the golden text chain in every tier."""
+    samples = {"golden text chain": (chain / "text", chain, NAMES, True)}
+    if data_tier == "shared":
+        sample = request.getfixturevalue("mlperf_sample")
+        samples["MLPerf sample"] = (sample / "extracted", sample, tuple(f"wiki_0{k}" for k in range(4)), False)
+    for k, (what, (extracted, ref, names, theirs_kept)) in enumerate(samples.items()):
+        out = tmp_path / f"results{k}"
+        rc = main(["text", "--extracted", str(extracted), "--out", str(out), "--num_test_articles=20",
+                   "--block_size_mb=26.92", "--keep-intermediate"])
+        assert rc == 0, what
+        for n in FINAL:
+            _same(out / n, ref / n)
+        # the intermediates are the reference's files too: .4 pieces gathered give the part file
+        fours = sorted((out / "text" / "AA").glob("wiki_0?.4"))
+        assert [p.name for p in fours] == [f"{n}.4" for n in names], what
+        pieces = [p.read_bytes() for p in fours]
+        pieces = [b[:-1] if b.endswith(b"\n\n") else b for b in pieces]
+        assert b"".join(pieces) == (ref / "part-00000-of-00500").read_bytes(), what
+        kept = sorted(p.name for p in (out / "text" / "AA").iterdir())
+        assert kept == sorted(f"{n}.{i}" for n in names for i in range(1, 5)), what
+        for name in kept if theirs_kept else ():  # the golden chain holds the reference's own .1-.4
+            _same(out / "text" / "AA" / name, extracted / "AA" / name)
+        verify_manifest(out)
 
 
 def test_stage_subcommands_chain(chain: Path, tmp_path: Path) -> None:
@@ -123,6 +136,7 @@ def test_stage_subcommands_chain(chain: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_shared("data/mlperf_sample")
 def test_many_files_roll_over_and_do_not_depend_on_workers(mlperf_sample: Path, tmp_path: Path) -> None:
     """30 real extractor files (8 folders, ~31 MB): two 26.92 MB parts, identical for 1 and 3 workers,
     and the parts together are the one-part output of a huge block size."""
