@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.costs import md5_work
 from core.errors import ChecksumError, ManifestCorrupt, ManifestError
 from core.manifest.writes import atomic_write_text
 from core.native import NativeModule
@@ -61,7 +62,7 @@ _CHUNK = 1 << 20
 def md5_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
     """md5 hex digest of a file, read in 1 MiB chunks."""
     h = hashlib.md5()
-    with open(path, "rb") as f:
+    with md5_work(os.path.getsize(path)), open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
@@ -83,7 +84,8 @@ def md5_files(paths: Iterable[str | os.PathLike]) -> list[str]:
     native = _MD5.load() if len(paths) > 1 else None
     if native is None:
         return [md5_file(p) for p in paths]
-    return native.md5_files([os.fspath(p) for p in paths])
+    with md5_work(sum(os.path.getsize(p) for p in paths)):
+        return native.md5_files([os.fspath(p) for p in paths])
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no whitespace: the form every digest is computed over."""

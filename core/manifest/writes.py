@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from core.costs import fsync_wait
 from core.errors import DiskFullError
 
 log = logging.getLogger(__name__)
@@ -61,14 +62,16 @@ def sync_fd(fd: int) -> None:
     if _LATE_FSYNC.get():
         start_writeback(fd)
     else:
-        os.fsync(fd)
+        with fsync_wait():
+            os.fsync(fd)
 
 
 def fsync_path(path: Path | str) -> None:
     """fsync a closed file by its path (a file system that cannot fsync: nothing to do)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with fsync_wait():
+            os.fsync(fd)
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
             raise
@@ -83,7 +86,8 @@ def fsync_dir(path: Path | str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
+        with fsync_wait():
+            os.fsync(fd)
     except OSError:
         pass
     finally:
@@ -103,7 +107,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, before_rename=None)
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            with fsync_wait():
+                os.fsync(f.fileno())
         if before_rename is not None:
             before_rename()
         os.replace(tmp, path)
