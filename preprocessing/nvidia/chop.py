@@ -37,8 +37,11 @@ are refused in one line naming the largest shard count that works. Values that d
 over 32,767 entries) are refused (the reference's cast would wrap them). Each dataset is created empty and filled
 chunk by chunk, one after the other in the order above, which gives the reference's bytes for the padded shards
 (same h5py/HDF5) with memory bounded by ``chunk_rows``; ``--varlength`` shards hold NVIDIA's vlen datasets
-(``preprocessing/nvidia/varlength.py``; equal content, HDF5 bytes of their own). Shards are written in groups, in
-parallel (:mod:`core.pools`); any number of workers gives the same bytes.
+(``preprocessing/nvidia/varlength.py``; equal content, HDF5 bytes of their own): the padded rows are read through
+memory maps where the parts are contiguous (as tfrecord-to-hdf5 writes them; h5py otherwise), checked with a few
+reductions a chunk (the checks one by one where one fails: the same refusals) and cut with one C gather a
+dataset. Shards are written in groups of up to 16, in parallel (:mod:`core.pools`), each group's shards hashed
+side by side in one md5_files call; any number of workers gives the same bytes.
 
     bertpipe chop-hdf5 --input_hdf5_dir hdf5/training --output_hdf5_dir hdf5/training-4320 --num_shards 4320
     bertpipe chop-hdf5 --rule v1.1 ... --num_shards 2048     # the rule of NVIDIA's 2,048-shard list
@@ -76,11 +79,11 @@ from preprocessing.hdf5_io import (
     h5_create,
     open_padded,
     reading,
-    sequence_lengths,
     stage_params,
     tmp_path,
     verify_inputs,
 )
+from preprocessing.nvidia.varlength import PaddedMap, mapped_padded
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,8 @@ INPUT_GLOB = "part-00???-of-00500.hdf5"
 NV_DATASETS: tuple[tuple[str, str, str], ...] = (
     ("input_ids", "i2", "seq"), ("input_mask", "i1", "seq"), ("segment_ids", "i1", "seq"),
     ("masked_lm_positions", "i2", "pred"), ("masked_lm_ids", "i2", "pred"), ("next_sentence_labels", "i1", ""))
-#: Rows one shard-group call aims at.
-ROWS_PER_GROUP = 32768
+#: Shards one shard-group call writes at most (hashed side by side: md5_files' 16 lanes).
+GROUP_SHARDS = 16
 #: Input files a group call keeps open at once.
 OPEN_INPUTS = 8
 
@@ -277,30 +280,54 @@ def groups(layout: ChopLayout, files: Sequence[tuple[str, int]], n_groups: int) 
 
 
 def group_count(rows: int, n_shards: int, workers: int) -> int:
-    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker."""
-    return max(1, min(n_shards, max(math.ceil(rows / ROWS_PER_GROUP), 4 * max(1, workers))))
+    """How many shard-group calls: groups of up to :data:`GROUP_SHARDS` shards (a group's shards are hashed side by
+    side in one md5_files call: 16 lanes of AVX-512, 8 of AVX2), and at least one per worker (where there are
+    shards for it). The rows only bound it by the shards: a group reads and writes chunk by chunk."""
+    del rows  # a group's memory does not grow with its rows
+    return max(1, min(n_shards, max(math.ceil(n_shards / GROUP_SHARDS), max(1, workers))))
 
 
 # -- step 3: write a group ------------------------------------------------------------------------------------
 class _Inputs:
-    """The input files of a group call, opened once each (a few at a time)."""
+    """The input files of a group call, opened once each (a few at a time); contiguous inputs also mapped."""
 
     def __init__(self, cfg: ChopConfig) -> None:
         self.cfg = cfg
         self.files: OrderedDict[str, Any] = OrderedDict()
+        self.maps: dict[str, PaddedMap | None] = {}
 
-    def read(self, path: str, name: str, a: int, b: int) -> np.ndarray:
+    def _open(self, path: str) -> Any:
         f = self.files.pop(path, None)
         if f is None:
             if len(self.files) >= OPEN_INPUTS:
-                self.files.popitem(last=False)[1].close()
+                old, of = self.files.popitem(last=False)
+                self.maps.pop(old, None)
+                of.close()
             f = open_padded(Path(path), max_seq_length=self.cfg.max_seq_length,
                             max_predictions_per_seq=self.cfg.max_predictions_per_seq)
         self.files[path] = f
+        return f
+
+    def read(self, path: str, name: str, a: int, b: int) -> np.ndarray:
+        f = self._open(path)
         with reading(Path(path), f"{name} rows {a}..{b - 1}"):
             return f[name][a:b]
 
+    def rows(self, path: str, a: int, b: int) -> dict[str, np.ndarray]:
+        """The six datasets' rows a..b-1: views of the file's memory maps (contiguous inputs: read when touched,
+        with no copy) or arrays read through h5py."""
+        f = self._open(path)
+        if path not in self.maps:
+            with reading(Path(path), "its datasets"):
+                self.maps[path] = mapped_padded(f, Path(path))
+        maps = self.maps[path]
+        if maps is not None:
+            return maps.rows(a, b)
+        with reading(Path(path), f"rows {a}..{b - 1}"):
+            return {name: f[name][a:b] for name in HDF5_FIELDS}
+
     def close(self) -> None:
+        self.maps.clear()
         while self.files:
             self.files.popitem()[1].close()
 
@@ -338,24 +365,20 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
     import h5py
 
     from preprocessing.hdf5_io import write_vlen
-    from preprocessing.nvidia.varlength import VARLEN_DATASETS, _check_lengths, ragged_flat
+    from preprocessing.nvidia.varlength import VARLEN_DATASETS, compact_padded
 
     out = {name: f.create_dataset(name, (size,), dtype=h5py.vlen_dtype(np.dtype(dt))) for name, dt, _ in VARLEN_DATASETS}
     nsl = f.create_dataset("next_sentence_labels", data=np.zeros(size, dtype="i1"), dtype="i1")
     o = 0
     for path, a, b in spans:
-        for c0, c1 in chunks(b - a, cfg.chunk_rows):
+        for c0, c1 in chunks(b - a, cfg.chunk_rows):  # these writes, chunk by chunk, make the file's bytes: kept
             first = a + c0
-            rows = {name: inputs.read(path, name, first, a + c1) for name in HDF5_FIELDS}
-            lengths = {"seq": sequence_lengths(rows["input_mask"]),
-                       "pred": (rows["masked_lm_positions"] != 0).sum(axis=1, dtype=np.int64)}
-            _check_lengths(lengths["seq"], cfg.max_seq_length, Path(path), first)
-            check_padded(path, first, rows)  # the shared rules (preprocessing/hdf5_check.py)
+            with reading(Path(path), f"rows {first}..{a + c1 - 1}"):  # the checks and cuts (varlength.py)
+                rows = compact_padded(inputs.rows(path, first, a + c1), Path(path), first, cfg.max_seq_length)
             m = c1 - c0
-            for name, dt, kind in VARLEN_DATASETS:  # one HDF5 write per dataset and chunk, no object per row
-                write_vlen(out[name], ragged_flat(rows[name], lengths[kind], dt, name, Path(path), first),
-                           lengths[kind], o)
-            nsl[o:o + m] = _cast(rows["next_sentence_labels"], "i1", "next_sentence_labels", path, first)
+            for name, _, kind in VARLEN_DATASETS:  # one HDF5 write per dataset and chunk, no object per row
+                write_vlen(out[name], rows.flat[name], rows.lengths(kind), o)
+            nsl[o:o + m] = rows.nsl
             o += m
 
 

@@ -12,7 +12,8 @@ kept), cut as ``convert_fixed2variable.py`` cuts it (``input_ids``/``segment_ids
 Differences: the output name gets ``.hdf5`` appended only when it does not end in ``.hdf5`` already (the script
 would write ``x.hdf5.hdf5``); more picks than rows is refused (the script silently repeats rows); lengths are
 summed in int64 (the script's ``sum()`` of an int8 row wraps under NumPy 2: its NumPy 1 behaviour is kept);
-rows are read and written in chunks (the script goes row by row).
+rows are read and written in chunks (the script goes row by row): from a contiguous input only the picked rows
+are read (memory maps), checked and cut as preprocessing/nvidia/varlength.compact_padded does.
 
 The pick over the eval TFRecord (MLCommons ``pick_eval_samples.py``, ``bertpipe pick-eval-samples``) uses the
 same formula, so in the data DAG NVIDIA's eval file is bertpipe's ``eval_10k.hdf5`` in the packed form
@@ -34,14 +35,12 @@ from core.errors import InputError
 from core.manifest import Manifest, StageOutput
 from core.schema import HDF5_FIELDS
 from core.stage import Stage
-from preprocessing.hdf5_check import check_padded
 from preprocessing.hdf5_io import (
     atomic_path,
     chunks,
     h5_create,
     open_padded,
     reading,
-    sequence_lengths,
     stage_file,
     stage_params,
     verify_inputs,
@@ -89,7 +88,8 @@ def pick_eval_varlength(input_hdf5: str | Path, output_hdf5: str | Path, cfg: Pi
     """Write the picked rows of ``input_hdf5`` in the packed form to ``output_hdf5`` (the path as given)."""
     import h5py
 
-    from preprocessing.nvidia.varlength import VARLEN_DATASETS, _check_lengths, _ragged
+    from preprocessing.hdf5_io import write_vlen
+    from preprocessing.nvidia.varlength import VARLEN_DATASETS, compact_padded, mapped_padded
 
     path = Path(input_hdf5)
     with open_padded(path, max_seq_length=cfg.max_seq_length,
@@ -97,27 +97,30 @@ def pick_eval_varlength(input_hdf5: str | Path, output_hdf5: str | Path, cfg: Pi
         n = int(src["next_sentence_labels"].shape[0])
         picks = pick_rows(n, cfg.num_examples_to_pick, path)
         k = len(picks)
+        with reading(path, "its datasets"):
+            maps = mapped_padded(src, path)  # contiguous input: only the picked rows are read
         with h5_create(output_hdf5, in_memory=k * 2400 <= (8 << 20)) as dst:
             out = {name: dst.create_dataset(name, (k,), dtype=h5py.vlen_dtype(np.dtype(dt)))
                    for name, dt, _ in VARLEN_DATASETS}
             nsl = dst.create_dataset("next_sentence_labels", data=np.zeros(k, dtype="i1"), dtype="i1")
             o = 0
-            for a, b in chunks(n, cfg.chunk_rows):
+            for a, b in chunks(n, cfg.chunk_rows):  # these writes, chunk by chunk, make the file's bytes: kept
                 lo, hi = np.searchsorted(picks, [a, b], side="left")
                 if hi == lo:
                     continue
                 sel = picks[lo:hi] - a
                 span = slice(a + int(sel[0]), a + int(sel[-1]) + 1)
                 with reading(path, f"rows {span.start}..{span.stop - 1}"):
-                    rows = {name: src[name][span][sel - sel[0]] for name in HDF5_FIELDS}
-                lengths = {"seq": sequence_lengths(rows["input_mask"]),
-                           "pred": (rows["masked_lm_positions"] != 0).sum(axis=1, dtype=np.int64)}
-                _check_lengths(lengths["seq"], cfg.max_seq_length, path, span.start)
-                check_padded(path, span.start, rows, row_ids=span.start + sel - sel[0])
+                    if maps is not None:
+                        got = maps.rows(span.start, span.stop)
+                        rows = {name: got[name][sel - sel[0]] for name in HDF5_FIELDS}
+                    else:
+                        rows = {name: src[name][span][sel - sel[0]] for name in HDF5_FIELDS}
+                    cut = compact_padded(rows, path, span.start, cfg.max_seq_length, row_ids=span.start + sel - sel[0])
                 m = hi - lo
-                for name, dt, kind in VARLEN_DATASETS:
-                    out[name][o:o + m] = _ragged(rows[name], lengths[kind], dt, name, path, span.start)
-                nsl[o:o + m] = rows["next_sentence_labels"].astype("i1")
+                for name, _, kind in VARLEN_DATASETS:  # one HDF5 write per dataset and chunk
+                    write_vlen(out[name], cut.flat[name], cut.lengths(kind), o)
+                nsl[o:o + m] = cut.nsl
                 o += m
     return {"rows_in": n, "picked": k}
 

@@ -21,16 +21,23 @@ set in memory:
 
 1. count the inputs (and check them); compute the permutation and its inverse (two arrays of n indices, on disk
    as scratch, memory-mapped by the workers);
-2. scatter (parallel over input files): each input read in chunks, each row sent to the bucket of its destination
-   (a bucket: consecutive output shards, about :attr:`ShuffleConfig.bucket_rows` rows), into scratch files;
-3. gather (parallel over buckets): a bucket's rows read back, put in destination order, and its shards written
-   (each via a temporary name, closed for good, renamed), with the index lists when ``index_lists`` is set;
+2. scatter (parallel over input files): each input read in place (:func:`read_rows`: its four vlen datasets'
+   global heap collections memory-mapped, every object's header checked against the element naming it; h5py
+   where a file is laid out otherwise), its rows sorted by the bucket of their destination (a bucket: consecutive
+   output shards, about :attr:`ShuffleConfig.bucket_rows` rows), their values gathered in that order (one C copy
+   a row) and appended to the buckets' scratch files;
+3. gather (parallel over buckets): a bucket's scratch memory-mapped, its rows put in destination order by their
+   addresses alone, and its shards written (each via a temporary name, closed for good, renamed): HDF5 copies
+   each row's values from the scratch map (no gather before); the index lists when ``index_lists`` is set; the
+   shards of a bucket hashed side by side in one md5_files call;
 4. the manifest, last; the scratch folder is removed.
 
 Output names end in ``.hdf5`` (what the published list and NVIDIA's trainer expect); the content of each shard
 equals the script's (names, dtypes, shapes, values: tests/preprocessing/nvidia/test_nvidia_shuffle.py), and so do
-NVIDIA's ``hdf5_md5`` digests. Memory: 8 bytes per row of the whole set for the permutation (its inverse lives on
-disk), plus one bucket per worker. Scratch disk: about the size of the input.
+NVIDIA's ``hdf5_md5`` digests. Memory (:func:`plan_memory`): the permutation step holds one array of n indices at a
+time (627 MB for the full set's 156.7 M rows: its peak RSS measured 665 MB), a scatter call one input shard and
+its pending records (~140 MB at full size), a gather call one bucket (~310 MB). Scratch disk: about the size of
+the input.
 
     bertpipe shuffle-samples --input_hdf5 hdf5_4320_shards_varlength --output_hdf5 hdf5_4320_shards_varlength_shuffled
 """
@@ -61,7 +68,7 @@ from core.pools import default_workers, run_all
 from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
-from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs, write_vlen
+from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +173,16 @@ class ShufflePlan:
         return self.starts[list(self.bucket_shards)]
 
 
+#: Entries of the permutation inverted at once (make_plan: the inverse is built from ``perm.npy`` read in pieces).
+INVERT_STEP = 1 << 22
+
+
 def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: ShuffleConfig) -> ShufflePlan:
-    """Compute and store the permutation (``perm[t]``: the source row of destination row t) and its inverse."""
+    """Compute and store the permutation (``perm[t]``: the source row of destination row t) and its inverse.
+
+    Memory: one array of n indices at a time (4 bytes each below 2**31 rows: 627 MB for the full set's 156.7 M),
+    plus :data:`INVERT_STEP` of them: the permutation is stored and dropped, then its inverse built from the file,
+    read piece by piece (:func:`plan_memory` says how much)."""
     from preprocessing.pyrandom import shuffle_permutation
 
     scratch = Path(scratch)
@@ -177,12 +192,37 @@ def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: Shuffl
     n = sum(c for _, c in files)
     perm = shuffle_permutation(n, cfg.seed)
     np.save(scratch / "perm.npy", perm)
-    inv = np.empty_like(perm)
-    inv[perm] = np.arange(n, dtype=perm.dtype)
+    dtype = perm.dtype
     del perm
+    inv = np.empty(n, dtype=dtype)
+    with open(scratch / "perm.npy", "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, stored = read_header(f)
+        if shape != (n,) or stored != dtype:  # pragma: no cover - written just above
+            raise InputError(f"{scratch / 'perm.npy'} changed while shuffle-samples ran; run again")
+        for a in range(0, n, INVERT_STEP):
+            piece = np.fromfile(f, dtype=dtype, count=min(INVERT_STEP, n - a))
+            inv[piece] = np.arange(a, a + len(piece), dtype=dtype)
     np.save(scratch / "inv.npy", inv)
     del inv
     return _rebuild(files, scratch, cfg)
+
+
+def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row: float = 256.0,
+                preds_per_row: float = 40.0) -> dict[str, int]:
+    """Bytes each step of the shuffle holds for ``n`` rows (its arrays; not the interpreter and libraries):
+    ``plan`` (the permutation, then its inverse, and a piece), ``scatter`` (a shard's rows and their values, the
+    pending records; ``inv`` mapped for its rows only), ``gather`` (a bucket: its scratch, mapped, and the
+    per-row arrays). Rows of ``tokens_per_row`` tokens and ``preds_per_row`` masked positions on average."""
+    idx = 4 if n < 2**31 else 8
+    row = 8 + 4 + 4 + 1 + 3 * tokens_per_row + 4 * preds_per_row  # a scratch record's bytes a row
+    shard = max(1, n // 4320)  # NVIDIA's 4,320 shards: the largest count the DAG cuts
+    bucket = cfg.bucket_rows + shard  # whole shards until bucket_rows is reached
+    return {"plan": int(n * idx + INVERT_STEP * 2 * idx),
+            "scatter": int(shard * (row + 3 * 16 + 4 * 8) + shard * (row - 17) + FLUSH_BYTES + shard * idx),
+            "gather": int(bucket * row + bucket * (8 * 4 + 8 + 4 + 4 + 1 + 8 * 4 + 8))}
 
 
 # -- step 2: scatter ------------------------------------------------------------------------------------------------
@@ -194,33 +234,235 @@ def _flat(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return lengths, np.concatenate(list(rows)).astype(dtype, copy=False)
 
 
+@dataclass
+class Rows:
+    """Rows of a shard in a few flat arrays: per row its lengths and label; per dataset the values of every row
+    back to back (``cols``), or, read in place from a memory map of the file, each row's address (``addrs``: the
+    values are gathered from there when the rows are moved, with no copy before)."""
+
+    seq: np.ndarray  # int32
+    pred: np.ndarray  # int32
+    nsl: np.ndarray  # int8
+    cols: dict[str, np.ndarray] | None = None
+    addrs: dict[str, np.ndarray] | None = None
+    keep: Any = None  # what the addresses point into (kept alive with them)
+
+    def gathered(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """Every dataset's values of rows ``order``, in that order, back to back."""
+        from preprocessing import pack_fast
+
+        out = {}
+        for name, dt in VLEN:
+            lens = (self.seq if name in ("input_ids", "segment_ids") else self.pred)[order].astype(np.int64)
+            if self.addrs is not None:
+                out[name] = _gather_addrs(self.addrs[name][order], lens, np.dtype(dt))
+            else:
+                col = self.cols[name]
+                starts = _starts(self.seq if name in ("input_ids", "segment_ids") else self.pred)[order]
+                out[name] = pack_fast.gather_runs([col], None, starts, lens, col.dtype) if pack_fast.available() \
+                    else col[_ranges(starts, lens)]
+        return out
+
+
+def _starts(lens: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1], out=out[1:])
+    return out
+
+
+def _gather_addrs(addrs: np.ndarray, lens: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """The runs of ``lens[i]`` values of type ``dt`` at addresses ``addrs[i]`` of this process, back to back (the C
+    gather: one copy a run)."""
+    from preprocessing import pack_fast
+
+    out = np.empty(int(lens.sum()), dtype=dt)
+    if len(out):
+        pack_fast.native().gather_runs(out, np.ascontiguousarray(addrs, dtype=np.uint64),
+                                       np.ascontiguousarray(lens, dtype=np.int64), dt.itemsize)
+    return out
+
+
+#: A vlen dataset's element as HDF5 stores it: the sequence's length, then its global heap ID (the collection's
+#: address, the object's index in it), for files of 8-byte addresses and lengths (h5py's default).
+_HVL_DISK = np.dtype([("len", "<u4"), ("addr", "<u8"), ("idx", "<u4")])
+
+
+_GHEAP_OBJ = np.dtype([("idx", "<u2"), ("nrefs", "<u2"), ("reserved", "<u4"), ("size", "<u8")])
+
+
+def _headers(mm: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 16-byte global heap object headers at offsets ``at`` of the byte array ``mm`` (one gather)."""
+    return np.ascontiguousarray(mm[at[:, None] + np.arange(16)]).view(_GHEAP_OBJ).reshape(-1)
+
+
+def _mapped_rows(f: Any, path: Path, n: int) -> Rows | None:
+    """The rows of a variable-length shard read in place from a memory map of the file, when its four vlen
+    datasets are contiguous and their global heap collections hold exactly their rows' sequences, one object each,
+    in index order and back to back (as HDF5 writes them, whoever called it). Every object's header is checked
+    against the element that names it (collection signature, index, size): any difference, and None is returned
+    (the rows are then read through h5py, element by element)."""
+    from preprocessing import pack_fast
+
+    if n == 0 or not pack_fast.available() or f.id.get_create_plist().get_sizes() != (8, 8):
+        return None
+    size = path.stat().st_size
+    elems = {}
+    for name, dt in VLEN:
+        ds = f[name]
+        base = h5py_base(ds)
+        offset = ds.id.get_offset()
+        if base != np.dtype(dt).newbyteorder("<") or ds.chunks is not None or offset is None or \
+                ds.id.get_storage_size() != n * _HVL_DISK.itemsize or offset + n * _HVL_DISK.itemsize > size:
+            return None
+        elems[name] = (offset, base.itemsize)
+    try:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError):
+        return None
+    raw = {name: np.frombuffer(mm, dtype=_HVL_DISK, count=n, offset=off) for name, (off, _) in elems.items()}
+    lens = {name: r["len"].astype(np.int64) for name, r in raw.items()}
+    addr = np.concatenate([r["addr"] for r in raw.values()]).astype(np.int64)
+    idx = np.concatenate([r["idx"] for r in raw.values()]).astype(np.int64)
+    nbytes = np.concatenate([lens[name] * elems[name][1] for name in raw])
+    empty = nbytes == 0  # a row without values has no heap object (HDF5 stores a null heap ID)
+    if (addr[empty] != 0).any() or (idx[empty] != 0).any():
+        return None
+    order = np.flatnonzero(~empty)
+    order = order[np.lexsort((idx[order], addr[order]))]
+    a, i, nb = addr[order], idx[order], nbytes[order]
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = a[1:] != a[:-1]
+    first = np.flatnonzero(new)
+    cid = np.cumsum(new) - 1  # collection of each object, 0..
+    rank = np.arange(len(a)) - first[cid]  # place in its collection
+    need = 16 + ((nb + 7) & ~7)
+    cum = np.cumsum(need) - need
+    at = a + 16 + cum - cum[first][cid]  # the object's header, if they lie in index order from the start
+    ca = a[first]
+    if (i != rank + 1).any() or (ca < 0).any() or (ca + 16 > size).any() or (at + need > size).any():
+        return None
+    coll = np.ascontiguousarray(mm[ca[:, None] + np.arange(16)])  # "GCOL", version 1, 3 reserved, size
+    csize = coll[:, 8:].copy().view("<u8").reshape(-1).astype(np.int64)
+    last = np.append(first[1:], len(a)) - 1
+    if (coll[:, :4] != np.frombuffer(b"GCOL", dtype=np.uint8)).any() or (coll[:, 4] != 1).any() or \
+            (at[last] + need[last] - ca > csize).any() or (ca + csize > size).any():
+        return None
+    hdr = _headers(mm, at)
+    if (hdr["idx"] != i).any() or (hdr["size"].astype(np.int64) != nb).any():
+        return None
+    data = np.zeros(len(addr), dtype=np.int64)  # (the empty rows' values: none, read from the map's start)
+    data[order] = at + 16
+    base_addr = mm.ctypes.data
+    addrs, o = {}, 0
+    for name in raw:
+        addrs[name] = (data[o:o + n] + base_addr).astype(np.uint64)
+        o += n
+    seq, pred = lens["input_ids"], lens["masked_lm_positions"]
+    if (lens["segment_ids"] != seq).any() or (lens["masked_lm_ids"] != pred).any():
+        row = int(np.flatnonzero((lens["segment_ids"] != seq) | (lens["masked_lm_ids"] != pred))[0])
+        raise InputError(f"{path}: row {row}: segment_ids / masked_lm_ids do not have the length of "
+                         "input_ids / masked_lm_positions; the file is corrupt, re-create it")
+    with reading(path, "next_sentence_labels"):
+        nsl = f["next_sentence_labels"][:].astype(np.int8)
+    return Rows(seq=seq.astype(np.int32), pred=pred.astype(np.int32), nsl=nsl, addrs=addrs, keep=mm)
+
+
+def h5py_base(ds: Any) -> np.dtype | None:
+    import h5py
+
+    return h5py.check_vlen_dtype(ds.dtype)
+
+
+def read_rows(f: Any, path: Path, n: int, chunk_rows: int) -> Rows:
+    """Every row of an open variable-length shard (checked: lengths, values as :func:`check_compact` says)."""
+    rows = _mapped_rows(f, path, n)
+    if rows is None:  # h5py, chunk by chunk
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("seq", "pred", "nsl", *(nm for nm, _ in VLEN))}
+        for a, b in chunks(n, chunk_rows):
+            with reading(path, f"rows {a}..{b - 1}"):
+                data = {name: f[name][a:b] for name, _ in VLEN}
+                nsl = f["next_sentence_labels"][a:b].astype(np.int8)
+            seq_len, ids = _flat(data["input_ids"], "int16")
+            seg_len, seg = _flat(data["segment_ids"], "int8")
+            pred_len, pos = _flat(data["masked_lm_positions"], "int16")
+            mlm_len, mlm = _flat(data["masked_lm_ids"], "int16")
+            if (seg_len != seq_len).any() or (mlm_len != pred_len).any():
+                row = int(np.flatnonzero((seg_len != seq_len) | (mlm_len != pred_len))[0])
+                raise InputError(f"{path}: row {a + row}: segment_ids / masked_lm_ids do not have the length of "
+                                 "input_ids / masked_lm_positions; the file is corrupt, re-create it")
+            for k, v in (("seq", seq_len), ("pred", pred_len), ("nsl", nsl), ("input_ids", ids),
+                         ("segment_ids", seg), ("masked_lm_positions", pos), ("masked_lm_ids", mlm)):
+                parts[k].append(v)
+        cat = {k: (np.concatenate(v) if v else np.zeros(0, dtype=dt))
+               for (k, v), dt in zip(parts.items(), (np.int32, np.int32, np.int8, np.int16, np.int8, np.int16,
+                                                     np.int16), strict=True)}
+        rows = Rows(seq=cat["seq"], pred=cat["pred"], nsl=cat["nsl"],
+                    cols={name: cat[name] for name, _ in VLEN})
+    return rows
+
+
+def _check_rows(path: Path, rows: Rows, cols: dict[str, np.ndarray], order: np.ndarray) -> None:
+    """The shared rules (hdf5_check.check_compact) on a shard's rows, gathered in ``order`` (rows named by their
+    place in the file): a few reductions when they hold, check_compact itself (its refusal) when one does not."""
+    seq, pred, nsl = rows.seq[order], rows.pred[order], rows.nsl[order]
+    pos = cols["masked_lm_positions"]
+
+    def within(a: np.ndarray, lo: int, hi: int | None = None) -> bool:
+        return not a.size or (int(a.min()) >= lo and (hi is None or int(a.max()) <= hi))
+
+    ok = within(seq, 1) and within(cols["input_ids"], 0) and within(cols["masked_lm_ids"], 0) and \
+        within(cols["segment_ids"], 0, 1) and within(nsl, 0, 1) and within(pos, 1)
+    if ok and pos.size:
+        has = pred > 0
+        top = np.maximum.reduceat(pos, _starts(pred.astype(np.int64))[has])  # each row's largest position
+        ok = bool((top < seq[has]).all())
+    if not ok:
+        check_compact(path, 0, seq, pred, ids=cols["input_ids"], seg=cols["segment_ids"], pos=pos,
+                      mlm=cols["masked_lm_ids"], nsl=nsl, row_ids=order)
+
+
 class _Buckets:
-    """Records per bucket, kept in memory and appended to ``<scratch>/b<bucket>.t<task>`` when large."""
+    """Records per bucket, kept in memory (the arrays themselves) and appended to ``<scratch>/b<bucket>.t<task>``
+    when large (one vectored write a bucket file)."""
 
     def __init__(self, scratch: Path, task: int) -> None:
         self.scratch, self.task = scratch, task
-        self.pending: dict[int, list[bytes]] = {}
+        self.pending: dict[int, list[np.ndarray]] = {}
         self.size = 0
 
     def add(self, bucket: int, parts: Sequence[np.ndarray]) -> None:
-        blob = [np.ascontiguousarray(p).tobytes() for p in parts]
-        self.pending.setdefault(bucket, []).extend(blob)
-        self.size += sum(map(len, blob))
+        arrs = [np.ascontiguousarray(p) for p in parts]
+        self.pending.setdefault(bucket, []).extend(arrs)
+        self.size += sum(x.nbytes for x in arrs)
         if self.size >= FLUSH_BYTES:
             self.flush()
 
     def flush(self) -> None:
-        for b, blobs in self.pending.items():
-            with open(self.scratch / f"b{b:05d}.t{self.task:05d}", "ab") as f:
-                f.write(b"".join(blobs))
+        for b, arrs in self.pending.items():
+            fd = os.open(self.scratch / f"b{b:05d}.t{self.task:05d}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                bufs = [memoryview(x).cast("B") for x in arrs if x.nbytes]
+                for k in range(0, len(bufs), 512):
+                    part = bufs[k:k + 512]
+                    want = sum(len(x) for x in part)
+                    done = os.writev(fd, part)
+                    if done != want:  # a short write (a full disk, a signal): the rest one by one
+                        rest = b"".join(part)[done:]
+                        while rest:
+                            rest = rest[os.write(fd, rest):]
+            finally:
+                os.close(fd)
         self.pending, self.size = {}, 0
 
 
 def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, Any]:
-    """Send every row of inputs ``file_ids`` to the bucket of its destination (scratch files of task ``task``)."""
+    """Send every row of inputs ``file_ids`` to the bucket of its destination (scratch files of task ``task``):
+    a shard's rows are sorted by bucket once, their values gathered in that order, and each bucket's slice of
+    them appended to its file."""
     scratch = Path(plan.scratch)
     inv = np.load(scratch / "inv.npy", mmap_mode="r")
     bstart = plan.bucket_rows()
+    nb = len(bstart) - 1
     firsts = plan.starts
     out = _Buckets(scratch, task)
     rows_done = 0
@@ -229,36 +471,29 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
         with open_varlength(path) as f:
             if f["input_ids"].shape[0] != n:
                 raise InputError(f"{path} changed while shuffle-samples ran (it had {n} rows); run again")
-            for a, b in chunks(n, plan.cfg.chunk_rows):
-                with reading(Path(path), f"rows {a}..{b - 1}"):
-                    data = {name: f[name][a:b] for name, _ in VLEN}
-                    nsl = f["next_sentence_labels"][a:b].astype(np.int8)
-                dst = np.asarray(inv[firsts[fid] + a:firsts[fid] + b], dtype=np.int64)
+            rows = read_rows(f, Path(path), n, plan.cfg.chunk_rows)
+            dst = np.asarray(inv[firsts[fid]:firsts[fid] + n], dtype=np.int64)
+            if nb == 1:
+                bucket = np.zeros(n, dtype=np.int64)
+                order = np.arange(n, dtype=np.int64)
+            else:
                 bucket = np.searchsorted(bstart, dst, side="right") - 1
-                seq_len, ids = _flat(data["input_ids"], "int16")
-                seg_len, seg = _flat(data["segment_ids"], "int8")
-                pred_len, pos = _flat(data["masked_lm_positions"], "int16")
-                mlm_len, mlm = _flat(data["masked_lm_ids"], "int16")
-                if (seg_len != seq_len).any() or (mlm_len != pred_len).any():
-                    row = int(np.flatnonzero((seg_len != seq_len) | (mlm_len != pred_len))[0])
-                    raise InputError(f"{path}: row {a + row}: segment_ids / masked_lm_ids do not have the length of "
-                                     "input_ids / masked_lm_positions; the file is corrupt, re-create it")
-                check_compact(path, a, seq_len, pred_len, ids=ids, seg=seg, pos=pos, mlm=mlm, nsl=nsl)
                 order = np.argsort(bucket, kind="stable")
-                t_order = np.argsort(np.repeat(bucket, seq_len), kind="stable")
-                p_order = np.argsort(np.repeat(bucket, pred_len), kind="stable")
-                nb = len(bstart) - 1
-                r_cut = np.concatenate([[0], np.cumsum(np.bincount(bucket, minlength=nb))])
-                t_cut = np.concatenate([[0], np.cumsum(np.bincount(bucket, weights=seq_len, minlength=nb))]).astype(int)
-                p_cut = np.concatenate([[0], np.cumsum(np.bincount(bucket, weights=pred_len, minlength=nb))]).astype(int)
-                for bk in np.flatnonzero(np.diff(r_cut)).tolist():
-                    rs = order[r_cut[bk]:r_cut[bk + 1]]
-                    ts = t_order[t_cut[bk]:t_cut[bk + 1]]
-                    ps = p_order[p_cut[bk]:p_cut[bk + 1]]
-                    header = np.array([len(rs), len(ts), len(ps), 0], dtype=np.int64)
-                    out.add(bk, [header, dst[rs], seq_len[rs], pred_len[rs], nsl[rs], ids[ts], seg[ts], pos[ps],
-                                 mlm[ps]])
-                rows_done += b - a
+            with reading(Path(path), "its rows"):
+                cols = rows.gathered(order)
+            del rows.keep
+        _check_rows(Path(path), rows, cols, order)
+        seq, pred, nsl, d = rows.seq[order], rows.pred[order], rows.nsl[order], dst[order]
+        r_cut = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(np.bincount(bucket, minlength=nb), out=r_cut[1:])
+        t_cut = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])[r_cut]
+        p_cut = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])[r_cut]
+        for bk in np.flatnonzero(np.diff(r_cut)).tolist():
+            r0, r1, t0, t1, p0, p1 = r_cut[bk], r_cut[bk + 1], t_cut[bk], t_cut[bk + 1], p_cut[bk], p_cut[bk + 1]
+            header = np.array([r1 - r0, t1 - t0, p1 - p0, 0], dtype=np.int64)
+            out.add(bk, [header, d[r0:r1], seq[r0:r1], pred[r0:r1], nsl[r0:r1], cols["input_ids"][t0:t1],
+                         cols["segment_ids"][t0:t1], cols["masked_lm_positions"][p0:p1], cols["masked_lm_ids"][p0:p1]])
+        rows_done += n
     out.flush()
     return {"kind": "scatter", "task": task, "rows": rows_done}
 
@@ -268,20 +503,36 @@ _FIELDS = (("dst", np.int64, "r"), ("seq", np.int32, "r"), ("pred", np.int32, "r
            ("ids", np.int16, "t"), ("seg", np.int8, "t"), ("pos", np.int16, "p"), ("mlm", np.int16, "p"))
 
 
-def _read_bucket(scratch: Path, bucket: int) -> dict[str, np.ndarray]:
-    parts: dict[str, list[np.ndarray]] = {name: [] for name, _, _ in _FIELDS}
+def _read_bucket(scratch: Path, bucket: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any]]:
+    """A bucket's records, in place: the per-row fields concatenated (dst, seq, pred, nsl) and, per row, the
+    address of its values in the files' buffers (ids, seg, pos, mlm); and the buffers, to keep alive."""
+    rows: dict[str, list[np.ndarray]] = {"dst": [], "seq": [], "pred": [], "nsl": []}
+    addrs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
+    bufs = []
     for p in sorted(scratch.glob(f"b{bucket:05d}.t*")):
-        buf = p.read_bytes()
+        if not p.stat().st_size:
+            continue
+        buf = np.memmap(p, dtype=np.uint8, mode="r")  # read in place when HDF5 copies the values
+        bufs.append(buf)
+        base = buf.ctypes.data
         at = 0
         while at < len(buf):
             r, t, q, _ = np.frombuffer(buf, dtype=np.int64, count=4, offset=at).tolist()
             at += 32
+            fields = {}
             for name, dt, kind in _FIELDS:
                 count = {"r": r, "t": t, "p": q}[kind]
-                parts[name].append(np.frombuffer(buf, dtype=dt, count=count, offset=at))
+                if kind == "r":
+                    fields[name] = np.frombuffer(buf, dtype=dt, count=count, offset=at)
+                    rows[name].append(fields[name])
+                else:
+                    lens = fields["seq"] if kind == "t" else fields["pred"]
+                    addrs[name].append(base + at + _starts(lens.astype(np.int64)) * np.dtype(dt).itemsize)
                 at += count * np.dtype(dt).itemsize
-    return {name: (np.concatenate(v) if v else np.zeros(0, dtype=dt))
-            for (name, dt, _), v in zip(_FIELDS, parts.values(), strict=True)}
+    out_rows = {name: (np.concatenate(v) if v else np.zeros(0, dtype=dt))
+                for (name, dt, _), v in zip(_FIELDS[:4], rows.values(), strict=True)}
+    out_addrs = {name: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for name, v in addrs.items()}
+    return out_rows, out_addrs, bufs
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -303,28 +554,50 @@ def _index_list(perm: np.ndarray, file_starts: np.ndarray) -> str:
     return "[" + ", ".join(f"[{a}, {b}]" for a, b in zip(f.tolist(), r.tolist(), strict=True)) + "]"
 
 
+def write_vlen_at(ds: Any, counts: np.ndarray, addrs: np.ndarray, start: int) -> None:
+    """``ds[start + i] = the counts[i] values at address addrs[i]`` (of the dataset's element type, in this
+    process's memory) for every i, in one HDF5 write: what :func:`hdf5_io.write_vlen` writes for the same rows
+    given back to back (the same ``hvl_t`` elements, pointing where the values already are: no gather first)."""
+    import h5py
+    from h5py import h5s, h5t
+
+    n = len(counts)
+    if not n:
+        return
+    base = h5py.check_vlen_dtype(ds.dtype)
+    hvl = np.empty(n, dtype=[("len", np.uintp), ("p", np.uintp)])
+    hvl["len"] = counts
+    hvl["p"] = addrs
+    fspace = ds.id.get_space()
+    fspace.select_hyperslab((start,), (n,))
+    ds.id.write(h5s.create_simple((n,)), fspace, hvl, mtype=h5t.vlen_create(h5t.py_create(np.dtype(base))))
+
+
 def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any]:
-    """Write the shards of ``bucket`` into ``out_dir``; returns their entries ``[name, bytes, md5]``."""
+    """Write the shards of ``bucket`` into ``out_dir``; returns their entries ``[name, bytes, md5]``. The rows are
+    put in destination order by their addresses alone: each HDF5 write takes the values where the scratch
+    buffers hold them."""
     import h5py
 
     out_dir = Path(out_dir)
-    data = _read_bucket(Path(plan.scratch), bucket)
-    order = np.argsort(data["dst"], kind="stable")
+    data, addrs, bufs = _read_bucket(Path(plan.scratch), bucket)
     k0, k1 = plan.bucket_shards[bucket], plan.bucket_shards[bucket + 1]
     starts = plan.starts
-    if not np.array_equal(data["dst"][order], np.arange(starts[k0], starts[k1])):
+    dst = data["dst"] - starts[k0]
+    total = int(starts[k1] - starts[k0])
+    order = np.full(total, -1, dtype=np.int64)
+    ok = len(dst) == total and (dst >= 0).all() and (dst < total).all()
+    if ok:
+        order[dst] = np.arange(total, dtype=np.int64)
+        ok = bool((order >= 0).all())
+    if not ok:
         raise InputError(f"shuffle-samples: the scratch of shards {k0}..{k1 - 1} is incomplete (in {plan.scratch}); "
                          "run again")
-    seq, pred = data["seq"][order], data["pred"][order]
-    t_start = np.concatenate([[0], np.cumsum(data["seq"])[:-1]]).astype(np.int64)[order]
-    p_start = np.concatenate([[0], np.cumsum(data["pred"])[:-1]]).astype(np.int64)[order]
-    ti, pi = _ranges(t_start, seq), _ranges(p_start, pred)
-    cols = {"input_ids": data["ids"][ti], "segment_ids": data["seg"][ti], "masked_lm_positions": data["pos"][pi],
-            "masked_lm_ids": data["mlm"][pi]}
-    nsl = data["nsl"][order]
-    del data
+    seq, pred, nsl = data["seq"][order], data["pred"][order], data["nsl"][order]
+    where = {"input_ids": addrs["ids"][order], "segment_ids": addrs["seg"][order],
+             "masked_lm_positions": addrs["pos"][order], "masked_lm_ids": addrs["mlm"][order]}
+    del data, addrs, dst, order
     t_cum = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])
-    p_cum = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])
     perm = np.load(Path(plan.scratch) / "perm.npy", mmap_mode="r") if plan.cfg.index_lists else None
     finals: list[Path] = []
     for k in range(k0, k1):
@@ -336,11 +609,11 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                 dsets = {name: f.create_dataset(name, (b - a,), dtype=h5py.vlen_dtype(np.dtype(dt)))
                          for name, dt in VLEN}
                 labels = f.create_dataset("next_sentence_labels", data=np.zeros(b - a, dtype="i1"), dtype="i1")
-                for c0, c1 in chunks(b - a, plan.cfg.chunk_rows):
+                for c0, c1 in chunks(b - a, plan.cfg.chunk_rows):  # these writes make the file's bytes: kept
                     r0, r1 = a + c0, a + c1
                     for name, _ in VLEN:
-                        lens, cum = (seq, t_cum) if name in ("input_ids", "segment_ids") else (pred, p_cum)
-                        write_vlen(dsets[name], cols[name][cum[r0]:cum[r1]], lens[r0:r1], c0)  # one HDF5 write
+                        lens = seq if name in ("input_ids", "segment_ids") else pred
+                        write_vlen_at(dsets[name], lens[r0:r1], where[name][r0:r1], c0)  # one HDF5 write
                     labels[c0:c1] = nsl[r0:r1]
             os.replace(tmp, final)
         except BaseException as exc:
@@ -357,6 +630,7 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                             encoding="ascii")
             os.replace(ltmp, lst)
             finals.append(lst)
+    del bufs
     return {"kind": "shards", "bucket": bucket,
             "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_files(finals), strict=True)]}
 

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +107,125 @@ def _check_lengths(seq: np.ndarray, width: int, path: Path, first: int) -> None:
     if bad.size:
         raise RecordError(f"{path}: row {first + int(bad[0])} has sequence length {int(seq[bad[0]])} (sum of "
                           f"input_mask); expected 1..{width}: the file is corrupt, re-create it")
+
+
+@dataclass(frozen=True)
+class PaddedMap:
+    """Where the six padded datasets of a file lie (each contiguous, unfiltered, native byte order): row ranges
+    are mapped on demand, so only the rows at work are resident (a map of the whole file would count all of
+    it in the process's RSS by the end)."""
+
+    path: str
+    layout: tuple[tuple[str, int, str, tuple[int, ...]], ...]  # (name, offset, dtype, shape)
+
+    def rows(self, a: int, b: int) -> dict[str, np.ndarray]:
+        """Rows a..b-1 of each dataset, read-only maps of the file (read from the page cache when touched)."""
+        out = {}
+        for name, offset, dt, shape in self.layout:
+            row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dt).itemsize
+            out[name] = np.memmap(self.path, dtype=dt, mode="r", offset=offset + a * row, shape=(b - a, *shape[1:]))
+        return out
+
+
+def mapped_padded(f: Any, path: Path) -> PaddedMap | None:
+    """The layout of the six padded datasets of ``f`` (opened with ``open_padded``) when each is stored
+    contiguous and unfiltered in native byte order (as tfrecord-to-hdf5 writes them) and the file can be
+    memory-mapped; else None (chunked or compressed files are read through h5py)."""
+    layout = []
+    size = Path(path).stat().st_size
+    for name in HDF5_FIELDS:
+        ds = f[name]
+        if ds.chunks is not None or ds.compression is not None or not ds.dtype.isnative or ds.size == 0:
+            return None
+        offset = ds.id.get_offset()
+        if offset is None:
+            return None
+        if offset + ds.id.get_storage_size() > size or ds.id.get_storage_size() != ds.size * ds.dtype.itemsize:
+            raise InputError(f"{path}: dataset {name!r} lies outside the file; the file is truncated or corrupt, "
+                             "re-create it")
+        layout.append((name, int(offset), ds.dtype.str, tuple(ds.shape)))
+    out = PaddedMap(str(path), tuple(layout))
+    try:
+        out.rows(0, 1)
+    except (OSError, ValueError):  # a file system that cannot map files: read through h5py
+        return None
+    return out
+
+
+@dataclass(frozen=True)
+class Compact:
+    """A chunk of padded rows cut as ``convert_fixed2variable.py`` cuts them: the lengths (int64), the four
+    datasets' values back to back in their vlen element types (:data:`VARLEN_DATASETS`), the labels (int8)."""
+
+    seq: np.ndarray
+    pred: np.ndarray
+    flat: dict[str, np.ndarray]
+    nsl: np.ndarray
+
+    def lengths(self, kind: str) -> np.ndarray:
+        return self.seq if kind == "seq" else self.pred
+
+
+def _in(a: np.ndarray, lo: int, hi: int) -> bool:
+    return not a.size or (int(a.min()) >= lo and int(a.max()) <= hi)
+
+
+def _row_counts(mask: np.ndarray) -> np.ndarray:
+    """Ones per row of a 0/1 mask (int64): bit counts of its 8-byte words when it is one byte a value."""
+    m = np.ascontiguousarray(mask)
+    if m.dtype.itemsize == 1 and m.ndim == 2 and m.shape[1] % 8 == 0 and m.shape[1]:
+        return np.bitwise_count(m.view(np.uint64)).sum(axis=1, dtype=np.int64)
+    return m.sum(axis=1, dtype=np.int64)
+
+
+def _fast_ok(rows: dict[str, np.ndarray], width: int) -> np.ndarray | None:
+    """The rows' lengths when every rule of the slow path holds (checked with a few reductions); else None."""
+    mask = rows["input_mask"]
+    if not _in(mask, 0, 1) or (mask[:, 1:] > mask[:, :-1]).any():
+        return None
+    seq = _row_counts(mask)
+    if seq.size and (int(seq.min()) < 1 or int(seq.max()) > width):
+        return None
+    pos = rows["masked_lm_positions"]
+    if not (_in(rows["input_ids"], 0, 32767) and _in(rows["segment_ids"], 0, 1) and _in(pos, 0, 32767)
+            and _in(rows["masked_lm_ids"], 0, 32767) and _in(rows["next_sentence_labels"], 0, 1)):
+        return None
+    if pos.size and (pos >= seq[:, None]).any() and ((pos != 0) & (pos >= seq[:, None])).any():
+        return None
+    return seq
+
+
+def _prefixes(values: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray:
+    """Each row's first ``lengths[i]`` values, back to back, as ``dtype`` (range checked by the caller)."""
+    from preprocessing import pack_fast
+
+    v = np.ascontiguousarray(values)
+    if pack_fast.available() and v.dtype.kind == "i" and v.dtype.isnative:
+        starts = np.arange(len(v), dtype=np.int64) * v.shape[1]
+        return pack_fast.gather_runs([v.reshape(-1)], None, starts, lengths, dtype)
+    return v[np.arange(v.shape[1]) < np.asarray(lengths)[:, None]].astype(dtype)
+
+
+def compact_padded(rows: dict[str, np.ndarray], path: Path, first: int, width: int, *,
+                   row_ids: np.ndarray | None = None) -> Compact:
+    """A chunk of padded rows (the six datasets, memory maps or arrays; ``first``: the file's row of its first row)
+    checked and cut: the rules and refusals of the row-by-row path (``_check_lengths``, ``check_padded``, the
+    range of the vlen types, the labels' cast), in its order, with the values of every row kept as the reference
+    keeps them. Valid rows take a few reductions and one gather a dataset; a chunk that breaks a rule goes through
+    the checks one after the other, which raise the error they always raised (``row_ids``: the file's row of each
+    row, for check_padded's refusal, when the rows are a pick)."""
+    seq = _fast_ok(rows, width)
+    if seq is None:  # the slow path: the same checks, in the same order, raise the same error
+        rows = {k: np.asarray(v) for k, v in rows.items()}
+        seq = sequence_lengths(rows["input_mask"])
+        _check_lengths(seq, width, path, first)
+        check_padded(path, first, rows, row_ids=row_ids)
+        for name, dt, _ in VARLEN_DATASETS:  # (the labels are 0 or 1 by now: their cast to int8 cannot fail)
+            _fits(rows[name], dt, name, path, first)
+    pred = np.count_nonzero(np.asarray(rows["masked_lm_positions"]), axis=1).astype(np.int64)
+    lens = {"seq": seq, "pred": pred}
+    flat = {name: _prefixes(rows[name], lens[kind], dt) for name, dt, kind in VARLEN_DATASETS}
+    return Compact(seq=seq, pred=pred, flat=flat, nsl=np.asarray(rows["next_sentence_labels"]).astype("i1"))
 
 
 def pack_varlength(input_hdf5: Path, output_hdf5: Path, cfg: PackConfig = PackConfig()) -> int:
