@@ -230,6 +230,37 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def breakdown(c: dict[str, float], gzip_cpu: float = 0.0) -> str:
+    """One step's costs (core.costs.since, per part): where its CPU seconds went, and its waits."""
+    cpu = c["user"] + c["sys"]
+    md5 = c.get("md5_cpu", 0.0)
+    compute = max(0.0, cpu - md5 - gzip_cpu)
+    parts = [f"cpu {cpu:.2f} s = compute {compute:.2f} ({compute / max(cpu, 1e-9):.0%})"]
+    if gzip_cpu:
+        parts.append(f"compression {gzip_cpu:.2f} ({gzip_cpu / max(cpu, 1e-9):.0%})")
+    parts.append(f"md5 {md5:.2f} ({md5 / max(cpu, 1e-9):.0%}, {c.get('md5_bytes', 0) / 1e6 / max(md5, 1e-9):,.0f} MB/s)")
+    out = " + ".join(parts) + f"; of the cpu, system {c['sys']:.2f} s (page faults: {c['minflt'] / 1e3:,.0f} k minor, "
+    out += f"{c['majflt']:,.0f} major; the kernel's copies into the page cache)"
+    if "wall" in c:
+        out += f"; wall {c['wall']:.2f} s, of it fsync waits {c.get('fsync_wait', 0.0):.2f} s ({c.get('fsyncs', 0):,.0f})"
+    return out
+
+
+def disk_speed(folder: Path, mb: int = 512) -> float:
+    """MB/s of a {mb} MB write and fdatasync into ``folder`` (the disk's own speed: what the fsyncs wait for)."""
+    p = folder / ".disk-probe"
+    block = os.urandom(1 << 20)
+    t = time.perf_counter()
+    with open(p, "wb") as f:
+        for _ in range(mb):
+            f.write(block)
+        f.flush()
+        os.fdatasync(f.fileno())
+    dt = time.perf_counter() - t
+    p.unlink()
+    return mb * 1.048576 / dt
+
+
 # -- the DAG run -------------------------------------------------------------------------------------------
 def stage_walls(work: Path, summary: dict) -> dict[str, float]:
     """Each stage's wall: from its first call's start (manifest mtime - seconds) to its last manifest."""
@@ -303,31 +334,44 @@ def dag_run(args: argparse.Namespace, corpus: Path, work: Path, sizes: dict[str,
 
 STARTUP = "import h5py, numpy, bertpipe.cli, preprocessing.mlperf.split_4bins, preprocessing.mlperf.create_pretraining_data"
 
-#: One part through the hdf5 stage's fused call (preprocessing.mlperf.tfrecord_to_hdf5.run_fused), units as the DAG plans
-#: them: argv = part, vocab, output folder. The call's own CPU seconds (no interpreter start-up: a worker process
-#: pays that once, not per part) go to <output folder>/cpu_seconds.txt.
+#: Parts through the hdf5 stage's fused call (preprocessing.mlperf.tfrecord_to_hdf5.run_fused), units as the DAG plans
+#: them, in one group as a DAG worker runs them (tasks.calls.execute_group: the group's files hashed together): argv =
+#: part, vocab, output folder, parts in the group (copies of the part under the names part-0000i-of-00500). The
+#: call's own CPU seconds per part (no interpreter start-up: a worker process pays that once, not per part) go to
+#: <output folder>/cpu_seconds.txt, its breakdown per part (core.costs: md5s, fsync waits, page faults; wall) to
+#: <output folder>/costs.json.
 FUSED_CALL = """
-import resource
+import json
+import os
 import sys
+import time
 from pathlib import Path
+from core import costs
 from core.stage import Unit
 from preprocessing.mlperf.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
 from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
-part, vocab, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+from tasks.calls import Call, execute_group
+part, vocab, out, n = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
 cfg = CreatePretrainingDataConfig(vocab_file=vocab, do_lower_case=True, max_seq_length=512, max_predictions_per_seq=76,
                                   dupe_factor=10, masked_lm_prob=0.15, short_seq_prob=0.1, random_seed=12345)
-tf_dir = out / "tfrecord" / part.name
-tf = Unit(stage="tfrecord", key="k", shard=part.name, out_dir=str(tf_dir), run=run_create_pretraining_data,
-          args=([str(part)],), kwargs={"cfg": cfg, "output_name": part.name})
-h5 = Unit(stage="hdf5", key="k", shard=part.name, out_dir=str(out / "hdf5" / part.name), run=run_tfrecord_to_hdf5,
-          args=(str(tf_dir / part.name),), kwargs={"cfg": HDF5Config(), "output_name": part.name + ".hdf5"},
-          upstream_dirs=(str(tf_dir),))
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-c0 = cpu()
-run_fused(tf, h5)
-(out / "cpu_seconds.txt").write_text(f"{cpu() - c0:.3f}\\n")
+calls = []
+for i in range(n):
+    text = out / "text" / f"part-{i:05d}-of-00500"
+    text.parent.mkdir(parents=True, exist_ok=True)
+    os.link(part, text)
+    tf_dir = out / "tfrecord" / text.name
+    tf = Unit(stage="tfrecord", key="k", shard=text.name, out_dir=str(tf_dir), run=run_create_pretraining_data,
+              args=([str(text)],), kwargs={"cfg": cfg, "output_name": text.name})
+    h5 = Unit(stage="hdf5", key="k", shard=text.name, out_dir=str(out / "hdf5" / text.name), run=run_tfrecord_to_hdf5,
+              args=(str(tf_dir / text.name),), kwargs={"cfg": HDF5Config(), "output_name": text.name + ".hdf5"},
+              upstream_dirs=(str(tf_dir),))
+    calls.append(Call(units=(tf, h5), fused=run_fused))
+c0, t0 = costs.snapshot(), time.perf_counter()
+execute_group(calls)
+spent = costs.since(c0)
+spent["wall"] = time.perf_counter() - t0
+(out / "cpu_seconds.txt").write_text(f"{(spent['user'] + spent['sys']) / n:.3f}\\n")
+(out / "costs.json").write_text(json.dumps({k: v / n for k, v in spent.items()}))
 """
 
 
@@ -340,8 +384,11 @@ import resource
 import sys
 import time
 from pathlib import Path
+import json
+from core import costs
 from preprocessing.mlperf.split_4bins import Split4BinsConfig, run_split_4bins
 src, out, n, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+costs0 = costs.snapshot()
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -358,6 +405,7 @@ c0, t0 = cpu(), time.perf_counter()
 run_split_4bins(sorted(src.glob("part*")), out, Split4BinsConfig(n_output_shards=n), workers=workers,
                 manifest_name=f"../{out.name}.manifest.json")
 Path(f"{out}.seconds.txt").write_text(f"{time.perf_counter() - t0:.3f} {cpu() - c0:.3f} {hashing[0]:.3f} {hashing[1]}\\n")
+Path(f"{out}.costs.json").write_text(json.dumps({**costs.since(costs0), "wall": time.perf_counter() - t0}))
 """
 
 #: The other targets' stages on one part's padded HDF5, in one process each (workers=1: every CPU second is this
@@ -401,6 +449,8 @@ with h5py.File(part, "r") as f:
     rows = int(f["next_sentence_labels"].shape[0])
     tokens = int(sum(int(f["input_mask"][a:a + 65536].sum()) for a in range(0, rows, 65536)))
 shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
+from core import costs
+costs0, t0 = costs.snapshot(), time.perf_counter()
 c0 = cpu()
 if what == "nvidia_4320":
     from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
@@ -430,7 +480,8 @@ else:
 c1 = cpu()
 (out / f"{what}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
                                               "recipe_cpu": recipe[0], "rows": rows, "tokens": tokens,
-                                              "bytes": sum(f.bytes for f in m.files)}))
+                                              "bytes": sum(f.bytes for f in m.files),
+                                              "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0}}))
 """
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
 TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards", "nvidia_4320_shuffled": "shuffle_samples",
@@ -457,6 +508,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
               f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
               "rows/CPU-s "
               f"{rss:6.0f} MB peak RSS -> {f['bytes'] / 1e6:,.0f} MB")
+        if "costs" in f:
+            print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}")
     return figures
 
 
@@ -538,8 +591,8 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
                               str(d / "h5" / f"{part.name}.hdf5"), "-q"], d / "h5"),
         # the DAG's fused call for this part (both stage functions' work: manifests and md5s included), as a
         # `bertpipe run` makes it when part i's TFRecord and HDF5 are both due
-        ("tfrecord+hdf5 (fused call)", [sys.executable, "-c", FUSED_CALL, str(part), str(args.vocab), str(d / "fused")],
-         d / "fused"),
+        ("tfrecord+hdf5 (fused call)", [sys.executable, "-c", FUSED_CALL, str(part), str(args.vocab), str(d / "fused"),
+                                        str(args.group)], d / "fused"),
         # the bins stage's own work (no CLI start-up, inputs checked by stat as in the DAG): 2,048 and 8 shards per
         # bin (the same rows into 4 x 8 files: the data's cost without 8,192 files' fixed cost), 1 and 2 workers
         ("split-4bins (1 worker)", [sys.executable, "-c", SPLIT_CALL, str(d / "h5"), str(d / "bins1"),
@@ -553,20 +606,35 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         dt, rss, cpu = timed_child(cmd, env)
         size = du(out) / 1e6
         if (out / "cpu_seconds.txt").is_file():  # the fused call's own CPU, without the interpreter's start-up
-            cpu = float((out / "cpu_seconds.txt").read_text())
+            cpu = float((out / "cpu_seconds.txt").read_text())  # per part of its group
+            c = json.loads((out / "costs.json").read_text())
+            dt, size = c["wall"], (size - args.group * mb) / args.group  # a part's outputs (not its text)
+            figures["costs fused"] = c
         secs = out.with_name(out.name + ".seconds.txt")
         if secs.is_file():  # a split call's own wall and CPU, without the interpreter's start-up; its md5s
             dt, cpu, figures[f"md5 s {name}"], figures[f"md5 bytes {name}"] = map(float, secs.read_text().split())
         figures[name], figures[f"cpu {name}"] = dt, cpu
         # a pool's workers are not the CLI's waited-for children: its CPU figure would be the parent's alone
         cpu_txt = f"cpu {cpu:5.2f} s" if "2 workers" not in name else "cpu   n/a  "
-        print(f"{name:<28}{dt:>7.2f} s ({cpu_txt}) {mb / dt:>6.2f} MB/s {rss:>6.0f} MB peak RSS  -> {size:,.0f} MB")
+        per = f" a part, {args.group} in one group" if "fused" in name else ""
+        print(f"{name:<28}{dt:>7.2f} s ({cpu_txt}) {mb / dt:>6.2f} MB/s {rss:>6.0f} MB peak RSS  -> {size:,.0f} MB{per}")
+        costs_file = out / "costs.json" if "fused" in name else out.with_name(out.name + ".costs.json")
+        if costs_file.is_file() and "2 workers" not in name:
+            c = json.loads(costs_file.read_text())
+            if "fused" not in name:
+                figures[f"costs {name}"] = c
+            print(f"    {breakdown(c)}")
     # the shards' md5s: 128 files a call at 2,048 shards per bin (16 AVX-512 lanes where the CPU has them), as
     # every call at full size; at 8 shards per bin, a call's 4-8 files (one of them most of the bytes) hash
     # about as one stream. The projection counts the 8-shard rows at the 2,048-shard md5 speed.
     for name in ("split-4bins (1 worker)", "split-4bins (8 shards)"):
         s, b = figures[f"md5 s {name}"], figures[f"md5 bytes {name}"]
         print(f"  md5 of the shards in {name}: {b / 1e6:,.0f} MB in {s:.2f} s ({b / 1e6 / max(s, 1e-9):,.0f} MB/s)")
+    figures["disk MB/s"] = disk_speed(d)
+    per_part = (figures["costs fused"]["md5_bytes"] + figures["costs split-4bins (8 shards)"]["md5_bytes"]) / 1e6
+    print(f"  the disk: {figures['disk MB/s']:,.0f} MB/s written and fdatasync'd; a part's files (TFRecord, HDF5 and "
+          f"its rows in the bins: {per_part:,.0f} MB) take {per_part / figures['disk MB/s']:.2f} s of it, which a "
+          "call's fsyncs wait for where its CPU work is shorter")
     same = _same_files(d / "bins1", d / "bins2")
     print(f"split-4bins 2 workers vs 1: {figures['split-4bins (1 worker)'] / figures['split-4bins (2 workers)']:.2f}x, "
           f"bytes {'identical' if same else 'DIFFER'}")
@@ -597,7 +665,8 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     work as the DAG does it (manifests, md5s, input checks included)."""
     corpus, work = tmp / "real-corpus", tmp / "real-work"
     corpus.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp / "real" / "part-00000-of-00500", corpus / "part-00000-of-00500")
+    for i in range(args.group):  # the DAG's worker runs the parts' fused calls in one group, as at full size
+        shutil.copy(tmp / "real" / "part-00000-of-00500", corpus / f"part-{i:05d}-of-00500")
     ev = SHARED / "mlperf_sample" / "eval.txt"
     (corpus / "eval.txt").write_text(ev.read_text(encoding="utf-8") if ev.is_file() else
                                      DocStream(sample_documents()).take(nbytes=400_000), encoding="utf-8")
@@ -610,9 +679,10 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     if rc != 0:
         raise SystemExit(f"bertpipe run of the real part failed ({rc}):\n" + (tmp / "real-run.log").read_text()[-3000:])
     stages = json.loads((work / "last_run.json").read_text())["stages"]
-    out = {f"dag {n}": stages[n]["seconds"] for n in ("tfrecord", "hdf5", "bins")}
-    print(f"the same part through `bertpipe run --n-output-shards 8 --workers 1` ({wall:.1f} s): stage work "
-          f"tfrecord+hdf5 {out['dag tfrecord'] + out['dag hdf5']:.2f} s (one fused call), bins {out['dag bins']:.2f} s"
+    out = {f"dag {n}": stages[n]["seconds"] / args.group for n in ("tfrecord", "hdf5", "bins")}
+    print(f"the same part {args.group} times (copies) through `bertpipe run --n-output-shards 8 --workers 1` "
+          f"({wall:.1f} s): stage work a part: tfrecord+hdf5 {out['dag tfrecord'] + out['dag hdf5']:.2f} s (fused "
+          f"calls, {args.group} in a group), bins {out['dag bins']:.2f} s"
           + f"; peak RSS {max(mb for mb, _ in watch.report()):.0f} MB")
     return out
 
@@ -676,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=Path, default=SHARED / "vocab.txt")
     ap.add_argument("--real-mb", type=float, default=FULL_PART_MB, help="size of the one real part (default 27.15)")
     ap.add_argument("--real-part-only", action="store_true", help="skip the 500-part run")
+    ap.add_argument("--group", type=int, default=4, help="parts a worker's fused calls hash together (the DAG's "
+                    "tasks.calls.GROUP_PARTS, default 4): the real part's fused call and DAG run use that many copies")
     ap.add_argument("--no-real-part", action="store_true", help="skip the real-size part")
     ap.add_argument("--keep-work", type=Path, help="build and keep everything under this folder")
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")

@@ -67,3 +67,29 @@ def test_outside_a_block_a_file_is_fsynced_when_closed(tmp_path: Path, monkeypat
     data = [i for i, (k, p) in enumerate(events) if k == "fsync" and ("a.bin" in p or "b.hdf5" in p)]
     assert len(data) == 2, "each file fsynced once, when closed"
     assert max(data) < kinds.index("manifest")
+
+
+def test_many_files_are_fsynced_side_by_side_and_an_error_names_its_file(tmp_path: Path, monkeypatch):
+    import threading
+
+    files = []
+    for i in range(40):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(b"x" * 10)
+        files.append(p)
+    threads: set[int] = set()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        threads.add(threading.get_ident())
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("f17"):
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(writes.os, "fsync", fsync)
+    import pytest
+
+    with pytest.raises(OSError) as err:
+        writes.fsync_paths(files)
+    assert err.value.errno == 28 and err.value.filename == str(files[17])
+    assert len(threads) > 1, "the fsyncs ran side by side"

@@ -101,6 +101,7 @@ from core.manifest.writes import (  # noqa: F401 - re-exported
     fault_point,
     fsync_dir,
     fsync_path,
+    fsync_paths,
     gate,
     parse_fault,
     raise_if_disk_full,

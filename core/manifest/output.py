@@ -38,7 +38,7 @@ from core.manifest.writes import (
     _tmp_name,
     atomic_write_text,
     fault_point,
-    fsync_path,
+    fsync_paths,
     gate,
     raise_if_disk_full,
     slow_point,
@@ -98,13 +98,12 @@ def _finish_deferred(pending: list[StageOutput]) -> None:
     for (out, e), md5 in zip(todo, md5_files([out.path(e.name) for out, e in todo]), strict=True):
         out._entries[e.name] = FileEntry(e.name, e.bytes, md5)
     # their writeback started when each was closed (sync_fd); wait for the rest before a manifest lists them
-    for out in pending:
-        for e in out.manifest.files:
-            try:
-                fsync_path(out.path(e.name))
-            except OSError as exc:
-                raise_if_disk_full(exc, out.path(e.name))
-                raise
+    files = [out.path(e.name) for out in pending for e in out.manifest.files]
+    try:
+        fsync_paths(files)
+    except OSError as exc:
+        raise_if_disk_full(exc, Path(exc.filename) if exc.filename else files[0])
+        raise
     digests: dict[str, str] = {}
     for out in pending:
         m = out.manifest

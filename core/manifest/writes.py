@@ -67,16 +67,40 @@ def sync_fd(fd: int) -> None:
 
 
 def fsync_path(path: Path | str) -> None:
-    """fsync a closed file by its path (a file system that cannot fsync: nothing to do)."""
+    """fsync a closed file by its path (a file system that cannot fsync: nothing to do); an error names the file."""
+    with fsync_wait():
+        _fsync_path(path)
+
+
+def _fsync_path(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        with fsync_wait():
-            os.fsync(fd)
+        os.fsync(fd)
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
     finally:
         os.close(fd)
+
+
+#: fsyncs in flight at once (fsync_paths): a journaling file system commits concurrent fsyncs together
+FSYNC_THREADS = 32
+
+
+def fsync_paths(paths: Iterable[Path | str]) -> None:
+    """:func:`fsync_path` of many closed files, :data:`FSYNC_THREADS` at a time: one after the other, each new
+    file's fsync waits for a journal commit of its own (8,192 bin shards of a few rows: 28 s on ext4 here); side by
+    side, the file system commits them together and the disk's queue stays full. The first error is raised."""
+    paths = list(paths)
+    if len(paths) <= 1:
+        for p in paths:
+            fsync_path(p)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with fsync_wait(), ThreadPoolExecutor(min(FSYNC_THREADS, len(paths)), thread_name_prefix="bertpipe-fsync") as pool:
+        for fut in [pool.submit(_fsync_path, p) for p in paths]:
+            fut.result()
 
 
 def fsync_dir(path: Path | str) -> None:

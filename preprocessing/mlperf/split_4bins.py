@@ -64,6 +64,7 @@ from core.manifest import (
     check_inside,
     fault_point,
     fsync_dir,
+    fsync_paths,
     load_manifest,
     md5_files,
     verify_manifest,
@@ -73,7 +74,6 @@ from core.schema import BIN_BOUNDS, HDF5_DATASETS, row_shape
 from core.stage import Stage
 from preprocessing.hdf5_io import (
     chunks,
-    fsync_file,
     h5_close_for_good,
     h5_open_new,
     open_padded,
@@ -365,9 +365,7 @@ def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults:
                 faults("file")
     # on disk before the flow writes the manifest that lists them: the files, then the renames (once all are
     # written, so the kernel has been writing them back meanwhile)
-    for row in finals:
-        for p in row:
-            fsync_file(p)
+    fsync_paths(p for row in finals for p in row)  # side by side: the file system commits them together
     for row in finals:
         if row:
             fsync_dir(row[0].parent)
