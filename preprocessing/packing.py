@@ -98,3 +98,26 @@ def save_array(path: Path, arr: np.ndarray) -> None:
         tmp.unlink(missing_ok=True)
         raise_if_disk_full(exc, path)
         raise
+
+
+def padded_maps(f: object, path: Path, names: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """Datasets ``names`` of the open padded HDF5 ``f`` (h5py) as read-only memory maps of ``path`` when each is
+    stored contiguous, unfiltered and in native byte order (as tfrecord-to-hdf5 writes them); else None (chunked
+    or compressed files are read through h5py). A dataset that reaches past the end of the file is refused."""
+    out = {}
+    size = Path(path).stat().st_size
+    for name in names:
+        ds = f[name]  # type: ignore[index]
+        if ds.chunks is not None or ds.compression is not None or not ds.dtype.isnative or ds.size == 0:
+            return None
+        offset = ds.id.get_offset()
+        if offset is None:
+            return None
+        if offset + ds.id.get_storage_size() > size or ds.id.get_storage_size() != ds.size * ds.dtype.itemsize:
+            raise InputError(f"{path}: dataset {name!r} lies outside the file; the file is truncated or corrupt, "
+                             "re-create it")
+        try:
+            out[name] = np.memmap(path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+        except OSError:  # a file system that cannot map files: read through h5py
+            return None
+    return out

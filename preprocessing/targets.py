@@ -13,6 +13,7 @@ their folders. This module is light (no NumPy): the CLI's --help and DataParams 
     nvidia-4320-v1.1   4,320 variable-length shards (v1.1 rule) in part order    NVIDIA's trainer v1.1; v1.1's 4,320 list
     nvidia-packed      NVIDIA's packed set (<= 3 sequences a sample)             NVIDIA's trainer --packed_samples
     habana-packed      Habana's packed set (<= 3 sequences a pack) + metadata   Habana's trainer, packed mode (its default)
+    habana-packed-raw  the same packs uncompressed (not the script's gzip)      Habana's trainer, packed mode, alike
 
 Which published checksum list (``bertpipe verify --against``) checks which folder: ``nvidia-4320`` the shards of
 ``nvidia-varlength`` (and the chop stage of ``nvidia-4320``), ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
@@ -64,6 +65,9 @@ TARGETS: tuple[Target, ...] = (
            "--packed_samples) and its variable-length eval", train="nvidia_packed_dir", eval="nvidia_eval_varlength"),
     Target("habana-packed", "Habana's packed set, <= 3 sequences a pack, and its metadata (its trainer's packed mode, "
            "the default)", train="habana_packed_dir", eval="eval_hdf5"),
+    Target("habana-packed-raw", "Habana's packed set stored uncompressed: the same datasets and values as "
+           "habana-packed without its gzip level 4 (its trainer reads both alike; ~5.7x the bytes, none of the "
+           "deflate's CPU) and its metadata", train="habana_packed_raw_dir", eval="eval_hdf5"),
 )
 DEFAULT = TARGETS[0].name
 BY_NAME: dict[str, Target] = {t.name: t for t in TARGETS}

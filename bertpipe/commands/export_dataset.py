@@ -10,7 +10,8 @@
 The data set is the one `bertpipe run` last built in --work-dir (its last_run.json outputs). Each layout lays
 out the folder of one target of that run (`bertpipe run --target`): samsung, habana and nvidia-dle the 4-bin set
 (samsung-4bins, padded rows); nvidia NVIDIA's variable-length shards (nvidia-4320, else nvidia-varlength, else
-nvidia-2048, else nvidia-4320-v1.1; --target picks one); nvidia-packed and habana-packed their packed sets. A layout
+nvidia-2048, else nvidia-4320-v1.1; --target picks one); nvidia-packed and habana-packed their packed sets
+(habana-packed: habana-packed's, else habana-packed-raw's, the same packs uncompressed; --target picks one). A layout
 whose target the run did not build is refused in one line naming the --target to build: no layout hands padded
 rows to a reader that expects variable-length ones (NVIDIA's MLPerf trainer sets its attention mask from the row's
 length).
@@ -100,8 +101,9 @@ LAYOUT_SPECS: tuple[Layout, ...] = (
            files=r"^part_\d+_of_\d+\.hdf5$"),
     Layout("nvidia-packed", ("nvidia-packed",), "files", "NVIDIA's MLPerf trainer with --packed_samples: its packed "
            "part_* shards", files=r"^part_\d+\.hdf5$"),
-    Layout("habana-packed", ("habana-packed",), "files", "Habana's trainer in packed mode (its default): the packed "
-           "files and train_metadata.json", files=r"^mixed_strategies_part_\d+\.hdf5$", metadata="_metadata.json"),
+    Layout("habana-packed", ("habana-packed", "habana-packed-raw"), "files", "Habana's trainer in packed mode (its "
+           "default): the packed files (habana-packed's, else habana-packed-raw's: the same packs uncompressed) and "
+           "train_metadata.json", files=r"^mixed_strategies_part_\d+\.hdf5$", metadata="_metadata.json"),
 )
 LAYOUT_BY_NAME = {lay.name: lay for lay in LAYOUT_SPECS}
 LAYOUTS = tuple(LAYOUT_BY_NAME)
@@ -114,8 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", required=True, choices=LAYOUTS,
                    help="; ".join(f"{lay.name}: {lay.help}" for lay in LAYOUT_SPECS).replace("%", "%%"))
     p.add_argument("--target", help="which of the run's targets the layout lays out, where it lays out more than one "
-                   "(nvidia: nvidia-4320, nvidia-varlength, nvidia-2048 or nvidia-4320-v1.1; default: the first of "
-                   "those the run built)")
+                   "(nvidia: nvidia-4320, nvidia-varlength, nvidia-2048 or nvidia-4320-v1.1; habana-packed: habana-packed "
+                   "or habana-packed-raw; default: the first of those the run built)")
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"),
                    help="the work dir of the `bertpipe run` whose data set to export (default: work, as bertpipe run)")
     p.add_argument("--overwrite", action="store_true",

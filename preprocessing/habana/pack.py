@@ -64,11 +64,19 @@ Where bertpipe differs (each said in docs/stages.md):
   predictions (the script's assertion) are refused with one line naming the file (and row).
 
 How bertpipe runs it (same bytes): every input's lengths are read (:func:`read_inputs`), the recipe and the
-assignment made in one process; then each input is read once more, in blocks, and its rows that the written packs
-hold, compact, sorted by their place in the packs, go to a scratch folder beside the trainer's folder
-(:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs (whole files) then takes its
-places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`), and builds and writes its
-files (:func:`write_group`). Inputs and groups run on ``workers`` processes.
+assignment made in one process; then each input is read once more (memory-mapped where it is stored as
+tfrecord-to-hdf5 writes it, the C loop of preprocessing.pack_fast copying each kept row's valid prefix once; else in
+blocks), and its rows that the written packs hold, compact, sorted by their place in the packs, go to a scratch
+folder beside the trainer's folder (:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs
+(whole files) then takes its places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`),
+and builds (each pack's row written once by the C loop) and writes its files (:func:`write_group`). Inputs and
+groups run on ``workers`` processes.
+
+Where the CPU goes: the gzip of the files (zlib's deflate at level 4, inside HDF5's filter; the published bytes
+depend on it) is nearly all of it, ~75 % of a real part's pack-habana besides the recipe.
+``compression="none"`` (``--compression none``, the ``habana-packed-raw`` target) writes the same datasets, values,
+dtypes and shapes uncompressed and contiguous, which Habana's trainer reads alike (h5py), without that deflate:
+not the script's bytes, and ~5.7x as many.
 
 Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots), plus the largest input's compact
 rows (the scatter) or a group's rows and packs; scratch disk about the inputs' unpadded size while it runs. The
@@ -96,9 +104,10 @@ from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_tex
 from core.pools import run_all
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
-from preprocessing.hdf5_check import check_padded, folder_entries
+from preprocessing import pack_fast
+from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
-from preprocessing.packing import check_strategy_space, take_runs
+from preprocessing.packing import check_strategy_space, padded_maps, take_runs
 from preprocessing.packing import save_array as _save
 from preprocessing.pyrandom import Shuffles
 
@@ -144,14 +153,33 @@ class HabanaPackConfig:
     local_rank: int = -1  # the script's default is $LOCAL_RANK, else -1 (the CLI reads it; the DAG does not)
     keep_partial_last: bool = True  # False: drop the packs after the last whole file, as the script does
     chunk_rows: int = 8 * PACKS_PER_FILE  # packs built at once (whole files), input rows read at once; speed only
+    #: "gzip": the script's files (every dataset gzip level 4, zlib's deflate: the bytes depend on it); "none": the
+    #: same datasets, values, dtypes and shapes stored uncompressed (contiguous), which Habana's trainer reads alike
+    #: (h5py decompresses transparently) for none of the deflate's CPU, at ~5.7x the bytes on the real set
+    compression: str = "gzip"
 
     @property
     def rng_seed(self) -> int:
         return self.seed + self.local_rank
 
 
+#: ``--compression`` choices: the script's gzip, or none (the trainer-equivalent files without the deflate).
+COMPRESSIONS = ("gzip", "none")
+
+
+def key_params(cfg: HabanaPackConfig) -> dict[str, Any]:
+    """The stage's parameters (manifest and cache key): ``compression`` only when it is not the script's gzip, so
+    the gzip set keeps the key and manifest it had before the choice existed."""
+    params = stage_params(cfg)
+    if params.get("compression") == "gzip":
+        del params["compression"]
+    return params
+
+
 def check_config(cfg: HabanaPackConfig) -> None:
     """Refuse settings the script cannot run with, naming the flag."""
+    if cfg.compression not in COMPRESSIONS:
+        raise InputError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {cfg.compression!r}")
     if cfg.max_sequence_length < 2:
         raise InputError(f"--max_sequence_length must be at least 2, got {cfg.max_sequence_length}")
     if cfg.max_sequences_per_pack < 2:
@@ -497,7 +525,9 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
                   chunk: int) -> int:
     """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
     slots, or -1), compact (a row's first ``seq`` tokens and ``pred`` masked positions), sorted by place, into
-    ``scratch``: the input is read once, in blocks of ``chunk`` rows. Returns the rows kept."""
+    ``scratch``: the input is read once (a padded file stored as tfrecord-to-hdf5 writes it: memory-mapped, each
+    kept row's valid prefix copied once, in place order, by the C loop; else in blocks of ``chunk`` rows).
+    Returns the rows kept."""
     p, sd = Path(path), Path(scratch)
     n = len(keys)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_DATASETS}
@@ -506,6 +536,16 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
         if dsets["input_ids"].shape[0] != n:
             raise InputError(f"{p} changed while pack-habana ran ({dsets['input_ids'].shape[0]} rows, {n} read "
                              "first); run again")
+        maps = padded_maps(f, p, _ROW_DATASETS) if pack_fast.available() and n else None
+        if maps is not None:
+            key, s, q, nsl, arrays = _scatter_mapped(p, maps, keys, seq, pred)
+            _save(sd / f"in_{k:05d}_keys.npy", key)
+            _save(sd / f"in_{k:05d}_tok.npy", np.concatenate([[0], np.cumsum(s)]))
+            _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q)]))
+            _save(sd / f"in_{k:05d}_nsl.npy", nsl)
+            for short in ("ids", "seg", "pos", "mlm"):
+                _save(sd / f"in_{k:05d}_{short}.npy", arrays[short])
+            return int(len(key))
         dtypes = {name: ds.dtype for name, ds in dsets.items()}
         for a in range(0, n, max(1, chunk)):
             b = min(n, a + max(1, chunk))
@@ -546,6 +586,34 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
     return int(len(key))
 
 
+def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq: np.ndarray,
+                    pred: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """:func:`scatter_input` on a padded file's memory maps: the kept rows' (sorted) places, lengths, predictions
+    and labels in place order, and their compact values (``ids``, ``seg``, ``pos``, ``mlm``: 2-byte ids and 1-byte
+    segments where the values fit, else the file's type), each value copied once; checked as the compact rows
+    the packs hold (token ids >= 0, segment ids and labels 0 or 1: one line naming the file's row)."""
+    kept = np.flatnonzero(keys >= 0)
+    order = np.argsort(keys[kept], kind="stable")
+    rows_at = kept[order].astype(np.int64)
+    s, q = seq[rows_at].astype(np.int64), pred[rows_at].astype(np.int64)
+    out: dict[str, np.ndarray] = {}
+    for short, name, lens, narrow in (("ids", "input_ids", s, np.int16), ("seg", "segment_ids", s, np.int8),
+                                      ("pos", "masked_lm_positions", q, np.int16),
+                                      ("mlm", "masked_lm_ids", q, np.int16)):
+        m = maps[name]
+        src = np.dtype(m.dtype)
+        flat = m.reshape(-1)
+        dt = np.dtype(narrow) if np.dtype(narrow).itemsize < src.itemsize or src.kind != "i" else src
+        try:
+            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt)
+        except pack_fast.OutOfRange:  # wider values: kept as the file has them (a bad one is refused below)
+            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens,
+                                               src if src.kind == "i" else np.int64)
+    nsl = np.asarray(maps["next_sentence_labels"]).reshape(len(keys))[rows_at]
+    check_compact(p, 0, s, q, ids=out["ids"], seg=out["seg"], nsl=nsl, row_ids=rows_at)
+    return keys[rows_at], s, q, nsl, out
+
+
 def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarray]:
     """The compact rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch: ``seq``,
     ``pred``, ``next_sentence_labels`` per row; ``input_ids``, ``segment_ids`` (``masked_lm_positions``,
@@ -579,10 +647,11 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
                 cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
-    """The nine packed arrays (int32, as the script builds them) of packs ``slots``; ``seq``, ``pred`` and
-    ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's first ``seq`` tokens and
-    segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real slots, in row-major
-    order."""
+    """The nine packed arrays (the values the script's int32 arrays hold, in the dtypes it stores) of packs
+    ``slots``; ``seq``, ``pred`` and ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's
+    first ``seq`` tokens and segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real
+    slots, in row-major order. The C loop (pack_fast.gather_runs) writes each pack's row once where it runs: its
+    sequences' values, then zeros to the row's end; NumPy's masked assignments otherwise (the same arrays)."""
     n, depth = slots.shape
     length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
     real = slots >= 0
@@ -603,12 +672,25 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     tok = np.bincount(pack, weights=seq, minlength=n)
     if (tok > length).any():  # pragma: no cover - a strategy sums to L
         raise InputError("pack-habana: a pack exceeds max_sequence_length (internal error)")
-    out = {"input_ids": np.zeros((n, length), np.int32), "input_mask": np.zeros((n, length), np.int32),
-           "segment_ids": np.zeros((n, length), np.int32), "positions": np.zeros((n, length), np.int32),
-           "masked_lm_positions": np.zeros((n, width), np.int32), "masked_lm_ids": np.zeros((n, width), np.int32),
-           "next_sentence_positions": np.zeros((n, depth), np.int32),
-           "next_sentence_labels": np.zeros((n, depth), np.int32),
-           "next_sentence_weights": np.zeros((n, depth), np.int32)}
+    # each array in its stored dtype (the script's int32 arrays, converted by HDF5 to i1 where it stores i1: the
+    # same values, so the same bytes, without HDF5's conversion)
+    cols = {"L": length, "P+S": width, "S": depth}
+    small = {name: np.zeros((n, cols[w]), np.dtype(dt)) for name, dt, w in PACKED_DATASETS if w == "S"}
+    small["next_sentence_positions"][pack, j] = off
+    small["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
+    small["next_sentence_weights"][pack, j] = 1
+    mpos = rows["masked_lm_positions"] + np.repeat(off, pred)
+    if pack_fast.available():
+        tok = tok.astype(np.int64)
+        dts = {name: np.dtype(dt) for name, dt, _ in PACKED_DATASETS}
+        cnt = real.sum(axis=1)
+        return {**{name: _padded_rows(rows[name], tok, length, dts[name]) for name in ("input_ids", "segment_ids")},
+                "input_mask": _padded_seqs(j + 1, seq, cnt, length, dts["input_mask"]),
+                "positions": _padded_seqs(np.zeros_like(j), seq, cnt, length, dts["positions"]),
+                "masked_lm_positions": _padded_rows(mpos, total, width, dts["masked_lm_positions"]),
+                "masked_lm_ids": _padded_rows(rows["masked_lm_ids"], total, width, dts["masked_lm_ids"]), **small}
+    out = {name: np.zeros((n, cols[w]), np.dtype(dt)) for name, dt, w in PACKED_DATASETS if w != "S"}
+    out.update(small)
     # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
     # mask of the packs' filled cells takes the compact values in row-major order, which is pack order.
     filled = np.arange(length) < tok.astype(np.int64)[:, None]
@@ -617,42 +699,61 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     out["input_mask"][filled] = np.repeat(j + 1, seq)
     out["positions"][filled] = np.arange(int(seq.sum())) - np.repeat(cs, seq)
     filled = np.arange(width) < total[:, None]
-    out["masked_lm_positions"][filled] = rows["masked_lm_positions"] + np.repeat(off, pred)
+    out["masked_lm_positions"][filled] = mpos
     out["masked_lm_ids"][filled] = rows["masked_lm_ids"]
-    out["next_sentence_positions"][pack, j] = off
-    out["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
-    out["next_sentence_weights"][pack, j] = 1
-    return out
+    return {name: out[name] for name, _, _ in PACKED_DATASETS}
 
 
-def _h5_new(path: Path) -> Any:
-    """A new HDF5 file closed for good when the block ends (hdf5_io's strong close where there is one)."""
-    try:
-        from preprocessing.hdf5_io import h5_create  # type: ignore[attr-defined]
-    except ImportError:
-        h5_create = None
-    if h5_create is not None:
-        return h5_create(path, in_memory=True)  # a full disk: a plain write fails, never an HDF5 flush
-
-    @contextmanager
-    def plain() -> Iterator[Any]:
-        import h5py
-
-        f = h5py.File(path, "w")
-        try:
-            yield f
-        finally:
-            f.close()
-
-    return plain()
+def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtype) -> np.ndarray:
+    """``(len(counts), width)``: row i = the next ``counts[i]`` of ``values`` (back to back), then zeros; each value
+    copied once (the C loop), converted to ``dt``."""
+    n = len(counts)
+    values = np.ascontiguousarray(values)
+    zeros = np.zeros(width, values.dtype)
+    which = np.tile(np.array([0, 1], np.int64), n)
+    starts = np.zeros(2 * n, np.int64)
+    starts[0::2] = np.cumsum(counts) - counts
+    lens = np.empty(2 * n, np.int64)
+    lens[0::2] = counts
+    lens[1::2] = width - counts
+    return pack_fast.gather_runs([values, zeros], which, starts, lens, dt).reshape(n, width)
 
 
-def write_packed_file(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int, dt: np.dtype) -> np.ndarray:
+    """``(len(cnt), width)``: pack i holds the next ``cnt[i]`` sequences; sequence r's cells are ``level[r]``
+    (``level`` > 0: input_mask) or 0, 1, ... (``level`` 0: positions), then zeros to ``width``."""
+    n = len(cnt)
+    depth = int(level.max()) if len(level) else 0
+    # one source: [0, 1, ..., width-1], then width zeros, then width 1s, 2s, ...: every run is a slice of it
+    src = np.concatenate([np.arange(width), np.zeros(width, np.int64),
+                          np.repeat(np.arange(1, depth + 1), width)]).astype(np.int32)
+    end = np.cumsum(cnt)
+    runs = len(seq) + n
+    starts = np.empty(runs, np.int64)
+    lens = np.empty(runs, np.int64)
+    pack_of = np.repeat(np.arange(n), cnt)
+    at = np.arange(len(seq)) + pack_of  # a sequence's run: after its pack's earlier sequences and earlier packs
+    starts[at] = np.where(level > 0, (level + 1) * width, 0)
+    lens[at] = seq
+    tok = np.bincount(pack_of, weights=seq, minlength=n).astype(np.int64)
+    pad = end + np.arange(n)  # each pack's zeros, after its sequences
+    starts[pad] = width
+    lens[pad] = width - tok
+    return pack_fast.gather_runs([src], None, starts, lens, dt).reshape(n, width)
+
+
+def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip") -> None:
     """One packed file: the nine datasets, created in the script's order as it creates them
-    (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``)."""
-    with _h5_new(path) as f:
+    (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``: the deflate of each chunk, zlib's level
+    4, is nearly all of this call's CPU); ``compression="none"``: the same datasets stored contiguous, uncompressed.
+    Built in memory and its image written with a plain write (hdf5_io.h5_create): a full disk fails that write,
+    never an HDF5 flush (which crashed the process)."""
+    from preprocessing.hdf5_io import h5_create
+
+    gzip = "gzip" if compression == "gzip" else None
+    with h5_create(path, in_memory=True) as f:
         for name, dt, _ in PACKED_DATASETS:
-            f.create_dataset(name, data=arrays[name], dtype=dt, compression="gzip")
+            f.create_dataset(name, data=arrays[name], dtype=dt, compression=gzip)
 
 
 def metadata_json(stats: dict[str, Any]) -> str:
@@ -708,7 +809,7 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: np.ndarray, se
             final = Path(data) / name
             tmps.append(tmp_path(final))
             names.append(name)
-            write_packed_file(tmps[-1], arrays)
+            write_packed_file(tmps[-1], arrays, cfg.compression)
         md5s = md5_files(tmps)
         for name, tmp in zip(names, tmps, strict=True):
             os.replace(tmp, Path(data) / name)
@@ -777,7 +878,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed
     sd.mkdir(parents=True)
     try:
-        with StageOutput(out_dir, "pack_habana", params=stage_params(cfg), upstream=upstream,
+        with StageOutput(out_dir, "pack_habana", params=key_params(cfg), upstream=upstream,
                          code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
             st_ = inputs.starts
             scatter = [(k, p, place[st_[k]:st_[k + 1]], inputs.seq[st_[k]:st_[k + 1]], inputs.pred[st_[k]:st_[k + 1]],
@@ -825,6 +926,13 @@ def configure(p: Any) -> HabanaPackConfig:
                             seed=getattr(p, "habana_pack_seed", 42))
 
 
+def configure_raw(p: Any) -> HabanaPackConfig:
+    """``habana-packed-raw``: the same packs as ``habana-packed``, stored uncompressed (``compression="none"``)."""
+    from dataclasses import replace
+
+    return replace(configure(p), compression="none")
+
+
 def _plan_dag(plan: Any) -> list[Any]:
     """One call over every part's padded HDF5, in part order (its groups of files on the run's workers)."""
     h5 = plan.result("hdf5")
@@ -839,6 +947,12 @@ def _plan_dag(plan: Any) -> list[Any]:
 DAG_STAGES = (Stage(name="habana_packed", title="pack_habana: Habana's packed set (<= 3 sequences a pack), what its "
                     "trainer reads with --enable_packed_data_mode True",
                     reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
-                    configure=configure, key_params=stage_params, plan=_plan_dag,
+                    configure=configure, key_params=key_params, plan=_plan_dag,
                     when=lambda p: "habana-packed" in getattr(p, "targets", ()),
-                    outputs={"habana_packed_dir": DAG_DATA_DIR}, aliases=("pack_habana",)),)
+                    outputs={"habana_packed_dir": DAG_DATA_DIR}, aliases=("pack_habana",)),
+              Stage(name="habana_packed_raw", title="pack_habana --compression none: Habana's packed set stored "
+                    "uncompressed (the same datasets and values, which its trainer reads alike; no gzip level 4)",
+                    reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
+                    configure=configure_raw, key_params=key_params, plan=_plan_dag,
+                    when=lambda p: "habana-packed-raw" in getattr(p, "targets", ()),
+                    outputs={"habana_packed_raw_dir": DAG_DATA_DIR}),)

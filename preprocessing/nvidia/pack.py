@@ -124,6 +124,7 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     MAX_STRATEGIES,
     TAKE_RUNS,
     check_strategy_space,
+    padded_maps,
     save_array,
     strategy_count,
     take_runs,
@@ -300,23 +301,7 @@ class InputFile:
         None (chunked or compressed files are read through h5py)."""
         if self.kind != "padded" or self.n <= 0:
             return None
-        out = {}
-        for name in HDF5_FIELDS:
-            ds = self.f[name]
-            if ds.chunks is not None or ds.compression is not None or not ds.dtype.isnative:
-                return None
-            offset = ds.id.get_offset()
-            if offset is None:
-                return None
-            if offset + ds.id.get_storage_size() > self.path.stat().st_size or \
-                    ds.id.get_storage_size() != ds.size * ds.dtype.itemsize:
-                raise InputError(f"{self.path}: dataset {name!r} lies outside the file; the file is truncated or "
-                                 "corrupt, re-create it")
-            try:
-                out[name] = np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
-            except OSError:  # a file system that cannot map files: read through h5py
-                return None
-        return out
+        return padded_maps(self.f, self.path, HDF5_FIELDS)
 
     def lengths(self, a: int, b: int) -> np.ndarray:
         """Sequence lengths (int64) of rows a..b-1."""

@@ -363,6 +363,43 @@ def test_habanas_trainer_reads_every_file(packed_every, every_128):
         loader_rules.HabanaPackedDataset(training_files(every_128)[0], 20)
 
 
+def test_uncompressed_files_hold_the_same_packs_and_the_trainer_reads_them(packed_every, every_128, tmp_path):
+    """``compression="none"`` (habana-packed-raw, pack-habana --compression none): the same files, datasets, dtypes,
+    shapes and values as the script's gzip files, stored contiguous and unfiltered; Habana's packed reader takes
+    the same items from both; the manifest says compression "none" (the gzip set's manifest and key do not name
+    it, as before the choice existed)."""
+    ours, _info, m, _tmp = packed_every
+    raw = run_pack_habana(training_files(every_128), tmp_path / "raw",
+                          HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20,
+                                           compression="none"), manifest_name="../raw.manifest.json")
+    assert [f.name for f in raw.files] == [f.name for f in m.files]
+    assert raw.params["compression"] == "none" and "compression" not in m.params and raw.key != m.key
+    assert raw.counters == m.counters
+    assert (tmp_path / "raw_metadata.json").read_text() == (ours.parent / "ours_metadata.json").read_text()
+    for f in m.files:
+        a, b = read_all(ours / f.name), read_all(tmp_path / "raw" / f.name)
+        assert list(a) == list(b)
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{f.name}:{k}")
+        with h5py.File(tmp_path / "raw" / f.name, "r") as h:
+            assert [(h[n].compression, h[n].chunks) for n, _, _ in PACKED_DATASETS] == [(None, None)] * 9
+        gz = loader_rules.HabanaPackedDataset(ours / f.name, max_pred_length=20)
+        un = loader_rules.HabanaPackedDataset(tmp_path / "raw" / f.name, max_pred_length=20)
+        assert len(gz) == len(un) > 0
+        for i in range(0, len(gz), 97):
+            for x, y in zip(gz[i], un[i], strict=True):
+                np.testing.assert_array_equal(x, y)
+    assert loader_rules.habana_packed_files(tmp_path / "raw") == [str(tmp_path / "raw" / f.name) for f in m.files]
+
+
+def test_compression_is_refused_in_one_line_unless_gzip_or_none(every_128, tmp_path):
+    with pytest.raises(InputError, match="--compression must be one of gzip, none, got 'lzf'"):
+        run_pack_habana(training_files(every_128), tmp_path / "o",
+                        HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, compression="lzf"))
+    assert not (tmp_path / "o").exists()
+
+
 # -- the DAG layout, the CLI and refusals ---------------------------------------------------------------------------
 def test_dag_declaration_plans_one_call_into_the_dag_layout(every_128, tmp_path):
     """The declared stage, planned as flows/dag.py plans it (on the hdf5 stage's per-part results), writes
@@ -396,6 +433,40 @@ def test_dag_declaration_plans_one_call_into_the_dag_layout(every_128, tmp_path)
         m.counters["avg_seq_per_sample"], abs=1e-6)
     direct = run_pack_habana(sorted(parts.iterdir()), tmp_path / "direct", cfg, manifest_name="../d.manifest.json")
     assert [f.md5 for f in direct.files] == [f.md5 for f in m.files if f.name.startswith("packed/")]
+
+
+def test_the_raw_target_plans_the_same_packs_uncompressed(every_128, tmp_path, monkeypatch):
+    """habana-packed-raw: its own stage (a key of its own), the same configuration with compression "none", the
+    DAG layout of habana-packed; pack-habana --compression none writes it too."""
+    import shutil
+    from types import SimpleNamespace
+
+    from core.stage import Plan
+    from tests.preprocessing.nvidia_dag import part_hdf5_result
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    shutil.copyfile(training_files(every_128)[1], parts / "part-00000-of-00500.hdf5")
+    h5 = part_hdf5_result(sorted(parts.iterdir()), tmp_path / "work")
+    gz, raw = DAG_STAGES
+    params = SimpleNamespace(targets=("habana-packed-raw",), max_seq_length=128, max_predictions_per_seq=20)
+    assert raw.when(params) and not gz.when(params) and not raw.when(SimpleNamespace(targets=("habana-packed",)))
+    cfg = raw.configure(params)
+    assert cfg == HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, compression="none")
+    assert raw.key_params(cfg) == {**gz.key_params(gz.configure(params)), "compression": "none"}
+    units = raw.plan(Plan(raw, params, cfg, "key", tmp_path / "work", {"hdf5": h5}, {}))
+    m = units[0].call()
+    out = tmp_path / "work" / "habana_packed_raw" / "key"
+    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "packed", "packed_metadata.json"]
+    assert raw.outputs == {"habana_packed_raw_dir": "packed"} and m.params["compression"] == "none"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cli_in").mkdir()
+    shutil.copyfile(training_files(every_128)[1], tmp_path / "cli_in" / "x_training.hdf5")
+    assert main(["pack-habana", "--input_dir", "cli_in", "--output_dir", "cli", "--max_sequence_length", "128",
+                 "--max_predictions_per_sequence", "20", "--compression", "none"]) == 0
+    names = [f.name for f in m.files if f.name.startswith("packed/")]
+    assert names and [hashlib.md5((tmp_path / "cli" / n[len("packed/"):]).read_bytes()).hexdigest() for n in names] \
+        == [f.md5 for f in m.files if f.name in names]
 
 
 def test_cli_writes_the_scripts_layout_and_reruns_cleanly(golden_128, tmp_path, monkeypatch):
