@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     absl_handler_on_the_real_stderr()
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k: the skip line counts only tests this run would have run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``needs_shared`` whose paths are absent leave the run behind one skip line
     (``fold_tests_that_need_shared``). ``BERTPIPE_TEST_ORDER=reverse`` runs the tests in the reverse order (every
@@ -92,8 +93,7 @@ def fold_tests_that_need_shared(session: pytest.Session, config: pytest.Config, 
         name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
         modules[name] = modules.get(name, 0) + 1
     where = f"{SHARED} is absent" if not SHARED.is_dir() else f"{', '.join(missing)} absent from {SHARED}"
-    reason = (f"{where}: {len(gone)} tests that need it not run (" + ", ".join(f"{m} {n}" for m, n in modules.items())
-              + "); only ../shared holds the vendors' own files")
+    reason = f"{where}: {len(gone)} tests that need it not run (" + ", ".join(f"{m} {n}" for m, n in modules.items()) + ")"
     drop = set(gone)
     items[:] = [item for item in items if item not in drop]
     config.hook.pytest_deselected(items=gone)
