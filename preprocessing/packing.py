@@ -5,16 +5,20 @@ saved under temporary names."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from core.errors import BertpipeError, InputError
 from core.manifest import raise_if_disk_full
 from preprocessing import pack_fast
-from preprocessing.hdf5_io import tmp_path
+from preprocessing.hdf5_io import h5_close_for_good, h5_create, h5_open_new, tmp_path
 
 #: The most packing strategies a recipe may weigh: its NNLS matrix is max_seq_length x strategies float64 (512 x
 #: 100,000: 410 MB), and each round's time grows with it. NVIDIA's and Habana's 3 sequences at 512 make 22,102.
@@ -121,3 +125,92 @@ def padded_maps(f: object, path: Path, names: Sequence[str]) -> dict[str, np.nda
         except OSError:  # a file system that cannot map files: read through h5py
             return None
     return out
+
+
+# -- packed files written by HDF5's own driver, their disk space reserved first ----------------------------------
+#: fallocate(2)'s flag: reserve the blocks, keep the file's size (Linux).
+_FALLOC_FL_KEEP_SIZE = 1
+#: errnos of a file system (or platform) that cannot reserve space: such files are built in memory instead.
+_NO_RESERVE = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV}
+
+
+def _fallocate(fd: int, size: int) -> None:
+    """Reserve ``size`` bytes of disk for ``fd`` from offset 0 without changing its size (``fallocate(fd,
+    FALLOC_FL_KEEP_SIZE, 0, size)``). Raises OSError: ENOSPC / EDQUOT (no room), EOPNOTSUPP and kin (cannot)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        raise OSError(errno.ENOSYS, "fallocate is not available here") from None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if fn(fd, _FALLOC_FL_KEEP_SIZE, 0, max(1, int(size))) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _can_reserve(path: Path, size: int) -> bool:
+    """Create ``path`` (empty) and try to reserve ``size`` bytes for it: True, or False where the file system cannot
+    reserve (then nothing is reserved); a full disk raises OSError here, before HDF5 has the file."""
+    if not hasattr(os, "memfd_create"):
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _fallocate(fd, size)
+    except OSError as exc:
+        if exc.errno in _NO_RESERVE:
+            return False
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
+def _abandon(f: Any, fd: int) -> None:
+    """Close HDF5's file ``f`` without a byte more reaching its disk: its descriptor ``fd`` is pointed at an
+    anonymous memory file holding what was written so far, so every write and truncate of the close succeeds
+    (HDF5 failing a write of its own close crashed the process)."""
+    mem = os.memfd_create("bertpipe-abandoned-h5")
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while chunk := os.read(fd, 1 << 20):
+            os.write(mem, chunk)
+        os.dup2(mem, fd)
+    finally:
+        os.close(mem)
+    try:
+        h5_close_for_good(f, fsync=False)
+    except Exception:  # noqa: BLE001,S110 - the file is removed anyway; the reservation's error is what counts
+        pass
+
+
+@contextmanager
+def h5_reserved(path: Path | str, bound: int) -> Iterator[Any]:
+    """``with h5_reserved(tmp, bound) as f:`` write the new HDF5 file ``f``; when the block ends it is closed for
+    good and fsynced, as hdf5_io.h5_create's: the same bytes. HDF5's own file driver writes it (one copy of the
+    data, no image in memory), its disk space reserved first: ``bound`` bytes (at least the file's final size)
+    taken with ``fallocate(KEEP_SIZE)`` as soon as HDF5 has created it, the part past its end given back after
+    the close. A full disk fails the reservation, a plain call (OSError ENOSPC: the caller removes ``tmp`` and
+    says so), never a write inside HDF5 (which crashed the process). Where space cannot be reserved (a file
+    system without fallocate), the file is built in memory and its image written (h5_create's ``in_memory``)."""
+    path = Path(path)
+    if not _can_reserve(path, bound):
+        with h5_create(path, in_memory=True) as f:
+            yield f
+        return
+    f = h5_open_new(path)
+    fd = f.id.get_vfd_handle()
+    try:
+        _fallocate(fd, bound)
+    except OSError:  # the disk filled since the probe
+        _abandon(f, fd)
+        raise
+    try:
+        yield f
+    except BaseException:
+        try:
+            h5_close_for_good(f, fsync=False)
+        except Exception:  # noqa: BLE001,S110 - closing after a failure: the file is removed anyway
+            pass
+        raise
+    h5_close_for_good(f)
+    os.truncate(path, os.path.getsize(path))  # the reserved blocks past the end given back

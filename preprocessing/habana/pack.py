@@ -107,7 +107,7 @@ from core.stage import Stage
 from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
-from preprocessing.packing import check_strategy_space, padded_maps, take_runs
+from preprocessing.packing import check_strategy_space, h5_reserved, padded_maps, take_runs
 from preprocessing.packing import save_array as _save
 from preprocessing.pyrandom import Shuffles
 
@@ -746,12 +746,11 @@ def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: st
     """One packed file: the nine datasets, created in the script's order as it creates them
     (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``: the deflate of each chunk, zlib's level
     4, is nearly all of this call's CPU); ``compression="none"``: the same datasets stored contiguous, uncompressed.
-    Built in memory and its image written with a plain write (hdf5_io.h5_create): a full disk fails that write,
-    never an HDF5 flush (which crashed the process)."""
-    from preprocessing.hdf5_io import h5_create
-
+    Written by HDF5's file driver with its disk space reserved first (packing.h5_reserved: the uncompressed size
+    bounds it): a full disk fails the reservation, never an HDF5 write (which crashed the process)."""
     gzip = "gzip" if compression == "gzip" else None
-    with h5_create(path, in_memory=True) as f:
+    bound = sum(np.dtype(dt).itemsize * arrays[name].size for name, dt, _ in PACKED_DATASETS)
+    with h5_reserved(path, bound + bound // 8 + (1 << 20)) as f:
         for name, dt, _ in PACKED_DATASETS:
             f.create_dataset(name, data=arrays[name], dtype=dt, compression=gzip)
 

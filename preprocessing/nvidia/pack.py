@@ -119,11 +119,12 @@ from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded
-from preprocessing.hdf5_io import chunks, h5_create, reading, stage_params, tmp_path, verify_inputs
+from preprocessing.hdf5_io import chunks, reading, stage_params, tmp_path, verify_inputs
 from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' shared pieces
     MAX_STRATEGIES,
     TAKE_RUNS,
     check_strategy_space,
+    h5_reserved,
     padded_maps,
     save_array,
     strategy_count,
@@ -889,7 +890,11 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
               "masked_lm_positions": (pos, pred_counts), "masked_lm_ids": (rows.mlm, pred_counts),
               "packed_masked_lm_len": (rows.pred.astype(np.int16), pack_counts),
               "next_sentence_labels": (rows.nsl.astype(np.int8), pack_counts)}
-    with h5_create(path, in_memory=True) as f:  # a full disk: a plain write fails, never an HDF5 flush
+    # its disk space reserved first (a full disk fails the reservation, never an HDF5 write): at most the values,
+    # 16 bytes a row in the dataset and ~24 in the global heap, the heaps' collections' slack, the metadata
+    data = sum(values[name][0].size * np.dtype(dt).itemsize for name, dt in PACKED_DATASETS)
+    bound = 2 * data + 64 * n * len(PACKED_DATASETS) + (1 << 20)
+    with h5_reserved(path, bound) as f:
         for name, dt in PACKED_DATASETS:
             ds = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)), compression=None)
             flat, counts = values[name]
