@@ -470,11 +470,12 @@ elif what == "nvidia_packed":
     # calls of 1-2 shards, hashed at a third of that speed
     mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
     m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
-elif what == "habana_packed":
+elif what in ("habana_packed", "habana_packed_raw"):
     import preprocessing.habana.pack as mod
     from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
     time_recipe(mod)
-    m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76), data_dir="packed")
+    m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
+                        if what == "habana_packed" else "none"), data_dir="packed")
 else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
@@ -486,7 +487,7 @@ c1 = cpu()
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
 TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards", "nvidia_4320_shuffled": "shuffle_samples",
                  "nvidia_eval": "pick_eval_samples_varlength (10,000 rows)", "nvidia_packed": "pack-nvidia",
-                 "habana_packed": "pack-habana"}
+                 "habana_packed": "pack-habana", "habana_packed_raw": "pack-habana --compression none"}
 
 
 def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, dict[str, float]]:
@@ -502,6 +503,14 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
         dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what], env)
         f = json.loads((out / f"{what}.json").read_text())
         f["wall"], f["rss"] = dt, rss
+        if what == "habana_packed_raw" and "habana_packed" in figures:
+            # the gzip at level 4 (zlib's deflate, which the script's bytes depend on): the gzip run's CPU less the
+            # same packs' run without it, besides the md5s (the uncompressed files are ~5.7x the bytes to hash)
+            g, r = figures["habana_packed"], f
+            figures["habana_packed"]["gzip_cpu"] = max(0.0, (g["cpu"] - g["costs"]["md5_cpu"])
+                                                       - (r["cpu"] - r["costs"]["md5_cpu"]))
+            print(f"    (habana_packed above: of its cpu, the gzip at level 4 {g['gzip_cpu']:.2f} s, "
+                  f"{g['gzip_cpu'] / max(g['cpu'], 1e-9):.0%}: the run without it less its md5s)")
         figures[what] = f
         once = _once(f)
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
@@ -548,7 +557,7 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
             extra = 0.0
             parts = []
             for stage in for_target(target, DataParams()):
-                f = fig.get(stage.replace("2048", "4320"))
+                f = fig.get(stage.replace("2048", "4320").replace("_v11", ""))
                 if f is None:
                     continue
                 per_rows = f["cpu"] - _once(f)

@@ -82,6 +82,7 @@ from preprocessing.hdf5_io import (
     stage_params,
     verify_inputs,
 )
+from preprocessing.packing import padded_maps
 from preprocessing.targets import chosen as chosen_targets
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,9 @@ class _Inputs:
         self.cfg = cfg
         self.files: OrderedDict[str, Any] = OrderedDict()
         self.datasets: dict[tuple[str, str], Any] = {}
+        #: per open file: its datasets as memory maps (contiguous, unfiltered: as tfrecord-to-hdf5 writes them),
+        #: read in place (rows gathered straight from the page cache); None: read through h5py
+        self.maps: dict[str, dict[str, np.ndarray] | None] = {}
 
     def dataset(self, path: str, name: str) -> Any:
         f = self.files.pop(path, None)
@@ -279,8 +283,11 @@ class _Inputs:
             if len(self.files) >= OPEN_INPUTS:
                 old, g = self.files.popitem(last=False)
                 self.datasets = {k: v for k, v in self.datasets.items() if k[0] != old}
+                self.maps.pop(old, None)
                 g.close()
             f = open_padded(Path(path), max_predictions_per_seq=self.cfg.max_predictions_per_seq)
+            with reading(Path(path), "its datasets' places in the file"):
+                self.maps[path] = padded_maps(f, Path(path), [n for n, _, _ in HDF5_DATASETS])
         self.files[path] = f  # the most recently used last
         ds = self.datasets.get((path, name))
         if ds is None:
@@ -290,10 +297,13 @@ class _Inputs:
 
     def read(self, path: str, name: str, a: int, b: int) -> np.ndarray:
         with reading(Path(path), f"{name} rows {a}..{b - 1}"):
-            return self.dataset(path, name)[a:b]
+            ds = self.dataset(path, name)
+            maps = self.maps.get(path)
+            return maps[name][a:b] if maps is not None else ds[a:b]
 
     def close(self) -> None:
         self.datasets.clear()
+        self.maps.clear()
         while self.files:
             self.files.popitem()[1].close()
 
