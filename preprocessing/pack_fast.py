@@ -8,6 +8,8 @@ results.
 * :func:`shuffle_state` / :func:`native_shuffle`: CPython's ``random.Random.shuffle`` of ``range(n)`` from a
   Mersenne Twister state (used by :class:`preprocessing.pyrandom.Shuffles`).
 * :func:`format_packs`: NVIDIA's shard lists, ``json.dumps`` of the packs' ``[length, index]`` pairs.
+* :func:`cut_padded`: padded MLPerf rows checked and cut to NVIDIA's variable-length form in one pass a row (the
+  chop and the eval pick; ``preprocessing/nvidia/varlength.compact_padded`` is its NumPy equal).
 
 The extension is built by ``pip install`` or compiled on first use (:mod:`core.native`); ``BERTPIPE_NATIVE=0`` or
 no C compiler: the fallbacks run.
@@ -105,12 +107,13 @@ def _checked(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np
 
 
 def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
-                dtype: np.dtype | type | str) -> np.ndarray:
+                dtype: np.dtype | type | str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
     """``concatenate([sources[which[i]][starts[i]:starts[i] + lens[i]] for i ...]).astype(dtype)`` (``which``
-    None: one source), checked: every value must fit ``dtype``.
+    None: one source), checked: every value must fit ``dtype`` (and lie in ``lo..hi`` where given: a check of
+    the values folded into the copy).
 
     Raises:
-        OutOfRange: a value does not fit; ``.index`` is its place in the output.
+        OutOfRange: a value does not fit (or lies outside ``lo..hi``); ``.index`` is its place in the output.
         ValueError: a run outside its source, or mismatched arguments (a bug in the caller).
     """
     out_dt = np.dtype(dtype)
@@ -127,17 +130,23 @@ def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts:
         srcs = [np.ascontiguousarray(s) for s in sources]  # memmaps and arrays: already contiguous (no copy)
         base = np.array([s.ctypes.data for s in srcs], dtype=np.uint64)
         addr = (base[which] if which is not None else base[0]) + (starts * src_dt.itemsize).astype(np.uint64)
-        bad = mod.gather_runs(out, addr, lens, src_dt.itemsize)
+        if lo is None and hi is None:
+            bad = mod.gather_runs(out, addr, lens, src_dt.itemsize)
+        else:
+            bad = mod.gather_runs_bounded(out, addr, lens, src_dt.itemsize, -(1 << 63) if lo is None else int(lo),
+                                          (1 << 63) - 1 if hi is None else int(hi))
         del srcs
         if bad >= 0:
             raise OutOfRange(int(bad))
         return out
-    return _gather_numpy(sources, which, starts, lens, out)
+    return _gather_numpy(sources, which, starts, lens, out, lo, hi)
 
 
 def _gather_numpy(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
-                  out: np.ndarray) -> np.ndarray:
+                  out: np.ndarray, lo: int | None = None, hi: int | None = None) -> np.ndarray:
     info = np.iinfo(out.dtype)
+    vmin = info.min if lo is None else max(info.min, int(lo))
+    vmax = info.max if hi is None else min(info.max, int(hi))
     o = 0
     for a in range(0, len(lens), FALLBACK_RUNS):
         st, ln = starts[a:a + FALLBACK_RUNS], lens[a:a + FALLBACK_RUNS]
@@ -154,10 +163,58 @@ def _gather_numpy(sources: Sequence[np.ndarray], which: np.ndarray | None, start
             for k in np.unique(wh).tolist():
                 m = wh == k
                 vals[m] = sources[k][idx[m]]
-        bad = np.flatnonzero((vals < info.min) | (vals > info.max))
+        bad = np.flatnonzero((vals < vmin) | (vals > vmax))
         if bad.size:
             out[o:o + int(bad[0])] = vals[:int(bad[0])]
             raise OutOfRange(o + int(bad[0]))
         out[o:o + n] = vals
         o += n
     return out
+
+
+# -- NVIDIA's cut of padded rows -------------------------------------------------------------------------------------
+#: The padded datasets' types the C cut takes (what tfrecord-to-hdf5 writes); other files take the NumPy path.
+CUT_TYPES = {"input_mask": "int8", "input_ids": "int32", "segment_ids": "int8", "masked_lm_positions": "int32",
+             "masked_lm_ids": "int32", "next_sentence_labels": "int8"}
+
+
+def cut_padded(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, ...] | bool | None:
+    """A chunk of padded rows (the six datasets; arrays or read-only maps) checked and cut in C: ``(seq, pred, ids,
+    seg, pos, mlm, nsl)`` (lengths int64; values int16 / int8 / int16 / int16 back to back; labels int8); False when
+    a row breaks a rule (the caller's own checks then say which); None without the extension or for other dtypes."""
+    mod = native()
+    if mod is None or any(np.dtype(rows[k].dtype) != np.dtype(t) or not rows[k].dtype.isnative
+                          for k, t in CUT_TYPES.items()):
+        return None
+    a = {k: np.ascontiguousarray(rows[k]) for k in CUT_TYPES}  # maps and arrays: contiguous already (no copy)
+    n = len(a["next_sentence_labels"])
+    w, pw = a["input_mask"].shape[1], a["masked_lm_positions"].shape[1]
+    if a["input_ids"].shape != (n, w) or a["segment_ids"].shape != (n, w) or a["input_mask"].shape != (n, w) or \
+            a["masked_lm_ids"].shape != (n, pw) or a["masked_lm_positions"].shape != (n, pw) or \
+            a["next_sentence_labels"].shape != (n,):
+        return None
+    ids, seg = np.empty(n * w, np.int16), np.empty(n * w, np.int8)
+    pos, mlm = np.empty(n * pw, np.int16), np.empty(n * pw, np.int16)
+    seq, pred = np.empty(n, np.int64), np.empty(n, np.int64)
+    bad = mod.cut_padded(a["input_mask"], a["input_ids"], a["segment_ids"], a["masked_lm_positions"],
+                         a["masked_lm_ids"], a["next_sentence_labels"], ids, seg, pos, mlm, seq, pred)
+    if bad >= 0:
+        return False
+    t, p = int(seq.sum()), int(pred.sum())
+    return seq, pred, ids[:t], seg[:t], pos[:p], mlm[:p], np.array(a["next_sentence_labels"], dtype=np.int8)
+
+
+# -- padded rows' lengths ----------------------------------------------------------------------------------------
+def mask_lengths(mask: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(lengths, bad)``: each row's number of leading 1s of a 2-D 1-byte ``input_mask`` (int64), and the first row
+    that is not 1s then 0s (-1: every row is), in one pass (the C loop; NumPy's sums and comparisons otherwise)."""
+    m = np.asarray(mask)
+    n = m.shape[0]
+    mod = native()
+    if mod is not None and m.ndim == 2 and m.dtype.itemsize == 1 and m.dtype.kind in "iu" and m.shape[1] > 0:
+        out = np.empty(n, np.int64)
+        bad = mod.mask_lengths(np.ascontiguousarray(m), m.shape[1], out)
+        return out, int(bad)
+    ok = ((m == 0) | (m == 1)).all(axis=1) & ~(m[:, 1:] > m[:, :-1]).any(axis=1) if m.size else np.ones(n, bool)
+    bad = np.flatnonzero(~ok)
+    return m.sum(axis=1, dtype=np.int64), int(bad[0]) if bad.size else -1

@@ -214,3 +214,26 @@ def h5_reserved(path: Path | str, bound: int) -> Iterator[Any]:
         raise
     h5_close_for_good(f)
     os.truncate(path, os.path.getsize(path))  # the reserved blocks past the end given back
+
+
+def padded_lengths(path: Path, first: int, rows: dict[str, np.ndarray]) -> np.ndarray:
+    """The lengths (int64) of a block of padded rows (``rows``: ``input_mask`` and any of ``masked_lm_positions``,
+    ``masked_lm_ids``, ``next_sentence_labels``, the file's rows ``first``...), checked by hdf5_check.check_padded's
+    rules: the mask 1s then 0s (one pass of the C loop), positions 0 or inside their row, ids >= 0, labels 0 or 1.
+    A block that breaks a rule goes to check_padded itself, whose one-line error names the dataset and row."""
+    from preprocessing.hdf5_check import check_padded
+
+    seq, bad = pack_fast.mask_lengths(rows["input_mask"])
+    ok = bad < 0
+    if ok and "masked_lm_positions" in rows:
+        p = np.asarray(rows["masked_lm_positions"])
+        ok = not ((p < 0) | ((p != 0) & (p >= seq[:, None]))).any()
+    if ok and "masked_lm_ids" in rows:
+        ok = not (np.asarray(rows["masked_lm_ids"]) < 0).any()
+    if ok and "next_sentence_labels" in rows:
+        n = np.asarray(rows["next_sentence_labels"])
+        ok = not ((n != 0) & (n != 1)).any()
+    if not ok:
+        check_padded(path, first, rows)
+        raise BertpipeError(f"{path}: rows {first}...: a check failed that check_padded passes (a bug)")
+    return seq

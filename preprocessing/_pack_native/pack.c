@@ -9,8 +9,21 @@
  *   index in out of the first value that does not fit out's type (nothing after it is written), or -1.
  *   The caller guarantees every address range is readable (preprocessing/pack_fast.py checks the bounds).
  *
+ * gather_runs_bounded(out, addrs, lens, src_itemsize, lo, hi): gather_runs, every value also checked to lie in
+ *   lo..hi (within out's type): the index in out of the first value outside, or -1 (the whole output is written).
+ * mask_lengths(mask, width, out): mask holds rows of width int8 values; out[r] = the number of 1s that open row r,
+ *   each row checked to be those 1s then only 0s. Returns the first row that is not, or -1 (out is complete).
+ *
  * format_packs(lengths, indices, pack_off): json.dumps of the packs [[[length, index], ...], ...] (pack p: items
  *   pack_off[p] .. pack_off[p+1]-1; int64 arrays), as ASCII bytes: NVIDIA's shard lists.
+ * cut_padded(mask, ids, seg, pos, mlm, nsl, out_ids, out_seg, out_pos, out_mlm, seq, pred): padded MLPerf rows
+ *   (int8 input_mask / segment_ids / next_sentence_labels, int32 input_ids / masked_lm_positions / masked_lm_ids,
+ *   C-contiguous) checked and cut as convert_fixed2variable.py cuts them, in one pass a row: a row's length L is
+ *   its mask's leading ones (the rest must be 0), P the count of its nonzero positions; out_ids/out_seg get each
+ *   row's first L values (int16/int8), out_pos/out_mlm its first P (int16), back to back; seq/pred (int64) the
+ *   lengths. Every value of the row is checked (its padding too): mask 0/1 and a prefix, 1 <= L; ids and mlm ids
+ *   0..32767; segment ids and the label 0/1; positions 0..32767 and each nonzero one < L. Returns -1, or the first
+ *   row that breaks a rule (the caller's checks say which, in their words; what was written is to be dropped).
  *
  * They release the GIL. The Python fallbacks (preprocessing/pyrandom.py, pack_fast.py) give the same results. */
 
@@ -203,6 +216,153 @@ done:
     return ret;
 }
 
+/* -- gathering runs, each value checked against bounds ------------------------------------------------------ */
+#define GATHERB(S, D)                                                                     \
+    do {                                                                                  \
+        D *o = (D *)outv.buf;                                                             \
+        int out_of_range = 0;                                                             \
+        for (Py_ssize_t r = 0; r < nruns; r++) {                                          \
+            const S *s = (const S *)(uintptr_t)addrs[r];                                  \
+            int64_t len = lens[r];                                                        \
+            D *d = o + at;                                                                \
+            for (int64_t i = 0; i < len; i++) {                                           \
+                int64_t v = (int64_t)s[i];                                                \
+                d[i] = (D)v;                                                              \
+                out_of_range |= (v < lo) | (v > hi);                                      \
+            }                                                                             \
+            at += len;                                                                    \
+        }                                                                                 \
+        if (out_of_range) bad = 0; /* which value: found below, from the sources */       \
+    } while (0)
+
+#define GATHERB_TO(S)                                                                     \
+    switch (outv.itemsize) {                                                              \
+        case 1: GATHERB(S, int8_t); break;                                                \
+        case 2: GATHERB(S, int16_t); break;                                               \
+        case 4: GATHERB(S, int32_t); break;                                               \
+        default: GATHERB(S, int64_t); break;                                              \
+    }
+
+static PyObject *gather_runs_bounded(PyObject *self, PyObject *args) {
+    PyObject *out_obj, *addrs_obj, *lens_obj;
+    int src_itemsize;
+    long long lo_arg, hi_arg;
+    if (!PyArg_ParseTuple(args, "OOOiLL", &out_obj, &addrs_obj, &lens_obj, &src_itemsize, &lo_arg, &hi_arg))
+        return NULL;
+    Py_buffer outv, av, lv;
+    if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(addrs_obj, &av, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(lens_obj, &lv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t nruns = av.len / 8;
+    const uint64_t *addrs = (const uint64_t *)av.buf;
+    const int64_t *lens = (const int64_t *)lv.buf;
+    int64_t total = 0, lo = (int64_t)lo_arg, hi = (int64_t)hi_arg;
+    if (lv.len != av.len || av.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_runs_bounded: addrs and lens must be as many 8-byte integers");
+        goto done;
+    }
+    if ((outv.itemsize != 1 && outv.itemsize != 2 && outv.itemsize != 4 && outv.itemsize != 8) ||
+        (src_itemsize != 1 && src_itemsize != 2 && src_itemsize != 4 && src_itemsize != 8)) {
+        PyErr_SetString(PyExc_ValueError, "gather_runs_bounded: 1-, 2-, 4- or 8-byte integers only");
+        goto done;
+    }
+    /* the bounds within out's type: a value that fits them is never changed by the conversion */
+    int64_t tmin = outv.itemsize == 8 ? INT64_MIN : -((int64_t)1 << (8 * outv.itemsize - 1));
+    int64_t tmax = outv.itemsize == 8 ? INT64_MAX : ((int64_t)1 << (8 * outv.itemsize - 1)) - 1;
+    if (lo < tmin) lo = tmin;
+    if (hi > tmax) hi = tmax;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        if (lens[r] < 0) {
+            PyErr_SetString(PyExc_ValueError, "gather_runs_bounded: a negative run length");
+            goto done;
+        }
+        total += lens[r];
+    }
+    if (total * outv.itemsize != outv.len) {
+        PyErr_SetString(PyExc_ValueError, "gather_runs_bounded: out does not hold exactly the runs' values");
+        goto done;
+    }
+    int64_t at = 0, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    switch (src_itemsize) {
+        case 1: GATHERB_TO(int8_t); break;
+        case 2: GATHERB_TO(int16_t); break;
+        case 4: GATHERB_TO(int32_t); break;
+        default: GATHERB_TO(int64_t); break;
+    }
+    if (bad >= 0) { /* the first source value outside lo..hi, in output order (a wrapped one included) */
+        int64_t k = 0;
+        bad = -1;
+        for (Py_ssize_t r = 0; r < nruns && bad < 0; r++) {
+            for (int64_t i = 0; i < lens[r]; i++) {
+                int64_t v;
+                switch (src_itemsize) {
+                    case 1: v = ((const int8_t *)(uintptr_t)addrs[r])[i]; break;
+                    case 2: v = ((const int16_t *)(uintptr_t)addrs[r])[i]; break;
+                    case 4: v = ((const int32_t *)(uintptr_t)addrs[r])[i]; break;
+                    default: v = ((const int64_t *)(uintptr_t)addrs[r])[i]; break;
+                }
+                if (v < lo || v > hi) { bad = k + i; break; }
+            }
+            k += lens[r];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    PyBuffer_Release(&outv);
+    PyBuffer_Release(&av);
+    PyBuffer_Release(&lv);
+    return ret;
+}
+
+/* -- padded rows' input_mask: the lengths, checked ----------------------------------------------------------- */
+static PyObject *mask_lengths(PyObject *self, PyObject *args) {
+    PyObject *mask_obj, *out_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "OnO", &mask_obj, &width, &out_obj)) return NULL;
+    Py_buffer mv, ov;
+    if (PyObject_GetBuffer(mask_obj, &mv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &ov, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&mv);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (width <= 0 || mv.itemsize != 1 || ov.itemsize != 8 || mv.len != (ov.len / 8) * width) {
+        PyErr_SetString(PyExc_ValueError, "mask_lengths: mask must hold len(out) rows of width 1-byte integers, out "
+                                          "8-byte integers");
+        goto done;
+    }
+    Py_ssize_t rows = ov.len / 8;
+    int64_t bad = -1;
+    const int8_t *m = (const int8_t *)mv.buf;
+    int64_t *out = (int64_t *)ov.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int8_t *row = m + r * width;
+        Py_ssize_t k = 0;
+        while (k < width && row[k] == 1) k++;
+        out[r] = k;
+        int8_t rest = 0;
+        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        if (rest) { bad = r; break; }
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&ov);
+    return ret;
+}
+
 /* -- NVIDIA's shard lists: json.dumps of [[[length, index], ...], ...] ------------------------------------ */
 static char *put_int(char *p, int64_t v) {
     char tmp[24];
@@ -269,13 +429,94 @@ done:
     return ret;
 }
 
+/* -- NVIDIA's cut of padded rows (convert_fixed2variable.py, checked) --------------------------------------- */
+static int64_t cut_rows(const int8_t *mask, const int32_t *ids, const int8_t *seg, const int32_t *pos,
+                        const int32_t *mlm, const int8_t *nsl, int16_t *o_ids, int8_t *o_seg, int16_t *o_pos,
+                        int16_t *o_mlm, int64_t *seq, int64_t *pred, int64_t rows, int64_t w, int64_t pw) {
+    int64_t t = 0, q = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const int8_t *m = mask + i * w;
+        const int32_t *id = ids + i * w, *ps = pos + i * pw, *ml = mlm + i * pw;
+        const int8_t *sg = seg + i * w;
+        /* each test a loop of its own over one array: the compiler vectorizes them */
+        int32_t L = 0;
+        int acc = (nsl[i] & ~1) != 0;
+        for (int64_t j = 0; j < w; j++) { L += m[j]; acc |= m[j] & ~1; }  /* 0/1 values: L = the ones */
+        int bad = acc != 0 || L < 1;
+        int32_t head = 0;
+        for (int64_t j = 0; j < L; j++) head += m[j];
+        bad |= head != L;  /* ... and they come first: the first L values are the L ones */
+        for (int64_t j = 0; j < w; j++) bad |= (uint32_t)id[j] > 32767u;
+        for (int64_t j = 0; j < w; j++) bad |= (sg[j] & ~1) != 0;
+        int64_t P = 0;
+        for (int64_t k = 0; k < pw; k++) {
+            int32_t p = ps[k];
+            bad |= ((uint32_t)p > 32767u) | ((p != 0) & (p >= L)) | ((uint32_t)ml[k] > 32767u);
+            P += p != 0;
+        }
+        if (bad) return i;
+        for (int64_t j = 0; j < L; j++) { o_ids[t + j] = (int16_t)id[j]; o_seg[t + j] = sg[j]; }
+        for (int64_t k = 0; k < P; k++) { o_pos[q + k] = (int16_t)ps[k]; o_mlm[q + k] = (int16_t)ml[k]; }
+        seq[i] = L;
+        pred[i] = P;
+        t += L;
+        q += P;
+    }
+    return -1;
+}
+
+static PyObject *cut_padded(PyObject *self, PyObject *args) {
+    PyObject *obj[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &obj[0], &obj[1], &obj[2], &obj[3], &obj[4], &obj[5], &obj[6],
+                          &obj[7], &obj[8], &obj[9], &obj[10], &obj[11]))
+        return NULL;
+    /* inputs: mask ids seg pos mlm nsl (read-only maps are fine); outputs: ids seg pos mlm seq pred */
+    static const int item[12] = {1, 4, 1, 4, 4, 1, 2, 1, 2, 2, 8, 8};
+    Py_buffer b[12];
+    int got = 0;
+    PyObject *ret = NULL;
+    for (; got < 12; got++) {
+        int flags = PyBUF_C_CONTIGUOUS | (got >= 6 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(obj[got], &b[got], flags) < 0) goto done;
+        if (b[got].len % item[got]) {
+            PyErr_SetString(PyExc_ValueError, "cut_padded: a buffer's size is not a multiple of its item size");
+            got++;
+            goto done;
+        }
+    }
+    int64_t rows = b[5].len, w = rows ? b[0].len / rows : 0, pw = rows ? b[3].len / 4 / rows : 0;
+    if (b[0].len != rows * w || b[1].len != rows * w * 4 || b[2].len != rows * w || b[3].len != rows * pw * 4 ||
+        b[4].len != rows * pw * 4 || b[6].len < rows * w * 2 || b[7].len < rows * w || b[8].len < rows * pw * 2 ||
+        b[9].len < rows * pw * 2 || b[10].len != rows * 8 || b[11].len != rows * 8) {
+        PyErr_SetString(PyExc_ValueError, "cut_padded: the arrays' sizes do not match one chunk of rows");
+        goto done;
+    }
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = cut_rows((const int8_t *)b[0].buf, (const int32_t *)b[1].buf, (const int8_t *)b[2].buf,
+                   (const int32_t *)b[3].buf, (const int32_t *)b[4].buf, (const int8_t *)b[5].buf,
+                   (int16_t *)b[6].buf, (int8_t *)b[7].buf, (int16_t *)b[8].buf, (int16_t *)b[9].buf,
+                   (int64_t *)b[10].buf, (int64_t *)b[11].buf, rows, w, pw);
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"shuffle", shuffle, METH_VARARGS,
      "shuffle(state, out): out = range(n) shuffled as random.Random.shuffle, from MT state (625 uint32), advanced"},
     {"gather_runs", gather_runs, METH_VARARGS,
      "gather_runs(out, addrs, lens, src_itemsize) -> index of the first value out of out's range, or -1"},
+    {"gather_runs_bounded", gather_runs_bounded, METH_VARARGS,
+     "gather_runs_bounded(out, addrs, lens, src_itemsize, lo, hi) -> index of the first value outside lo..hi, or -1"},
+    {"mask_lengths", mask_lengths, METH_VARARGS,
+     "mask_lengths(mask, width, out) -> first row whose mask is not 1s then 0s, or -1; out: each row's 1s"},
     {"format_packs", format_packs, METH_VARARGS,
      "format_packs(lengths, indices, pack_off) -> json.dumps(packs) as bytes, pack p = [[length, index], ...]"},
+    {"cut_padded", cut_padded, METH_VARARGS,
+     "cut_padded(mask, ids, seg, pos, mlm, nsl, out_ids, out_seg, out_pos, out_mlm, seq, pred) -> first bad row or -1"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -107,7 +107,7 @@ from core.stage import Stage
 from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
-from preprocessing.packing import check_strategy_space, h5_reserved, padded_maps, take_runs
+from preprocessing.packing import check_strategy_space, h5_reserved, padded_lengths, padded_maps, take_runs
 from preprocessing.packing import save_array as _save
 from preprocessing.pyrandom import Shuffles
 
@@ -261,13 +261,15 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
         seq = np.empty(n, dtype=np.int32)
         pred = np.empty(n, dtype=np.int32)
         step = max(1, cfg.chunk_rows)
+        names = ("input_mask", "masked_lm_positions", "masked_lm_ids")
+        maps = padded_maps(f, path, names) if n else None  # read in place where the file allows it
         for a in range(0, n, step):
             b = min(n, a + step)
             with reading(path, f"rows {a}..{b - 1}"):
-                mask = f["input_mask"][a:b]
-                pos = f["masked_lm_positions"][a:b]
-                ids = f["masked_lm_ids"][a:b]
-            s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
+                mask, pos, ids = (maps[k][a:b] if maps else f[k][a:b] for k in names)
+            s, wrong = pack_fast.mask_lengths(mask)  # one pass: the lengths of well-formed masks
+            if wrong >= 0:
+                s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
             bad = np.flatnonzero((s < 1) | (s > min(L, mask.shape[1])))
             if bad.size:
                 r = int(bad[0])
@@ -275,7 +277,7 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
                         else ": the file is corrupt, re-create it")
                 raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
                                   f"Habana's packer needs 1..{L}{more}")
-            check_padded(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids})
+            padded_lengths(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids})
             p = np.count_nonzero(ids, axis=1)
             seq[a:b] = s
             pred[a:b] = p
@@ -597,20 +599,30 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     rows_at = kept[order].astype(np.int64)
     s, q = seq[rows_at].astype(np.int64), pred[rows_at].astype(np.int64)
     out: dict[str, np.ndarray] = {}
-    for short, name, lens, narrow in (("ids", "input_ids", s, np.int16), ("seg", "segment_ids", s, np.int8),
-                                      ("pos", "masked_lm_positions", q, np.int16),
-                                      ("mlm", "masked_lm_ids", q, np.int16)):
+    checked = True  # token ids >= 0 and segment ids 0 or 1, checked as they are copied
+    for short, name, lens, narrow, lo, hi in (("ids", "input_ids", s, np.int16, 0, None),
+                                              ("seg", "segment_ids", s, np.int8, 0, 1),
+                                              ("pos", "masked_lm_positions", q, np.int16, None, None),
+                                              ("mlm", "masked_lm_ids", q, np.int16, None, None)):
         m = maps[name]
         src = np.dtype(m.dtype)
         flat = m.reshape(-1)
         dt = np.dtype(narrow) if np.dtype(narrow).itemsize < src.itemsize or src.kind != "i" else src
+        try:
+            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt, lo=lo, hi=hi)
+            continue
+        except pack_fast.OutOfRange:
+            checked = checked and lo is None and hi is None
         try:
             out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt)
         except pack_fast.OutOfRange:  # wider values: kept as the file has them (a bad one is refused below)
             out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens,
                                                src if src.kind == "i" else np.int64)
     nsl = np.asarray(maps["next_sentence_labels"]).reshape(len(keys))[rows_at]
-    check_compact(p, 0, s, q, ids=out["ids"], seg=out["seg"], nsl=nsl, row_ids=rows_at)
+    if checked:
+        check_compact(p, 0, s, q, nsl=nsl, row_ids=rows_at)
+    else:  # a value outside its bounds: the full check's one-line refusal
+        check_compact(p, 0, s, q, ids=out["ids"], seg=out["seg"], nsl=nsl, row_ids=rows_at)
     return keys[rows_at], s, q, nsl, out
 
 

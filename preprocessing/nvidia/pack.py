@@ -125,6 +125,7 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     TAKE_RUNS,
     check_strategy_space,
     h5_reserved,
+    padded_lengths,
     padded_maps,
     save_array,
     strategy_count,
@@ -395,10 +396,9 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
             if maps:  # the padded rows' masks, masked positions and labels (ids and segments: when gathered)
-                check_padded(p, a, {"input_mask": maps["input_mask"][a:b],
-                                    "masked_lm_positions": maps["masked_lm_positions"][a:b],
-                                    "next_sentence_labels": maps["next_sentence_labels"][a:b]})
-                seq = maps["input_mask"][a:b].sum(axis=1, dtype=np.int64)
+                seq = padded_lengths(p, a, {"input_mask": maps["input_mask"][a:b],
+                                            "masked_lm_positions": maps["masked_lm_positions"][a:b],
+                                            "next_sentence_labels": maps["next_sentence_labels"][a:b]})
             else:
                 seq = f.lengths(a, b)
             _check_lengths(seq, cfg, p, a)
@@ -729,25 +729,38 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
     step = 1 << 15
     for a in range(0, n, step):
         b = min(n, a + step)
-        seq[a:b] = maps["input_mask"][a:b].sum(axis=1, dtype=np.int32)
+        seq[a:b], bad = pack_fast.mask_lengths(maps["input_mask"][a:b])
         pred[a:b] = np.count_nonzero(maps["masked_lm_positions"][a:b], axis=1)
-        if not np.array_equal(seq[a:b], lengths[a:b]):
+        if bad >= 0 or not np.array_equal(seq[a:b], lengths[a:b]):
             raise InputError(f"{p} changed while pack-nvidia ran (rows {a}..{b - 1}); run again")
     perm = np.argsort(keys, kind="stable")
     rows_at = perm.astype(np.int64)
     out: dict[str, np.ndarray] = {"keys": keys[perm], "seq": seq[perm].astype(np.int16),
                                   "pred": pred[perm].astype(np.int16)}
-    for name, dt, w, lens in (("input_ids", "int16", width, seq), ("segment_ids", "int8", width, seq),
-                              ("masked_lm_positions", "int16", pwidth, pred),
-                              ("masked_lm_ids", "int16", pwidth, pred)):
+    # token ids >= 0 and segment ids 0 or 1 are checked as they are copied (check_compact's rules); a value that
+    # breaks them: copied again unbounded and checked as before, for the same one-line refusal
+    bounded = True
+    for name, dt, w, lens, lo, hi in (("input_ids", "int16", width, seq, 0, None),
+                                      ("segment_ids", "int8", width, seq, 0, 1),
+                                      ("masked_lm_positions", "int16", pwidth, pred, None, None),
+                                      ("masked_lm_ids", "int16", pwidth, pred, 0, None)):
         flat = maps[name].reshape(-1)
+        try:
+            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt, lo=lo, hi=hi)
+            continue
+        except pack_fast.OutOfRange:
+            bounded = False
         try:
             out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt)
         except pack_fast.OutOfRange:
             raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
     nsl = np.asarray(maps["next_sentence_labels"])
-    check_compact(p, 0, out["seq"], out["pred"], ids=out["input_ids"], seg=out["segment_ids"],
-                  pos=out["masked_lm_positions"], mlm=out["masked_lm_ids"], row_ids=perm)
+    if bounded:
+        check_compact(p, 0, out["seq"], out["pred"], pos=out["masked_lm_positions"], row_ids=perm)
+    else:
+        check_compact(p, 0, out["seq"], out["pred"], ids=out["input_ids"], seg=out["segment_ids"],
+                      pos=out["masked_lm_positions"], mlm=out["masked_lm_ids"], row_ids=perm)
+        raise BertpipeError(f"{p}: a value out of its bounds that check_compact passes (a bug)")
     info = np.iinfo(np.int8)
     if nsl.size and (nsl.min() < info.min or nsl.max() > info.max):
         raise _out_of_range(p, "next_sentence_labels", "int8",

@@ -115,6 +115,44 @@ def test_gather_runs_names_the_first_value_out_of_range(mode):
     assert e.value.index == 2 + 28
 
 
+@pytest.mark.parametrize("src_dt", ["int8", "int16", "int32", "int64"])
+def test_gather_runs_checks_bounds_as_it_copies(mode, src_dt):
+    """lo..hi: the same output as unbounded where every value lies inside; else the first value outside (in output
+    order), a value that the conversion would wrap included."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 2, 5000).astype(src_dt)
+    starts = np.array([0, 100, 4000, 7, 4999])
+    lens = np.array([50, 0, 900, 3, 1])
+    got = pack_fast.gather_runs([src], None, starts, lens, "int8", lo=0, hi=1)
+    assert np.array_equal(got, pack_fast.gather_runs([src], None, starts, lens, "int8"))
+    bad = src.copy()
+    bad[4100] = -1
+    bad[4200] = 2
+    with pytest.raises(pack_fast.OutOfRange) as e:
+        pack_fast.gather_runs([bad], None, starts, lens, "int8", lo=0, hi=1)
+    assert e.value.index == 50 + 100
+    if np.dtype(src_dt).itemsize > 1:
+        wide = src.copy()
+        wide[10] = 256  # 0 once wrapped into int8
+        with pytest.raises(pack_fast.OutOfRange) as e:
+            pack_fast.gather_runs([wide], None, starts, lens, "int8", lo=0, hi=1)
+        assert e.value.index == 10
+    assert pack_fast.gather_runs([src], None, starts, lens, "int16", lo=0).tolist() == got.tolist()
+
+
+def test_mask_lengths_counts_the_leading_ones_and_finds_the_first_bad_row(mode):
+    m = (np.arange(16) < np.array([3, 16, 0, 1, 7])[:, None]).astype(np.int8)
+    lengths, bad = pack_fast.mask_lengths(m)
+    assert lengths.tolist() == [3, 16, 0, 1, 7] and bad == -1
+    for row, col, value in ((2, 5, 1), (3, 0, 2), (4, 15, -1), (0, 1, 0)):
+        b = m.copy()
+        b[row, col] = value
+        assert pack_fast.mask_lengths(b)[1] == row, (row, col, value)
+    b = m.copy()
+    b[3, 9], b[1, 2] = 1, 5
+    assert pack_fast.mask_lengths(b)[1] == 1
+
+
 def test_gather_runs_refuses_runs_outside_their_source(mode):
     src = np.zeros(10, np.int16)
     with pytest.raises(ValueError, match="past the end"):
