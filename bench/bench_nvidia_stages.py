@@ -12,7 +12,8 @@ sources). Printed per stage: CPU seconds (user + sys, the stage's processes incl
 second, the shares of the stage's CPU (with one worker: md5, the HDF5 writes, fsync and close, the rest: reading,
 checks and moving rows), the median over the rounds and the ratio baseline / this tree; then every output file's
 md5 compared between the trees (the bytes must be the same). ``--bucket-rows`` sets the shuffle's buckets (the
-full set has ~540 of 262,144 rows; one part has one unless this is smaller). Load: ``os.getloadavg()`` is printed.
+full set has 288 of 15 shards, ~544,000 rows; one part has one unless this is smaller). Load: ``os.getloadavg()`` is
+printed.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ Output names end in ``.hdf5`` (what the published list and NVIDIA's trainer expe
 equals the script's (names, dtypes, shapes, values: tests/preprocessing/nvidia/test_nvidia_shuffle.py), and so do
 NVIDIA's ``hdf5_md5`` digests. Memory (:func:`plan_memory`): the permutation step holds one array of n indices at a
 time (627 MB for the full set's 156.7 M rows: its peak RSS measured 665 MB), a scatter call one input shard and
-its pending records (~140 MB at full size), a gather call one bucket (~310 MB). Scratch disk: about the size of
-the input.
+its pending records (~140 MB at full size), a gather call one bucket (~580 MB: 15 shards, hashed side by side).
+Scratch disk: about the size of the input.
 
     bertpipe shuffle-samples --input_hdf5 hdf5_4320_shards_varlength --output_hdf5 hdf5_4320_shards_varlength_shuffled
 """
@@ -89,7 +89,7 @@ class ShuffleConfig:
 
     seed: int = 24  # random.Random(24) in the reference ("if you want a different shuffling please change")
     index_lists: bool = False  # also write the reference's shard_indices_<k:05>.lst (JSON [[file, row], ...])
-    bucket_rows: int = 262144  # rows gathered in memory at once per worker (whole output shards)
+    bucket_rows: int = 524288  # rows gathered at once per worker (whole shards: ~15 of the full set's, hashed side by side)
     chunk_rows: int = 8192  # rows read at once
 
 
@@ -177,8 +177,10 @@ class ShufflePlan:
 INVERT_STEP = 1 << 22
 
 
-def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: ShuffleConfig) -> ShufflePlan:
-    """Compute and store the permutation (``perm[t]``: the source row of destination row t) and its inverse.
+def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: ShuffleConfig, workers: int = 1,
+              ) -> ShufflePlan:
+    """Compute and store the permutation (``perm[t]``: the source row of destination row t) and its inverse; the
+    buckets as :func:`_rebuild` cuts them for ``workers``.
 
     Memory: one array of n indices at a time (4 bytes each below 2**31 rows: 627 MB for the full set's 156.7 M),
     plus :data:`INVERT_STEP` of them: the permutation is stored and dropped, then its inverse built from the file,
@@ -207,7 +209,7 @@ def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: Shuffl
             inv[piece] = np.arange(a, a + len(piece), dtype=dtype)
     np.save(scratch / "inv.npy", inv)
     del inv
-    return _rebuild(files, scratch, cfg)
+    return _rebuild(files, scratch, cfg, workers)
 
 
 def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row: float = 256.0,
@@ -683,7 +685,7 @@ def run_nvidia_shuffle(inputs: Sequence[Path], out_dir: Path, cfg: ShuffleConfig
     counts = run_all(count_rows, [(str(p),) for p in files], workers)
     out_dir = Path(out_dir)
     _begin(out_dir, manifest_name)
-    plan = make_plan(list(zip(map(str, files), counts, strict=True)), out_dir / SCRATCH, cfg)
+    plan = make_plan(list(zip(map(str, files), counts, strict=True)), out_dir / SCRATCH, cfg, workers)
     try:
         log.info("%d rows of %d shards: permutation of random.Random(%d) ready; %d bucket(s)", sum(counts),
                  len(files), cfg.seed, len(plan.bucket_shards) - 1)
@@ -730,11 +732,11 @@ def _finish_stage(upstream_stage: str):
         out_dir = Path(plan.dir)
         if not scattered:  # after the count: the permutation, then the scatter pieces
             _begin(out_dir, MANIFEST_NAME)
-            sp = make_plan(counts, out_dir / SCRATCH, plan.cfg)
+            sp = make_plan(counts, out_dir / SCRATCH, plan.cfg, workers)
             return [replace(plan.unit(sp, t, ids, shard=f"scatter/{t:05d}", upstream=[]),
                             run=scatter_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
                     for t, ids in scatter_tasks(sp, workers)]
-        sp = _rebuild(counts, out_dir / SCRATCH, plan.cfg)
+        sp = _rebuild(counts, out_dir / SCRATCH, plan.cfg, workers)
         if not written:
             return [replace(plan.unit(sp, b, shard=f"gather/{b:05d}", upstream=[]),
                             run=gather_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
@@ -745,12 +747,16 @@ def _finish_stage(upstream_stage: str):
     return finish_fn
 
 
-def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig) -> ShufflePlan:
-    """The plan of :func:`make_plan` again, without recomputing the permutation (already in ``scratch``)."""
+def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig, workers: int = 1) -> ShufflePlan:
+    """The plan of :func:`make_plan` again, without recomputing the permutation (already in ``scratch``). Buckets:
+    whole shards until :attr:`ShuffleConfig.bucket_rows` rows, and no more than a worker's share of the rows, so
+    that every worker has a bucket to gather where there are shards enough (the bytes do not depend on it)."""
+    total = sum(c for _, c in files)
+    limit = min(cfg.bucket_rows, -(-total // max(1, workers))) if total else cfg.bucket_rows
     bounds, acc = [0], 0
     for k, (_, c) in enumerate(files):
         acc += c
-        if acc >= cfg.bucket_rows and k + 1 < len(files):
+        if acc >= limit and k + 1 < len(files):
             bounds.append(k + 1)
             acc = 0
     bounds.append(len(files))

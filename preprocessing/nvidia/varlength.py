@@ -211,10 +211,17 @@ def compact_padded(rows: dict[str, np.ndarray], path: Path, first: int, width: i
     """A chunk of padded rows (the six datasets, memory maps or arrays; ``first``: the file's row of its first row)
     checked and cut: the rules and refusals of the row-by-row path (``_check_lengths``, ``check_padded``, the
     range of the vlen types, the labels' cast), in its order, with the values of every row kept as the reference
-    keeps them. Valid rows take a few reductions and one gather a dataset; a chunk that breaks a rule goes through
-    the checks one after the other, which raise the error they always raised (``row_ids``: the file's row of each
-    row, for check_padded's refusal, when the rows are a pick)."""
-    seq = _fast_ok(rows, width)
+    keeps them. Valid rows take one pass in C (pack_fast.cut_padded), or without it a few reductions and one gather
+    a dataset; a chunk that breaks a rule goes through the checks one after the other, which raise the error they
+    always raised (``row_ids``: the file's row of each row, for check_padded's refusal, when the rows are a pick)."""
+    from preprocessing import pack_fast
+
+    cut = pack_fast.cut_padded(rows) if rows["input_mask"].shape[1] == width else None
+    if cut:  # the C pass: every rule held
+        seq, pred, ids, seg, pos, mlm, nsl = cut
+        return Compact(seq=seq, pred=pred, nsl=nsl, flat={"input_ids": ids, "segment_ids": seg,
+                                                          "masked_lm_positions": pos, "masked_lm_ids": mlm})
+    seq = _fast_ok(rows, width) if cut is None else None
     if seq is None:  # the slow path: the same checks, in the same order, raise the same error
         rows = {k: np.asarray(v) for k, v in rows.items()}
         seq = sequence_lengths(rows["input_mask"])

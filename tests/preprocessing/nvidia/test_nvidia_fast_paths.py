@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocess
 import nvidia_reference as ref  # noqa: E402
 
 from core.errors import InputError, RecordError  # noqa: E402
+from preprocessing import pack_fast  # noqa: E402
 from preprocessing.nvidia import chop, shuffle, varlength  # noqa: E402
 from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop  # noqa: E402
 from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength  # noqa: E402
@@ -46,6 +47,7 @@ def careful(monkeypatch) -> None:
     monkeypatch.setattr(varlength, "mapped_padded", lambda f, path: None)
     monkeypatch.setattr(varlength, "_fast_ok", lambda rows, width: None)
     monkeypatch.setattr(shuffle, "_mapped_rows", lambda f, path, n: None)
+    monkeypatch.setattr(pack_fast, "cut_padded", lambda rows: None)
 
 
 @pytest.mark.parametrize("rule", ["v3.1", "v1.1"])
@@ -63,6 +65,10 @@ def test_chop_shuffle_and_pick_write_the_same_bytes_either_way(parts, tmp_path, 
         assert digests(fast / sub) == digests(slow / sub) and digests(fast / sub)
 
 
+NATIVE = pytest.mark.skipif(not pack_fast.available(), reason="the in-place read gathers with the C extension")
+
+
+@NATIVE
 def test_in_place_rows_equal_h5py_on_the_scripts_shards(parts, tmp_path):
     """Shards written row by row by NVIDIA's convert_fixed2variable.py (re-enacted) and by chop: read in place,
     the rows are h5py's."""
@@ -101,6 +107,7 @@ def _vlen_file(path: Path, rows: list[list[int]], *, between: bool = False, attr
             f.attrs.create("note", ["text"], dtype=h5py.string_dtype())
 
 
+@NATIVE
 @pytest.mark.parametrize("kind", ["plain", "between", "attribute"])
 def test_in_place_rows_check_every_object_or_fall_back(tmp_path, kind):
     """Objects that are not the shard's (another dataset's between its rows, an attribute's string) either leave
@@ -193,3 +200,44 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
     perm = np.load(tmp_path / "scratch" / "perm.npy")
     inv = np.load(tmp_path / "scratch" / "inv.npy")
     assert np.array_equal(inv[perm], np.arange(n))
+
+
+def _padded(n: int, w: int = 32, pw: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(1, w + 1, n)
+    seq[:3] = (1, w, w)
+    pred = np.minimum(rng.integers(0, pw + 1, n), seq - 1)
+    rows = {"input_mask": (np.arange(w) < seq[:, None]).astype(np.int8),
+            "input_ids": np.where(np.arange(w) < seq[:, None], rng.integers(0, 32768, (n, w)), 0).astype(np.int32),
+            "segment_ids": np.where(np.arange(w) < seq[:, None], rng.integers(0, 2, (n, w)), 0).astype(np.int8),
+            "masked_lm_positions": np.zeros((n, pw), np.int32), "masked_lm_ids": np.zeros((n, pw), np.int32),
+            "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8)}
+    for i in range(n):
+        p = np.sort(rng.choice(np.arange(1, seq[i]), pred[i], replace=False)) if pred[i] else []
+        rows["masked_lm_positions"][i, :len(p)] = p
+        rows["masked_lm_ids"][i, :len(p)] = rng.integers(0, 32768, len(p))
+    return rows
+
+
+@NATIVE
+def test_the_c_cut_equals_numpy_and_refuses_what_the_checks_refuse(monkeypatch):
+    rows = _padded(300)
+    cut = pack_fast.cut_padded(rows)
+    monkeypatch.setattr(pack_fast, "cut_padded", lambda r: None)
+    want = varlength.compact_padded(rows, Path("x"), 0, 32)
+    seq, pred, ids, seg, pos, mlm, nsl = cut
+    assert np.array_equal(seq, want.seq) and np.array_equal(pred, want.pred) and np.array_equal(nsl, want.nsl)
+    for got, name in ((ids, "input_ids"), (seg, "segment_ids"), (pos, "masked_lm_positions"), (mlm, "masked_lm_ids")):
+        assert got.dtype == want.flat[name].dtype and np.array_equal(got, want.flat[name]), name
+    monkeypatch.undo()
+    for name, at, value in (("input_mask", (5, 31), 1), ("input_mask", (5, 0), 2), ("input_mask", (5, 0), 0),
+                            ("input_ids", (5, 31), -1), ("input_ids", (5, 0), 32768), ("segment_ids", (5, 31), 2),
+                            ("masked_lm_positions", (5, 5), -3), ("masked_lm_positions", (1, 0), 40000),
+                            ("masked_lm_ids", (5, 5), 32768), ("next_sentence_labels", (5,), 2)):
+        bad = {k: v.copy() for k, v in rows.items()}
+        bad[name][at] = value
+        assert pack_fast.cut_padded(bad) is False, (name, at, value)
+    bad = {k: v.copy() for k, v in rows.items()}
+    bad["masked_lm_positions"][0, 0] = 1  # row 0 has one token: position 1 is outside it
+    assert pack_fast.cut_padded(bad) is False
+    assert pack_fast.cut_padded({**rows, "input_ids": rows["input_ids"].astype(np.int64)}) is None  # NumPy's path
