@@ -217,30 +217,36 @@ done:
 }
 
 /* -- gathering runs, each value checked against bounds ------------------------------------------------------ */
-#define GATHERB(S, D)                                                                     \
+#define GATHERB(S, D, SMIN, SMAX)                                                         \
     do {                                                                                  \
         D *o = (D *)outv.buf;                                                             \
         int out_of_range = 0;                                                             \
+        /* the bounds in the source's type, so the loop compares S with S (vectorized) */ \
+        int none = lo > (int64_t)(SMAX) || hi < (int64_t)(SMIN);                          \
+        const S slo = none ? (S)0 : (lo < (int64_t)(SMIN) ? (S)(SMIN) : (S)lo);            \
+        const S shi = none ? (S)0 : (hi > (int64_t)(SMAX) ? (S)(SMAX) : (S)hi);            \
         for (Py_ssize_t r = 0; r < nruns; r++) {                                          \
             const S *s = (const S *)(uintptr_t)addrs[r];                                  \
             int64_t len = lens[r];                                                        \
             D *d = o + at;                                                                \
+            int oor = 0;                                                                  \
             for (int64_t i = 0; i < len; i++) {                                           \
-                int64_t v = (int64_t)s[i];                                                \
+                S v = s[i];                                                               \
                 d[i] = (D)v;                                                              \
-                out_of_range |= (v < lo) | (v > hi);                                      \
+                oor |= (v < slo) | (v > shi);                                             \
             }                                                                             \
+            out_of_range |= oor | (none && len > 0);                                      \
             at += len;                                                                    \
         }                                                                                 \
         if (out_of_range) bad = 0; /* which value: found below, from the sources */       \
     } while (0)
 
-#define GATHERB_TO(S)                                                                     \
+#define GATHERB_TO(S, SMIN, SMAX)                                                         \
     switch (outv.itemsize) {                                                              \
-        case 1: GATHERB(S, int8_t); break;                                                \
-        case 2: GATHERB(S, int16_t); break;                                               \
-        case 4: GATHERB(S, int32_t); break;                                               \
-        default: GATHERB(S, int64_t); break;                                              \
+        case 1: GATHERB(S, int8_t, SMIN, SMAX); break;                                    \
+        case 2: GATHERB(S, int16_t, SMIN, SMAX); break;                                   \
+        case 4: GATHERB(S, int32_t, SMIN, SMAX); break;                                   \
+        default: GATHERB(S, int64_t, SMIN, SMAX); break;                                  \
     }
 
 static PyObject *gather_runs_bounded(PyObject *self, PyObject *args) {
@@ -293,10 +299,10 @@ static PyObject *gather_runs_bounded(PyObject *self, PyObject *args) {
     int64_t at = 0, bad = -1;
     Py_BEGIN_ALLOW_THREADS
     switch (src_itemsize) {
-        case 1: GATHERB_TO(int8_t); break;
-        case 2: GATHERB_TO(int16_t); break;
-        case 4: GATHERB_TO(int32_t); break;
-        default: GATHERB_TO(int64_t); break;
+        case 1: GATHERB_TO(int8_t, INT8_MIN, INT8_MAX); break;
+        case 2: GATHERB_TO(int16_t, INT16_MIN, INT16_MAX); break;
+        case 4: GATHERB_TO(int32_t, INT32_MIN, INT32_MAX); break;
+        default: GATHERB_TO(int64_t, INT64_MIN, INT64_MAX); break;
     }
     if (bad >= 0) { /* the first source value outside lo..hi, in output order (a wrapped one included) */
         int64_t k = 0;
