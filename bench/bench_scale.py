@@ -421,6 +421,8 @@ import time
 from pathlib import Path
 import scipy.optimize
 part, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+dest = out / (what if workers == 1 else f"{what}.w{workers}")
 nnls = [0.0, 0]
 real_nnls = scipy.optimize.nnls
 def timed_nnls(*a, **k):
@@ -454,13 +456,13 @@ costs0, t0 = costs.snapshot(), time.perf_counter()
 c0 = cpu()
 if what == "nvidia_4320":
     from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
-    m = run_nvidia_chop([part], out / what, ChopConfig(num_shards=shards, varlength=True))
+    m = run_nvidia_chop([part], dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
 elif what == "nvidia_4320_shuffled":
     from preprocessing.nvidia.shuffle import input_files, run_nvidia_shuffle
-    m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), out / what)
+    m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), dest, workers=workers)
 elif what == "nvidia_eval":
     from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength
-    m = run_pick_eval_varlength(part, out / what, PickVarlenConfig(num_examples_to_pick=10000))
+    m = run_pick_eval_varlength(part, dest, PickVarlenConfig(num_examples_to_pick=10000))
 elif what == "nvidia_packed":
     import preprocessing.nvidia.pack as mod
     from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
@@ -468,18 +470,19 @@ elif what == "nvidia_packed":
     # one call for this part's shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
     # ~1 M) and hashes them side by side (8 files at once with AVX2); this part's ~5 shards alone would get 4
     # calls of 1-2 shards, hashed at a third of that speed
-    mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
-    m = run_pack_nvidia([part], out / what, PackNvidiaConfig(shards_num=shards))
+    if workers == 1:
+        mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
+    m = run_pack_nvidia([part], dest, PackNvidiaConfig(shards_num=shards), workers=workers)
 elif what in ("habana_packed", "habana_packed_raw"):
     import preprocessing.habana.pack as mod
     from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
     time_recipe(mod)
-    m = run_pack_habana([part], out / what, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
-                        if what == "habana_packed" else "none"), data_dir="packed")
+    m = run_pack_habana([part], dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
+                        if what == "habana_packed" else "none"), data_dir="packed", workers=workers)
 else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
-(out / f"{what}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
+(out / f"{dest.name}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
                                               "recipe_cpu": recipe[0], "rows": rows, "tokens": tokens,
                                               "bytes": sum(f.bytes for f in m.files),
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0}}))
@@ -513,6 +516,16 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   f"{g['gzip_cpu'] / max(g['cpu'], 1e-9):.0%}: the run without it less its md5s)")
         figures[what] = f
         once = _once(f)
+        if args.target_workers > 1 and what != "nvidia_eval":  # the same stage on more workers: its speed-up
+            w = args.target_workers
+            dt_w, _, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, str(w)], env)
+            fw = json.loads((out / f"{what}.w{w}.json").read_text())
+            serial1, serial_w = f.get("recipe_cpu", 0.0), fw.get("recipe_cpu", 0.0)  # the recipe: once, serial
+            ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
+            same = _same_files(out / what, out / f"{what}.w{w}", data_only=True)
+            f["speedup"] = ratio
+            print(f"    {w} workers: {fw['costs']['wall']:.2f} s against {f['costs']['wall']:.2f} s (besides the recipe "
+                  f"{serial_w:.1f} / {serial1:.1f} s): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}")
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
               f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
               "rows/CPU-s "
@@ -696,9 +709,14 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     return out
 
 
-def _same_files(a: Path, b: Path) -> bool:
-    fa = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    fb = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+def _same_files(a: Path, b: Path, data_only: bool = False) -> bool:
+    """Whether two folders hold the same files, byte for byte (``data_only``: not the manifests and records, whose
+    timings differ)."""
+    def keep(p: Path) -> bool:
+        return p.is_file() and not (data_only and p.name.startswith(("_", ".")))
+
+    fa = sorted(p.relative_to(a) for p in a.rglob("*") if keep(p))
+    fb = sorted(p.relative_to(b) for p in b.rglob("*") if keep(p))
     return fa == fb and all((a / p).read_bytes() == (b / p).read_bytes() for p in fa)
 
 
@@ -760,6 +778,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-real-part", action="store_true", help="skip the real-size part")
     ap.add_argument("--keep-work", type=Path, help="build and keep everything under this folder")
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
+    ap.add_argument("--target-workers", type=int, default=1, help="also run each target stage on this many workers "
+                    "and print its speed-up over 1 (wall, the packers' serial recipe taken off; bytes compared)")
     ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
                     "stages (step 5), projected without today's figure")
     args = ap.parse_args(argv)
