@@ -1,0 +1,29 @@
+"""bench/bench_scale.py end to end on a small part (slow): every step prints its breakdown (compute, md5, system
+time, fsync waits), the split's 2 workers give the 1 worker's bytes, and the projection is printed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--real-part-only", "--real-mb",
+                          "0.4", "--group", "2", "--shards", "16", "--no-target-stages", "--vocab",
+                          str(shared_data / "vocab.txt"), "--keep-work", str(tmp_path / "w")],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "a part, 2 in one group" in text
+    assert text.count("= compute") >= 3 and "fsync waits" in text and "page faults" in text
+    assert "bytes identical" in text
+    assert "from CPU time:" in text and "from the DAG's stage seconds" in text
+    assert (tmp_path / "w" / "real" / "fused" / "hdf5" / "part-00001-of-00500").is_dir()
