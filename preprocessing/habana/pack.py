@@ -284,13 +284,11 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
     return seq, pred
 
 
-def read_inputs(input_files: Sequence[Path | str], cfg: HabanaPackConfig) -> Inputs:
+def read_inputs(input_files: Sequence[Path | str], cfg: HabanaPackConfig, workers: int = 1) -> Inputs:
+    """Every input's lengths and predictions (:func:`read_lengths`), the files on ``workers`` processes."""
     files = [str(p) for p in input_files]
-    seqs, preds = [], []
-    for p in files:
-        s, q = read_lengths(p, cfg)
-        seqs.append(s)
-        preds.append(q)
+    got = run_all(read_lengths, [(p, cfg) for p in files], min(workers, len(files)))
+    seqs, preds = [s for s, _ in got], [q for _, q in got]
     counts = np.array([len(s) for s in seqs], dtype=np.int64)
     if not counts.sum():
         raise InputError(f"pack-habana: the {len(files)} input file(s) hold no rows")
@@ -860,7 +858,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
         raise InputError(f"{data} is a symbolic link (to {os.path.realpath(data)}): pack-habana writes its packed "
                          f"files, and its scratch folder beside them, in {out_dir} only; remove the link")
     t0 = time.perf_counter()
-    inputs = read_inputs(files, cfg)
+    inputs = read_inputs(files, cfg, workers)
     t1 = time.perf_counter()
     log.info("pack-habana: %d sequences in %d file(s), mean length %.2f (read in %.1f s)", len(inputs.seq),
              len(files), inputs.seq.mean(), t1 - t0)

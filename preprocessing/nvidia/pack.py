@@ -143,8 +143,10 @@ SCRATCH = ".pack_nvidia_scratch"
 PACKED_DATASETS = (("input_ids", "int16"), ("segment_ids", "int8"), ("packed_input_len", "int16"),
                    ("masked_lm_positions", "int16"), ("masked_lm_ids", "int16"), ("packed_masked_lm_len", "int16"),
                    ("next_sentence_labels", "int8"))
-#: Sequences a shard-group call aims at (~1 GB of compact rows at most): fewer calls than shards.
-SEQS_PER_GROUP = 1 << 20
+#: Sequences a shard-group call aims at: fewer calls than shards (at full size ~300 calls of ~14 shards, hashed side
+#: by side), and a call's peak memory under 1.5 GB (its compact rows, ~0.5 GB at the full set's ~256 tokens a
+#: sequence, plus as much of the scratch files mapped).
+SEQS_PER_GROUP = 1 << 19
 #: The reference's NNLS rounds and the residual below which it stops.
 NNLS_ROUNDS, NNLS_STOP = 20, 100
 #: Lengths below this get a small residual weight in the NNLS (the reference's ``padding_cutoff``).
