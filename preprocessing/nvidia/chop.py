@@ -98,6 +98,8 @@ NV_DATASETS: tuple[tuple[str, str, str], ...] = (
     ("masked_lm_positions", "i2", "pred"), ("masked_lm_ids", "i2", "pred"), ("next_sentence_labels", "i1", ""))
 #: Shards one shard-group call writes at most (hashed side by side: md5_files' 16 lanes).
 GROUP_SHARDS = 16
+#: Inputs from which the stage function counts rows on its workers (fewer: here; a pool takes longer to start).
+COUNT_POOL_FILES = 64
 #: Input files a group call keeps open at once.
 OPEN_INPUTS = 8
 
@@ -463,7 +465,8 @@ def run_nvidia_chop(inputs: Sequence[Path], out_dir: Path, cfg: ChopConfig = Cho
     if not files:
         raise InputError(f"chop-hdf5 got no input files (the reference reads <input_hdf5_dir>/{INPUT_GLOB})")
     verify_inputs(files, upstream, workers=workers)
-    counts = run_all(count_rows, [(str(p), cfg) for p in files], workers)
+    # counting opens each file (milliseconds): a pool of its own only for many files
+    counts = run_all(count_rows, [(str(p), cfg) for p in files], workers if len(files) > COUNT_POOL_FILES else 1)
     layout = chop_layout(sum(counts), cfg.num_shards, cfg.rule)
     _log_layout(layout)
     out_dir = Path(out_dir)

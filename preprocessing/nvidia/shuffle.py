@@ -64,7 +64,7 @@ from core.manifest import (
     remove_debris,
     verify_manifest,
 )
-from core.pools import default_workers, run_all
+from core.pools import can_fork, default_workers, run_all, worker_pool
 from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
@@ -79,6 +79,8 @@ INPUT_GLOB = "part_0*.hdf5"
 SCRATCH = ".shuffle-scratch"
 #: NVIDIA's variable-length shard: vlen datasets (name, element dtype) in creation order, then the labels.
 VLEN = (("input_ids", "int16"), ("segment_ids", "int8"), ("masked_lm_positions", "int16"), ("masked_lm_ids", "int16"))
+#: Inputs from which the stage function counts rows on its workers (fewer: here; a pool takes longer to start).
+COUNT_POOL_FILES = 64
 #: In-memory scatter buffer of a scatter call before it appends to the bucket files.
 FLUSH_BYTES = 64 << 20
 
@@ -682,15 +684,25 @@ def run_nvidia_shuffle(inputs: Sequence[Path], out_dir: Path, cfg: ShuffleConfig
     if not files:
         raise InputError(f"shuffle-samples got no input files (the reference reads <input_hdf5>/{INPUT_GLOB})")
     verify_inputs(files, upstream, workers=workers)
-    counts = run_all(count_rows, [(str(p),) for p in files], workers)
+    # counting opens each file (milliseconds): a pool of its own only for many files
+    counts = run_all(count_rows, [(str(p),) for p in files], workers if len(files) > COUNT_POOL_FILES else 1)
     out_dir = Path(out_dir)
     _begin(out_dir, manifest_name)
     plan = make_plan(list(zip(map(str, files), counts, strict=True)), out_dir / SCRATCH, cfg, workers)
     try:
         log.info("%d rows of %d shards: permutation of random.Random(%d) ready; %d bucket(s)", sum(counts),
                  len(files), cfg.seed, len(plan.bucket_shards) - 1)
-        run_all(scatter, [(plan, t, ids) for t, ids in scatter_tasks(plan, workers)], workers)
-        written = run_all(gather, [(plan, b, str(out_dir)) for b in range(len(plan.bucket_shards) - 1)], workers)
+        tasks = scatter_tasks(plan, workers)
+        buckets = range(len(plan.bucket_shards) - 1)
+        if workers > 1 and max(len(tasks), len(buckets)) > 1 and can_fork(workers):
+            with worker_pool(min(workers, max(len(tasks), len(buckets)))) as pool:  # one pool for both steps
+                for f in [pool.submit(scatter, plan, t, ids) for t, ids in tasks]:
+                    f.result()
+                written = [f.result() for f in [pool.submit(gather, plan, b, str(out_dir)) for b in buckets]]
+        else:
+            for t, ids in tasks:
+                scatter(plan, t, ids)
+            written = [gather(plan, b, str(out_dir)) for b in buckets]
         return finish_shuffle(out_dir, plan, written, upstream, manifest_name=manifest_name)
     finally:
         shutil.rmtree(plan.scratch, ignore_errors=True)
