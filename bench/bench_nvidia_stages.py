@@ -8,12 +8,14 @@ share of NVIDIA's 4,320: ~5; ``nvidia_4320``), its shuffle (``nvidia_4320_shuffl
 pick (10,000 rows; ``nvidia_eval``). Each run is a process of its own (``--workers`` for the stage's pool); a round
 runs every stage on the baseline tree, then on this one (``--baseline``: a copy of another commit, e.g.
 ``mkdir /tmp/base && git archive <commit> | tar -x -C /tmp/base``, with the built C extensions copied beside their
-sources). Printed per stage: CPU seconds (user + sys, the stage's processes included), peak RSS, rows per CPU
+sources). Printed per stage: CPU seconds of the stage's call (user + sys, from just before the call, as
+bench_scale.py counts them; the process's with the interpreter's start and imports beside it), peak RSS, rows per CPU
 second, the shares of the stage's CPU (with one worker: md5, the HDF5 writes, fsync and close, the rest: reading,
 checks and moving rows), the median over the rounds and the ratio baseline / this tree; then every output file's
 md5 compared between the trees (the bytes must be the same). ``--bucket-rows`` sets the shuffle's buckets (the
 full set has 288 of 15 shards, ~544,000 rows; one part has one unless this is smaller). Load: ``os.getloadavg()`` is
-printed.
+printed. CPU figures are for ``--workers 1``: a pool's workers are the forkserver's children, whose CPU neither the
+stage's process nor this one is told of (with more workers, read the round lines' wall instead).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,13 +102,16 @@ print(json.dumps({"cpu": c1 - c0, "rows": rows, "spent": spent, "bytes": sum(f.b
 
 def run(tree: Path, part: Path, out: Path, what: str, workers: int, bucket_rows: int) -> dict:
     before = os.times()
+    t0 = time.perf_counter()
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(tree))
     res = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(part), str(out), what, str(workers),
                           str(bucket_rows)], capture_output=True, text=True, env=env, cwd=tree)
     after = os.times()
+    wall = time.perf_counter() - t0
     if res.returncode:
         raise SystemExit(f"{what} on {tree} failed:\n{res.stderr[-3000:]}")
     fig = json.loads(res.stdout.strip().splitlines()[-1])
+    fig["wall"] = wall
     fig["total"] = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return fig
 
@@ -136,26 +142,28 @@ def main() -> None:
                         run(tree, args.part, out, "nvidia_4320", args.workers, args.bucket_rows)
                     f = run(tree, args.part, out, what, args.workers, args.bucket_rows)
                     figs.setdefault((label, what), []).append(f)
-                    print(f"round {r + 1} {label:<8} {what:<22} cpu {f['total']:6.2f} s (in-process {f['cpu']:5.2f})"
+                    print(f"round {r + 1} {label:<8} {what:<22} cpu {f['cpu']:5.2f} s (process {f['total']:5.2f}, wall "
+                          f"{f['wall']:5.2f})"
                           f" peak RSS {f['rss']:6.0f} MB  load {os.getloadavg()[0]:.2f}", flush=True)
         print(f"\n## medians over {args.rounds} round(s), {args.workers} worker(s); load now "
               f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for what in args.stages:
             for label in trees:
                 fs = figs[(label, what)]
-                cpu = statistics.median(f["total"] for f in fs)
+                cpu = statistics.median(f["cpu"] for f in fs)  # the stage's call, as bench_scale.py counts it
+                total = statistics.median(f["total"] for f in fs)
                 rows = fs[0]["rows"]
                 scale = 1 if what == "nvidia_eval" else FULL_ROWS / rows
                 shares = {k: statistics.median(f["spent"][k] for f in fs) for k in fs[0]["spent"]}
-                inproc = statistics.median(f["cpu"] for f in fs)
-                rest = max(0.0, inproc - sum(shares.values()))
+                rest = max(0.0, cpu - sum(shares.values()))
                 share_txt = ", ".join(f"{k} {v:.2f}" for k, v in shares.items()) + f", read+checks+moves {rest:.2f}"
-                print(f"{what:<22} {label:<8} {cpu:6.2f} CPU-s  {rows / cpu / 1e3:7.1f} k rows/CPU-s  peak RSS "
+                print(f"{what:<22} {label:<8} {cpu:6.2f} CPU-s (process {total:5.2f})  {rows / cpu / 1e3:7.1f} k rows/CPU-s  "
+                      "peak RSS "
                       f"{max(f['rss'] for f in fs):6.0f} MB  full size (x{scale:.0f} by rows) "
                       f"{cpu * scale / 3600:.3f} core-h  [{share_txt}]")
             if "baseline" in trees:
-                b = statistics.median(f["total"] for f in figs[("baseline", what)])
-                t = statistics.median(f["total"] for f in figs[("this", what)])
+                b = statistics.median(f["cpu"] for f in figs[("baseline", what)])
+                t = statistics.median(f["cpu"] for f in figs[("this", what)])
                 print(f"{what:<22} baseline / this: {b / t:.2f}x")
         if "baseline" in trees:
             same = digests(Path(tmp) / "baseline") == digests(Path(tmp) / "this")
