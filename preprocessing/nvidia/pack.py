@@ -43,7 +43,8 @@ or any unshuffled re-sharding of them, padded or variable-length (NVIDIA's ``cho
 by length: the length-L rows get indices 0, 1, ... in input order. Not a shuffled set (``shuffle_samples.py``):
 its packs are valid but not NVIDIA's.
 
-How bertpipe runs it (same outputs; memory bounded by the largest input file plus ~24 bytes per sequence):
+How bertpipe runs it (same outputs; memory bounded by the largest input file, and in the plan by ~10 bytes a
+sequence: the full set's in ~1.4 GB):
 
 a. :func:`count_lengths` per input (parallel): every row's length, checked, into a scratch ``.npy``;
 b. :func:`plan_packing` (one process): the recipe (:func:`packing_recipe`, the reference's arithmetic with the
@@ -564,18 +565,69 @@ class Assignment:
     seq_idx: np.ndarray  # int32 (int64 past 2**31 sequences)
     dest: np.ndarray  # likewise
     len_off: np.ndarray  # int64 (max_seq_length + 2): first index of length L in dest
+    empty_packs: int = 0  # packs of padding slots only
 
     @property
     def packs(self) -> int:
         return len(self.pack_off) - 1
 
 
+class _Column:
+    """A 1-D array written front to back in pieces: in memory, or (``path``) straight into a ``.npy`` file, so
+    the full set's plan never holds it (nor a concatenation of its pieces) in memory."""
+
+    def __init__(self, n: int, dtype: Any, path: Path | None) -> None:
+        self.n, self.dtype, self.path, self.at = n, np.dtype(dtype), path, 0
+        if path is None:
+            self.arr = np.empty(n, self.dtype)
+            return
+        self.tmp = tmp_path(path)
+        with open(self.tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                     "fortran_order": False, "shape": (n,)})
+        self.fh = open(self.tmp, "ab")  # noqa: SIM115 - closed by done()
+
+    def put(self, values: np.ndarray) -> None:
+        v = np.ascontiguousarray(values, dtype=self.dtype)
+        if self.path is None:
+            self.arr[self.at:self.at + len(v)] = v
+        else:
+            self.fh.write(v.data)
+        self.at += len(v)
+
+    def done(self) -> np.ndarray:
+        """The whole array (a read-only memory map of the file, renamed into place)."""
+        if self.at != self.n:  # pragma: no cover
+            raise BertpipeError(f"packing assignment: {self.at} of {self.n} values written (a bug)")
+        if self.path is None:
+            return self.arr
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+        return _load(self.path, mmap=True)
+
+    def chunks(self, step: int) -> Iterator[np.ndarray]:
+        """The values written, in pieces of ``step`` (read from the file, not mapped)."""
+        if self.path is None:
+            for a in range(0, self.n, step):
+                yield self.arr[a:a + step]
+            return
+        with open(self.path, "rb") as f:
+            np.lib.format.read_magic(f)
+            np.lib.format.read_array_header_1_0(f)
+            for a in range(0, self.n, step):
+                yield np.fromfile(f, dtype=self.dtype, count=min(step, self.n - a))
+
+
 def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: int,
-                 chunk_packs: int = 1 << 22) -> Assignment:
+                 chunk_packs: int = 1 << 18, out: Path | None = None) -> Assignment:
     """The reference's assignment: per length 1..T its indices plus ``int(padding)`` None slots, shuffled; the
     strategy instances (strategy order, each ``mixture`` times) shuffled; each instance takes the next slot of
     each of its lengths; None slots are dropped. The shuffles are those of one ``random.Random(seed)``, in that
-    order (:class:`preprocessing.pyrandom.Shuffles`: the permutations ``rng.shuffle`` applies, as arrays)."""
+    order (:class:`preprocessing.pyrandom.Shuffles`: the permutations ``rng.shuffle`` applies, as arrays).
+
+    ``out``: a folder where ``seq_len.npy``, ``seq_idx.npy``, ``pack_off.npy`` and ``dest.npy`` are written as they
+    are made (the Assignment then maps them): ~10 bytes a sequence in memory at most (the full set's 157 M in
+    ~1.1 GB: the shuffled slots and strategy instances while packs are made, then ``dest``), instead of ~24."""
     from preprocessing.pyrandom import Shuffles
 
     shuffle = Shuffles(seed).permutation
@@ -591,8 +643,13 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
         perm = shuffle(n + pads[i]).astype(idt)
         perm[perm >= n] = -1
         slots[slot_off[i]:slot_off[i + 1]] = perm
-    instances = np.repeat(np.arange(len(recipe.strategies), dtype=np.int32), recipe.mixture)
-    instances = instances[shuffle(len(instances))]
+    # the instances (strategy s ``mixture[s]`` times, in strategy order) shuffled: instance i of the shuffled list
+    # is the strategy holding position perm[i] of that list, found in place (no list of every instance first)
+    instances = shuffle(int(recipe.mixture.sum()))
+    ends = np.cumsum(recipe.mixture)
+    for c0 in range(0, len(instances), chunk_packs):
+        part = instances[c0:c0 + chunk_packs]
+        part[:] = np.searchsorted(ends, part, side="right")
 
     depth = max(len(s) for s in recipe.strategies)
     table = np.zeros((len(recipe.strategies), depth), dtype=np.int16)  # strategy -> its lengths, 0-padded
@@ -600,9 +657,9 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
         table[i, :len(s)] = s
     len_off = np.concatenate([[0, 0], np.cumsum(hist)])  # len_off[L]: first index of length L (L = 1..t)
     n_seq = int(hist.sum())
-    dest = np.full(n_seq, -1, dtype=idt)
     pack_len = np.zeros(len(instances), dtype=np.int8)
-    seq_len_parts, seq_idx_parts = [], []
+    col_len = _Column(n_seq, np.int16, None if out is None else Path(out) / "seq_len.npy")
+    col_idx = _Column(n_seq, idt, None if out is None else Path(out) / "seq_idx.npy")
     ptr = slot_off[:-1].copy()  # next slot of each length
     q = 0
     for c0 in range(0, len(instances), chunk_packs):
@@ -618,16 +675,35 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
         real = val >= 0
         pos, ls, val = pos[real], ls[real], val[real]
         pack_len[c0:c0 + chunk_packs] += np.bincount(pos // depth, minlength=len(lens) // depth).astype(np.int8)
-        dest[len_off[ls] + val] = np.arange(q, q + len(val), dtype=idt)
         q += len(val)
-        seq_len_parts.append(ls.astype(np.int16))
-        seq_idx_parts.append(val)
-    if not np.array_equal(ptr, slot_off[1:]) or q != n_seq or (dest < 0).any():  # pragma: no cover
+        col_len.put(ls)
+        col_idx.put(val)
+    if not np.array_equal(ptr, slot_off[1:]) or q != n_seq:  # pragma: no cover
         raise BertpipeError("packing assignment: slots and strategies do not match (a bug)")
-    return Assignment(pack_off=np.concatenate([[0], np.cumsum(pack_len, dtype=np.int64)]),
-                      seq_len=np.concatenate(seq_len_parts) if seq_len_parts else np.zeros(0, np.int16),
-                      seq_idx=np.concatenate(seq_idx_parts) if seq_idx_parts else np.zeros(0, idt),
-                      dest=dest, len_off=len_off)
+    del slots, instances
+    seq_len, seq_idx = col_len.done(), col_idx.done()
+    off = _Column(len(pack_len) + 1, np.int64, None if out is None else Path(out) / "pack_off.npy")
+    off.put(np.zeros(1, np.int64))
+    total = 0
+    for c0 in range(0, len(pack_len), chunk_packs):
+        part = np.cumsum(pack_len[c0:c0 + chunk_packs], dtype=np.int64) + total
+        off.put(part)
+        total = int(part[-1])
+    pack_off = off.done()
+    empty = int(np.count_nonzero(pack_len == 0))
+    del pack_len
+    # each sequence's place: the q-th of the packs' sequences is dest[len_off[length] + index]
+    dest = np.full(n_seq, -1, dtype=idt)
+    q = 0
+    for ls, val in zip(col_len.chunks(chunk_packs), col_idx.chunks(chunk_packs), strict=True):
+        dest[len_off[ls.astype(np.int64)] + val] = np.arange(q, q + len(val), dtype=idt)
+        q += len(val)
+    if (dest < 0).any():  # pragma: no cover
+        raise BertpipeError("packing assignment: a sequence without a place (a bug)")
+    if out is not None:
+        _save(Path(out) / "dest.npy", dest)
+    return Assignment(pack_off=pack_off, seq_len=seq_len, seq_idx=seq_idx, dest=dest, len_off=len_off,
+                      empty_packs=empty)
 
 
 def shard_bounds(n_packs: int, shards_num: int) -> np.ndarray:
@@ -659,15 +735,14 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
     if not hist.sum():
         raise InputError("pack-nvidia: the inputs hold no rows; nothing to pack")
     recipe = packing_recipe(hist, cfg.max_seq_length, cfg.max_seq_per_sample, say=log.info)
-    asg = assign_packs(hist, recipe, cfg.seed)
+    asg = assign_packs(hist, recipe, cfg.seed, out=sd)  # seq_len, seq_idx, pack_off and dest: written there
     check_shards(cfg.shards_num, len(asg.pack_off) - 1)
-    empty = int(np.count_nonzero(np.diff(asg.pack_off) == 0))
+    empty = asg.empty_packs
     if empty:
         log.warning("%d pack(s) hold no sequence (every slot of their strategy was padding; NVIDIA's script writes "
                     "them too): a batch holding them has fewer sequences than samples", empty)
     base = np.vstack([np.zeros((1, cfg.max_seq_length), np.int64), np.cumsum(hists, axis=0)])[:-1]
-    for name, arr in (("pack_off", asg.pack_off), ("seq_len", asg.seq_len), ("seq_idx", asg.seq_idx),
-                      ("dest", asg.dest), ("len_off", asg.len_off), ("base", base)):
+    for name, arr in (("len_off", asg.len_off), ("base", base)):
         _save(sd / f"{name}.npy", arr)
     return {"kind": "plan", "stats": {**recipe.stats, "empty_packs": empty}, "report": recipe.report,
             "inputs": len(counts)}

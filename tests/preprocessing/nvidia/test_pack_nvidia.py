@@ -230,6 +230,21 @@ def test_assignment_takes_each_index_once():
     assert sums.max() <= t
 
 
+def test_assignment_written_to_files_in_small_pieces_is_the_same(tmp_path):
+    """``out``: seq_len, seq_idx, pack_off and dest written to files as they are made (the full set's plan in
+    ~10 bytes a sequence); any piece size: the same arrays as in memory."""
+    t, d, hist = HISTOGRAMS["skewed-64"]
+    recipe = packing_recipe(hist, t, d)
+    mem = assign_packs(hist, recipe, seed=1)
+    files = assign_packs(hist, recipe, seed=1, chunk_packs=7, out=tmp_path)
+    for name in ("pack_off", "seq_len", "seq_idx", "dest", "len_off"):
+        a, b = getattr(mem, name), getattr(files, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    for name in ("pack_off", "seq_len", "seq_idx", "dest"):
+        assert np.array_equal(np.load(tmp_path / f"{name}.npy"), getattr(mem, name)), name
+    assert files.empty_packs == mem.empty_packs == int(np.count_nonzero(np.diff(mem.pack_off) == 0))
+
+
 # -- whole runs against the reference ---------------------------------------------------------------------------------------
 GOLDEN_CFG = PackNvidiaConfig(max_seq_length=128, shards_num=7, seed=99)
 
