@@ -218,3 +218,21 @@ def mask_lengths(mask: np.ndarray) -> tuple[np.ndarray, int]:
     ok = ((m == 0) | (m == 1)).all(axis=1) & ~(m[:, 1:] > m[:, :-1]).any(axis=1) if m.size else np.ones(n, bool)
     bad = np.flatnonzero(~ok)
     return m.sum(axis=1, dtype=np.int64), int(bad[0]) if bad.size else -1
+
+
+def prefix_lengths(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(counts, bad)``: each row's number of leading non-zero values of a 2-D integer array (int64), and the
+    first row that is not non-zeros then zeros (-1: every row is), in one pass (the C loop; NumPy otherwise)."""
+    v = np.asarray(values)
+    n = v.shape[0]
+    mod = native()
+    if mod is not None and v.ndim == 2 and v.dtype.kind == "i" and v.dtype.itemsize in (1, 2, 4, 8) \
+            and v.shape[1] > 0 and v.dtype.isnative:
+        out = np.empty(n, np.int64)
+        bad = mod.prefix_lengths(np.ascontiguousarray(v), v.shape[1], out)
+        return out, int(bad)
+    nz = v != 0
+    counts = nz.sum(axis=1, dtype=np.int64)
+    ok = ~(nz[:, 1:] & ~nz[:, :-1]).any(axis=1) if v.size else np.ones(n, bool)
+    bad = np.flatnonzero(~ok)
+    return counts, int(bad[0]) if bad.size else -1

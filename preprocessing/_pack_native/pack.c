@@ -13,6 +13,9 @@
  *   lo..hi (within out's type): the index in out of the first value outside, or -1 (the whole output is written).
  * mask_lengths(mask, width, out): mask holds rows of width int8 values; out[r] = the number of 1s that open row r,
  *   each row checked to be those 1s then only 0s. Returns the first row that is not, or -1 (out is complete).
+ * prefix_lengths(values, width, out): values holds rows of width signed integers (1, 2, 4 or 8 bytes); out[r] = the
+ *   number of non-zero values that open row r, each row checked to be those then only 0s. Returns the first row
+ *   that is not, or -1 (out is complete).
  *
  * format_packs(lengths, indices, pack_off): json.dumps of the packs [[[length, index], ...], ...] (pack p: items
  *   pack_off[p] .. pack_off[p+1]-1; int64 arrays), as ASCII bytes: NVIDIA's shard lists.
@@ -369,6 +372,56 @@ done:
     return ret;
 }
 
+#define PREFIX_LOOP(T)                                                                    \
+    do {                                                                                  \
+        const T *v = (const T *)vv.buf;                                                   \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                           \
+            const T *row = v + r * width;                                                 \
+            Py_ssize_t k = 0;                                                             \
+            while (k < width && row[k] != 0) k++;                                         \
+            out[r] = k;                                                                   \
+            T rest = 0;                                                                   \
+            for (Py_ssize_t i = k; i < width; i++) rest |= row[i];                        \
+            if (rest) { bad = r; break; }                                                 \
+        }                                                                                 \
+    } while (0)
+
+static PyObject *prefix_lengths(PyObject *self, PyObject *args) {
+    PyObject *v_obj, *out_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "OnO", &v_obj, &width, &out_obj)) return NULL;
+    Py_buffer vv, ov;
+    if (PyObject_GetBuffer(v_obj, &vv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &ov, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&vv);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    int isz = (int)vv.itemsize;
+    if (width <= 0 || ov.itemsize != 8 || (isz != 1 && isz != 2 && isz != 4 && isz != 8) ||
+        vv.len != (ov.len / 8) * width * isz) {
+        PyErr_SetString(PyExc_ValueError, "prefix_lengths: values must hold len(out) rows of width integers, out "
+                                          "8-byte integers");
+        goto done;
+    }
+    Py_ssize_t rows = ov.len / 8;
+    int64_t bad = -1;
+    int64_t *out = (int64_t *)ov.buf;
+    Py_BEGIN_ALLOW_THREADS
+    switch (isz) {
+        case 1: PREFIX_LOOP(int8_t); break;
+        case 2: PREFIX_LOOP(int16_t); break;
+        case 4: PREFIX_LOOP(int32_t); break;
+        default: PREFIX_LOOP(int64_t); break;
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    PyBuffer_Release(&vv);
+    PyBuffer_Release(&ov);
+    return ret;
+}
+
 /* -- NVIDIA's shard lists: json.dumps of [[[length, index], ...], ...] ------------------------------------ */
 static char *put_int(char *p, int64_t v) {
     char tmp[24];
@@ -519,6 +572,8 @@ static PyMethodDef methods[] = {
      "gather_runs_bounded(out, addrs, lens, src_itemsize, lo, hi) -> index of the first value outside lo..hi, or -1"},
     {"mask_lengths", mask_lengths, METH_VARARGS,
      "mask_lengths(mask, width, out) -> first row whose mask is not 1s then 0s, or -1; out: each row's 1s"},
+    {"prefix_lengths", prefix_lengths, METH_VARARGS,
+     "prefix_lengths(values, width, out) -> first row whose values are not non-zeros then zeros, or -1"},
     {"format_packs", format_packs, METH_VARARGS,
      "format_packs(lengths, indices, pack_off) -> json.dumps(packs) as bytes, pack p = [[length, index], ...]"},
     {"cut_padded", cut_padded, METH_VARARGS,

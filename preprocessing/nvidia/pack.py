@@ -394,6 +394,7 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
         InputError: the file is missing, not HDF5, of another layout, or a row's length is out of range.
     """
     p = Path(path)
+    preds: list[np.ndarray] | None = []  # masked positions a row (while every row's are non-zeros, then zeros)
     with InputFile(p) as f:
         maps = f.mapped()
         parts = []
@@ -402,12 +403,20 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
                 seq = padded_lengths(p, a, {"input_mask": maps["input_mask"][a:b],
                                             "masked_lm_positions": maps["masked_lm_positions"][a:b],
                                             "next_sentence_labels": maps["next_sentence_labels"][a:b]})
+                if preds is not None:
+                    pred, bad = pack_fast.prefix_lengths(maps["masked_lm_positions"][a:b])
+                    preds = preds + [pred.astype(np.int16)] if bad < 0 else None
             else:
                 seq = f.lengths(a, b)
             _check_lengths(seq, cfg, p, a)
             parts.append(seq.astype(np.int16))
     lengths = np.concatenate(parts) if parts else np.zeros(0, np.int16)
     _save(_scratch_file(Path(scratch), f"len_{k:05d}.npy"), lengths)
+    pred_file = _scratch_file(Path(scratch), f"pred_{k:05d}.npy")
+    if maps and preds is not None and parts:  # the scatter takes them, and needs no check of the positions
+        _save(pred_file, np.concatenate(preds))
+    else:
+        pred_file.unlink(missing_ok=True)
     hist = np.bincount(lengths, minlength=cfg.max_seq_length + 1)[1:]
     return {"kind": "lengths", "k": k, "file": str(p), "rows": int(f.n), "hist": hist.tolist()}
 
@@ -771,7 +780,10 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
             raise InputError(f"{p} changed while pack-nvidia ran ({f.n} rows, {len(lengths)} counted); run again")
         maps = f.mapped() if pack_fast.available() else None
         if maps is not None:  # padded rows straight from the file into place order: one copy of each value
-            arrays = _scatter_mapped(maps, lengths, keys, p)
+            pred_file = sd / f"pred_{k:05d}.npy"
+            known = _load(pred_file).astype(np.int64) if pred_file.exists() else None
+            arrays = _scatter_mapped(maps, lengths, keys, p, known if known is not None and len(known) == f.n
+                                     else None)
             for name in _SCATTER:
                 _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
             return {"kind": "scatter", "k": k, "rows": len(keys)}
@@ -791,11 +803,12 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     return {"kind": "scatter", "k": k, "rows": len(keys)}
 
 
-def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.ndarray,
-                    p: Path) -> dict[str, np.ndarray]:
+def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.ndarray, p: Path,
+                    known_pred: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Step c on a padded file's memory maps: the rows in key order, compact (the same arrays as the chunked
     path: ``row[:sum(input_mask)]``, ``positions[:count(positions != 0)]``), read in chunks of rows for the
-    lengths and checks, gathered once by the C loop."""
+    lengths and checks, gathered once by the C loop. ``known_pred``: the masked positions a row, from the count
+    step, which found every row's positions non-zeros then zeros (then the compact positions need no check)."""
     n, width = maps["input_ids"].shape
     pwidth = maps["masked_lm_positions"].shape[1]
     if maps["input_mask"].shape[1] != width or maps["segment_ids"].shape[1] != width or \
@@ -807,7 +820,10 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
     for a in range(0, n, step):
         b = min(n, a + step)
         seq[a:b], bad = pack_fast.mask_lengths(maps["input_mask"][a:b])
-        pred[a:b] = np.count_nonzero(maps["masked_lm_positions"][a:b], axis=1)
+        if known_pred is None:
+            pred[a:b] = np.count_nonzero(maps["masked_lm_positions"][a:b], axis=1)
+        else:
+            pred[a:b] = known_pred[a:b]
         if bad >= 0 or not np.array_equal(seq[a:b], lengths[a:b]):
             raise InputError(f"{p} changed while pack-nvidia ran (rows {a}..{b - 1}); run again")
     perm = np.argsort(keys, kind="stable")
@@ -832,12 +848,12 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
         except pack_fast.OutOfRange:
             raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
     nsl = np.asarray(maps["next_sentence_labels"])
-    if bounded:
-        check_compact(p, 0, out["seq"], out["pred"], pos=out["masked_lm_positions"], row_ids=perm)
-    else:
+    if not bounded:
         check_compact(p, 0, out["seq"], out["pred"], ids=out["input_ids"], seg=out["segment_ids"],
                       pos=out["masked_lm_positions"], mlm=out["masked_lm_ids"], row_ids=perm)
         raise BertpipeError(f"{p}: a value out of its bounds that check_compact passes (a bug)")
+    if known_pred is None:  # else the count step found every row's positions non-zeros then zeros, inside it
+        check_compact(p, 0, out["seq"], out["pred"], pos=out["masked_lm_positions"], row_ids=perm)
     info = np.iinfo(np.int8)
     if nsl.size and (nsl.min() < info.min or nsl.max() > info.max):
         raise _out_of_range(p, "next_sentence_labels", "int8",

@@ -153,6 +153,38 @@ def test_mask_lengths_counts_the_leading_ones_and_finds_the_first_bad_row(mode):
     assert pack_fast.mask_lengths(b)[1] == 1
 
 
+@pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64"])
+def test_prefix_lengths_counts_the_leading_non_zeros_and_finds_the_first_bad_row(mode, dt):
+    v = (np.arange(1, 11) * (np.arange(10) < np.array([2, 0, 10, 1])[:, None])).astype(dt)
+    counts, bad = pack_fast.prefix_lengths(v)
+    assert counts.tolist() == [2, 0, 10, 1] and bad == -1
+    w = v.copy()
+    w[3, 5] = 7  # a value after the row's first 0
+    assert pack_fast.prefix_lengths(w)[1] == 3
+    w[1, 9] = -1
+    assert pack_fast.prefix_lengths(w)[1] == 1
+
+
+def test_pack_nvidia_refuses_a_hole_in_the_masked_positions(tmp_path, capsys):
+    """A 0 between masked positions (the count's quick check fails): the scatter's full check refuses the row."""
+    from bertpipe.cli import main
+    from tests.preprocessing.habana.test_pack_habana import write_padded
+
+    d = tmp_path / "in"
+    d.mkdir()
+    p = d / "part-00000-of-00500.hdf5"
+    write_padded(p, [10, 30, 20, 40], width=64, preds=12, seed=3)
+    with h5py.File(p, "r+") as f:
+        pos = f["masked_lm_positions"][2]
+        pos[1:] = np.concatenate([[0], pos[1:-1]])  # 0 at index 1, the rest one place later
+        f["masked_lm_positions"][2] = pos
+        f["masked_lm_ids"][2] = np.where(pos != 0, 1000, 0)
+    assert main(["pack-nvidia", "--input_hdf5", str(d), "--output_hdf5", str(tmp_path / "o"), "--max_seq_length",
+                 "64", "--shards_num", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'masked_lm_positions' row 2:" in err[0] and p.name in err[0], err
+
+
 def test_gather_runs_refuses_runs_outside_their_source(mode):
     src = np.zeros(10, np.int16)
     with pytest.raises(ValueError, match="past the end"):
