@@ -422,7 +422,16 @@ from pathlib import Path
 import scipy.optimize
 part, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+nparts = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 dest = out / (what if workers == 1 else f"{what}.w{workers}")
+parts = [part]
+if nparts > 1:  # the part's HDF5 under nparts names (hard links): a stage's work split over more shards
+    import os
+    (out / "inputs").mkdir(exist_ok=True)
+    parts = [out / "inputs" / f"part-{i:05d}-of-00500.hdf5" for i in range(nparts)]
+    for p in parts:
+        if not p.exists():
+            os.link(part, p)
 nnls = [0.0, 0]
 real_nnls = scipy.optimize.nnls
 def timed_nnls(*a, **k):
@@ -433,15 +442,16 @@ def timed_nnls(*a, **k):
         nnls[0] += time.process_time() - t
         nnls[1] += 1
 scipy.optimize.nnls = timed_nnls
-recipe = [0.0]
+recipe = [0.0, 0.0]  # CPU and wall seconds
 def time_recipe(mod):
     real = mod.packing_recipe
     def timed(*a, **k):
-        t = time.process_time()
+        t, w = time.process_time(), time.perf_counter()
         try:
             return real(*a, **k)
         finally:
             recipe[0] += time.process_time() - t
+            recipe[1] += time.perf_counter() - w
     mod.packing_recipe = timed
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -450,13 +460,15 @@ import h5py
 with h5py.File(part, "r") as f:
     rows = int(f["next_sentence_labels"].shape[0])
     tokens = int(sum(int(f["input_mask"][a:a + 65536].sum()) for a in range(0, rows, 65536)))
+if what != "nvidia_eval":
+    rows, tokens = rows * nparts, tokens * nparts
 shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
 from core import costs
 costs0, t0 = costs.snapshot(), time.perf_counter()
 c0 = cpu()
 if what == "nvidia_4320":
     from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
-    m = run_nvidia_chop([part], dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
+    m = run_nvidia_chop(parts, dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
 elif what == "nvidia_4320_shuffled":
     from preprocessing.nvidia.shuffle import input_files, run_nvidia_shuffle
     m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), dest, workers=workers)
@@ -472,18 +484,18 @@ elif what == "nvidia_packed":
     # calls of 1-2 shards, hashed at a third of that speed
     if workers == 1:
         mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
-    m = run_pack_nvidia([part], dest, PackNvidiaConfig(shards_num=shards), workers=workers)
+    m = run_pack_nvidia(parts, dest, PackNvidiaConfig(shards_num=shards), workers=workers)
 elif what in ("habana_packed", "habana_packed_raw"):
     import preprocessing.habana.pack as mod
     from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
     time_recipe(mod)
-    m = run_pack_habana([part], dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
+    m = run_pack_habana(parts, dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
                         if what == "habana_packed" else "none"), data_dir="packed", workers=workers)
 else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
 (out / f"{dest.name}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
-                                              "recipe_cpu": recipe[0], "rows": rows, "tokens": tokens,
+                                              "recipe_cpu": recipe[0], "recipe_wall": recipe[1], "rows": rows, "tokens": tokens,
                                               "bytes": sum(f.bytes for f in m.files),
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0}}))
 """
@@ -503,7 +515,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
           "each, one core")
     figures = {}
     for what, title in TARGET_STAGES.items():
-        dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what], env)
+        dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1",
+                                  str(args.target_parts)], env)
         f = json.loads((out / f"{what}.json").read_text())
         f["wall"], f["rss"] = dt, rss
         if what == "habana_packed_raw" and "habana_packed" in figures:
@@ -518,9 +531,10 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
         once = _once(f)
         if args.target_workers > 1 and what != "nvidia_eval":  # the same stage on more workers: its speed-up
             w = args.target_workers
-            dt_w, _, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, str(w)], env)
+            dt_w, _, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, str(w),
+                                      str(args.target_parts)], env)
             fw = json.loads((out / f"{what}.w{w}.json").read_text())
-            serial1, serial_w = f.get("recipe_cpu", 0.0), fw.get("recipe_cpu", 0.0)  # the recipe: once, serial
+            serial1, serial_w = f.get("recipe_wall", 0.0), fw.get("recipe_wall", 0.0)  # the recipe: once, serial
             ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
             same = _same_files(out / what, out / f"{what}.w{w}", data_only=True)
             f["speedup"] = ratio
@@ -780,6 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
     ap.add_argument("--target-workers", type=int, default=1, help="also run each target stage on this many workers "
                     "and print its speed-up over 1 (wall, the packers' serial recipe taken off; bytes compared)")
+    ap.add_argument("--target-parts", type=int, default=1, help="the target stages read the part's HDF5 under this "
+                    "many names (hard links): more shards to split over workers; figures are for all of them")
     ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
                     "stages (step 5), projected without today's figure")
     args = ap.parse_args(argv)
