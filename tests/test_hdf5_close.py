@@ -161,7 +161,15 @@ def test_manifest_is_the_closed_file_while_frames_are_held(writer: str, golden: 
 def test_split_shards_are_fsynced_before_the_manifest(golden: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[Path] = []
-    monkeypatch.setattr(s4, "fsync_file", lambda p: synced.append(Path(p)))
+    real = s4.fsync_paths
+
+    def fsync_paths(paths):
+        paths = [Path(p) for p in paths]
+        assert not (tmp_path / "_manifest.json").exists(), "fsynced before the manifest is written"
+        synced.extend(paths)
+        real(paths)
+
+    monkeypatch.setattr(s4, "fsync_paths", fsync_paths)
     m = s4.run_split_4bins([golden / "eval_100.hdf5"], tmp_path, s4.Split4BinsConfig(n_output_shards=2), workers=1)
     assert sorted(synced) == sorted(tmp_path / e.name for e in m.files)
 
