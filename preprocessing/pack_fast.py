@@ -59,6 +59,19 @@ def native_shuffle(state: np.ndarray, n: int) -> np.ndarray | None:
     return out
 
 
+def native_shuffle_inplace(state: np.ndarray, x: np.ndarray) -> bool:
+    """``rng.shuffle`` of ``x``'s values, in place (contiguous 4- or 8-byte integers: ``x`` becomes ``x[p]`` for
+    the permutation ``p`` that :func:`native_shuffle` would draw), ``state`` advanced as ``rng`` would be; False
+    (nothing drawn, ``x`` untouched) when the extension is unavailable or cannot take ``x``."""
+    mod = native()
+    n = len(x)
+    if (mod is None or x.ndim != 1 or not x.flags.c_contiguous or not x.flags.writeable or x.dtype.kind not in "iu"
+            or x.dtype.itemsize not in (4, 8) or n > (1 << 32) or (x.dtype.itemsize == 4 and n > (1 << 31))):
+        return False
+    mod.shuffle(state, x, True)
+    return True
+
+
 # -- shard lists ---------------------------------------------------------------------------------------------------
 def format_packs(seq_len: np.ndarray, seq_idx: np.ndarray, pack_off: np.ndarray) -> str | None:
     """``json.dumps([[[int(seq_len[i]), int(seq_idx[i])] for i in range(pack_off[p], pack_off[p + 1])]

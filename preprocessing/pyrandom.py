@@ -170,6 +170,20 @@ class Shuffles:
         return _permutation(n, self.stream)
 
 
+    def shuffle(self, x: np.ndarray) -> None:
+        """The next ``rng.shuffle`` applied to ``x``'s values in place: ``x`` becomes ``x[self.permutation(len(x))]``
+        (the same draws), without that permutation or a copy of ``x`` where the C loop runs."""
+        if self.state is not None and len(x) > 1:
+            from preprocessing import pack_fast
+
+            if pack_fast.native_shuffle_inplace(self.state, x):
+                return
+        if len(x) > 1:
+            x[:] = x[self.permutation(len(x))]
+        else:
+            self.permutation(len(x))  # draws nothing
+
+
 def _permutation(n: int, stream: _Stream) -> np.ndarray:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

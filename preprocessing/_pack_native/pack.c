@@ -3,7 +3,9 @@
  * shuffle(state, out): out = 0..n-1, then shuffled exactly as CPython's random.Random.shuffle does a list of n
  *   items (3.8-3.13: for i = n-1 .. 1, j = _randbelow(i + 1), swap), drawing from the Mersenne Twister state
  *   ``state`` (625 uint32: the 624 words and the position of random.Random.getstate()[1]), which it advances.
- *   n < 2**32 (one 32-bit output per draw, as getrandbits(k) for k <= 32).
+ *   n < 2**32 (one 32-bit output per draw, as getrandbits(k) for k <= 32). shuffle(state, out, 1): out's own
+ *   values shuffled in place (the same swaps: out becomes old_out[perm] for the permutation shuffle(state, perm)
+ *   would give).
  * gather_runs(out, addrs, lens, src_itemsize): run i is lens[i] signed integers of src_itemsize bytes at address
  *   addrs[i]; the runs, back to back, into out (signed integers of out's item size), converted. Returns the
  *   index in out of the first value that does not fit out's type (nothing after it is written), or -1.
@@ -72,7 +74,7 @@ static uint32_t mt_next(uint32_t *mt, uint32_t *pos) {
 #define SHUFFLE_LOOP(T)                                                                   \
     do {                                                                                  \
         T *x = (T *)outv.buf;                                                             \
-        for (uint64_t i = 0; i < n; i++) x[i] = (T)i;                                     \
+        if (!keep) for (uint64_t i = 0; i < n; i++) x[i] = (T)i;                          \
         for (uint64_t i = n > 0 ? n - 1 : 0; i >= 1; i--) {                               \
             uint64_t bound = i + 1;                                                       \
             int k = 64 - __builtin_clzll(bound); /* bound.bit_length(), 2..32 */          \
@@ -84,7 +86,8 @@ static uint32_t mt_next(uint32_t *mt, uint32_t *pos) {
 
 static PyObject *shuffle(PyObject *self, PyObject *args) {
     PyObject *state_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OO", &state_obj, &out_obj)) return NULL;
+    int keep = 0; /* 1: shuffle out's values in place instead of 0..n-1 */
+    if (!PyArg_ParseTuple(args, "OO|p", &state_obj, &out_obj, &keep)) return NULL;
     Py_buffer sv, outv;
     if (PyObject_GetBuffer(state_obj, &sv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
     if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
@@ -565,7 +568,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"shuffle", shuffle, METH_VARARGS,
-     "shuffle(state, out): out = range(n) shuffled as random.Random.shuffle, from MT state (625 uint32), advanced"},
+     "shuffle(state, out[, keep]): out = range(n) (keep: out's values) shuffled as random.Random.shuffle, from MT "
+     "state (625 uint32), advanced"},
     {"gather_runs", gather_runs, METH_VARARGS,
      "gather_runs(out, addrs, lens, src_itemsize) -> index of the first value out of out's range, or -1"},
     {"gather_runs_bounded", gather_runs_bounded, METH_VARARGS,

@@ -64,7 +64,8 @@ Where bertpipe differs (each said in docs/stages.md):
   predictions (the script's assertion) are refused with one line naming the file (and row).
 
 How bertpipe runs it (same bytes): every input's lengths are read (:func:`read_inputs`), the recipe and the
-assignment made in one process; then each input is read once more (memory-mapped where it is stored as
+assignment made in one process (the packs written to the scratch folder as they are made; :func:`row_places`:
+each row's place in them); then each input is read once more (memory-mapped where it is stored as
 tfrecord-to-hdf5 writes it, the C loop of preprocessing.pack_fast copying each kept row's valid prefix once; else in
 blocks), and its rows that the written packs hold, compact, sorted by their place in the packs, go to a scratch
 folder beside the trainer's folder (:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs
@@ -78,9 +79,14 @@ depend on it) is nearly all of it: 83-88 % of a real part's pack-habana besides 
 dtypes and shapes uncompressed and contiguous, which Habana's trainer reads alike (h5py), without that deflate:
 not the script's bytes, and ~5.7x as many.
 
-Memory: ~40 bytes per sequence (lengths, the shuffled lists, the packs' slots), plus the largest input's compact
-rows (the scatter) or a group's rows and packs; scratch disk about the inputs' unpadded size while it runs. The
-script holds every row of the input in Python objects.
+Memory: ~7 bytes a sequence in the main process (the lengths, 2 bytes, and predictions, 1 byte, read; the
+shuffled lists, 4 bytes a slot, sorted and shuffled in place; each pack's strategy, 4 bytes a pack, kept in the
+scratch while the lists are made; the packs written to the scratch as they are made, ``chunk_packs`` at a time;
+then each row's place, 4 bytes): a synthetic full set (the real part's lengths and recipe x844, 156.6 M sequences,
+123.6 M packs) plans in 1,187 MB peak RSS, where the whole-array plan took ~86 bytes a sequence (~13.5 GB). Plus
+the largest input's compact rows (the scatter) or a group's rows and packs; scratch disk about the inputs'
+unpadded size, and 12 bytes a pack for the packs' slots, while it runs. The script holds every row of the input in
+Python objects.
 """
 
 from __future__ import annotations
@@ -207,8 +213,8 @@ class Inputs:
 
     files: list[str]
     starts: np.ndarray  # int64 (n_files + 1,): global index of each file's first row
-    seq: np.ndarray  # int32: sum(input_mask)
-    pred: np.ndarray  # int32: count of non-zero masked_lm_ids
+    seq: np.ndarray  # sum(input_mask): uint16 (max_sequence_length < 65,536)
+    pred: np.ndarray  # count of non-zero masked_lm_ids: uint8 when every count is below 256, else uint16
 
 
 def _check_file(f: Any, path: Path) -> int:
@@ -251,15 +257,21 @@ def _open(path: Path) -> Iterator[Any]:
         f.close()
 
 
+def _len_dtype(top: int) -> np.dtype:
+    """The narrowest unsigned type holding 0..``top`` (int64 past 65,535)."""
+    return np.dtype(np.uint8 if top < 2 ** 8 else np.uint16 if top < 2 ** 16 else np.int64)
+
+
 def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, predictions) of every row of one input, checked (lengths 1..L, masked positions inside)."""
+    """(lengths, predictions) of every row of one input, checked (lengths 1..L, masked positions inside): uint16
+    lengths (L < 65,536) and predictions of at most 255 (else uint16) a row, so 3 bytes a row."""
     path = Path(path)
     L = cfg.max_sequence_length
     with _open(path) as f:
         with reading(path, "its datasets"):
             n = _check_file(f, path)
-        seq = np.empty(n, dtype=np.int32)
-        pred = np.empty(n, dtype=np.int32)
+        seq = np.empty(n, dtype=_len_dtype(L))  # 2 bytes a row (lengths 1..L, checked below)
+        pred = np.empty(n, dtype=_len_dtype(f["masked_lm_ids"].shape[1]))
         step = max(1, cfg.chunk_rows)
         names = ("input_mask", "masked_lm_positions", "masked_lm_ids")
         maps = padded_maps(f, path, names) if n else None  # read in place where the file allows it
@@ -288,12 +300,20 @@ def read_inputs(input_files: Sequence[Path | str], cfg: HabanaPackConfig, worker
     """Every input's lengths and predictions (:func:`read_lengths`), the files on ``workers`` processes."""
     files = [str(p) for p in input_files]
     got = run_all(read_lengths, [(p, cfg) for p in files], min(workers, len(files)))
-    seqs, preds = [s for s, _ in got], [q for _, q in got]
-    counts = np.array([len(s) for s in seqs], dtype=np.int64)
+    counts = np.array([len(s) for s, _ in got], dtype=np.int64)
     if not counts.sum():
         raise InputError(f"pack-habana: the {len(files)} input file(s) hold no rows")
-    return Inputs(files, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-                  np.concatenate(seqs), np.concatenate(preds))
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    # one array each, filled as each file's pieces are let go (no concatenation beside them)
+    seq = np.empty(int(starts[-1]), np.result_type(*(s.dtype for s, _ in got)))
+    top = max(int(q.max()) if len(q) else 0 for _, q in got)
+    pred = np.empty(int(starts[-1]), _len_dtype(top) if top < 2 ** 16 else np.result_type(*(q.dtype for _, q in got)))
+    for k in range(len(got)):
+        s, q = got[k]
+        got[k] = None
+        seq[starts[k]:starts[k + 1]] = s
+        pred[starts[k]:starts[k + 1]] = q
+    return Inputs(files, starts, seq, pred)
 
 
 # -- 2. the recipe -------------------------------------------------------------------------------------------------
@@ -347,8 +367,14 @@ def packing_recipe(lengths: np.ndarray, length: int, depth: int) -> Recipe:
     except ImportError:
         raise InputError("pack-habana needs SciPy (scipy.optimize.nnls, the packing recipe's solver): "
                          "pip install scipy") from None
-    lengths = np.asarray(lengths, dtype=np.int64)
-    histogram, _ = np.histogram(lengths, bins=np.arange(1, length + 2))
+    lengths = np.asarray(lengths)
+    if len(lengths) and (int(lengths.min()) < 1 or int(lengths.max()) > length):  # pragma: no cover - read_lengths
+        raise InputError(f"pack-habana: a sequence length outside 1..{length} (internal error)")
+    # np.histogram(lengths, bins=np.arange(1, length + 2)) of lengths 1..L, in pieces (no int64 copy of them)
+    histogram = np.zeros(length + 1, np.int64)
+    for a in range(0, len(lengths), _PIECE):
+        histogram += np.bincount(lengths[a:a + _PIECE], minlength=length + 1)
+    histogram = histogram[1:]
     strategies = packing_strategies(length, depth)
     a = strategy_matrix(strategies, length)
     w0 = np.ones([length])
@@ -392,6 +418,21 @@ def packing_recipe(lengths: np.ndarray, length: int, depth: int) -> Recipe:
     return Recipe(strategies, mix, pad, stats, rounds, leftover)
 
 
+#: Rows taken at once where the whole set's lengths are gone over (the recipe's histogram and figures).
+_PIECE = 1 << 20
+
+
+def _pairwise_sum(values: Any, a: int, n: int, leaf: int = _PIECE) -> np.float64:
+    """NumPy's sum of a float64 array (its pairwise summation: halves split at a multiple of 8, blocks of at most
+    128 summed by NumPy itself) of ``values(i, j)``, items ``a .. a + n - 1``, made ``leaf`` items at a time: the
+    same float as ``values(a, a + n).sum()`` (so ``mean()``) without the whole array."""
+    if n <= leaf:
+        return np.add.reduce(values(a, a + n), initial=0.0)
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(values, a, half, leaf) + _pairwise_sum(values, a + half, n - half, leaf)
+
+
 def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengths: np.ndarray,
                   length: int) -> dict[str, Any]:
     """The figures the script prints (and Habana's later packers write to ``<output_dir>_metadata.json``)."""
@@ -406,10 +447,12 @@ def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengt
         "original_number_of_samples": original,
         "compression_ratio": compression,
         "expected_speed_up": 1 / (1 - compression),
-        "theoretical_speed_up": float(1.0 / (1 - ((1 - lengths / length).mean()))),
+        "theoretical_speed_up": float(1.0 / (1 - _pairwise_sum(
+            lambda i, j: 1 - lengths[i:j].astype(np.int64) / length, 0, original) / original)),
         "avg_seq_per_sample": float(((a.sum(0) * mixture).sum() - padding.sum()) / new),
         "padding_tokens_packed_dataset": float(pad_tokens),
-        "padding_tokens_original_dataset": int((length - lengths).sum()),
+        "padding_tokens_original_dataset": int(sum(int((length - lengths[i:i + _PIECE].astype(np.int64)).sum())
+                                                   for i in range(0, original, _PIECE))),
         "packing_efficiency": float((new * length - pad_tokens) / (new * length)),
         "top_8_strategies": np.argsort(-mixture)[:8].tolist(),
     }
@@ -417,45 +460,132 @@ def _recipe_stats(a: np.ndarray, mixture: np.ndarray, padding: np.ndarray, lengt
 
 # -- 3. the assignment ---------------------------------------------------------------------------------------------
 def shuffled_lists(seq: np.ndarray, padding: np.ndarray, cfg: HabanaPackConfig,
-                   shuffles: Shuffles) -> tuple[np.ndarray, np.ndarray]:
+                   shuffles: Shuffles, piece: int = _PIECE) -> tuple[np.ndarray, np.ndarray]:
     """(flat, base): per length l, its rows (input order) then its padding slots (-1), shuffled as the script
     shuffles ``examples_by_length[l]``, at ``flat[base[l]:base[l + 1]]``. ``shuffles``: the successive
-    ``random.shuffle`` permutations of the script's generator (pyrandom: the same draws, vectorized)."""
+    ``random.shuffle`` permutations of the script's generator (pyrandom: the same draws, vectorized). Made in place
+    (4 bytes a slot): the rows sorted into their lengths' ranges ``piece`` rows at a time, each range shuffled where
+    it lies (:meth:`Shuffles.shuffle`)."""
     length = cfg.max_sequence_length
-    hist = np.bincount(seq, minlength=length + 1).astype(np.int64)
+    n = len(seq)
+    hist = np.zeros(length + 1, np.int64)
+    first = np.full(length + 1, n, np.int64)  # each length's first row
+    for a in range(0, n, piece):
+        part = seq[a:a + piece]
+        hist += np.bincount(part, minlength=length + 1)
+        got, at = np.unique(part, return_index=True)
+        first[got] = np.minimum(first[got], at + a)
     total = hist.copy()
     total[1:] += padding
     base = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
-    by_len = np.argsort(seq, kind="stable")  # row ids grouped by length, input order within a length
-    first_row = np.concatenate([[0], np.cumsum(hist)])
-    present, first = np.unique(seq, return_index=True)
-    keys = present[np.argsort(first)].tolist() + [v for v in range(1, length + 1) if hist[v] == 0]
-    dtype = np.int32 if len(seq) < 2 ** 31 else np.int64
+    dtype = np.int32 if n < 2 ** 31 else np.int64
     flat = np.empty(int(base[-1]), dtype=dtype)
+    free = base[:-1].copy()  # the next place of each length's rows
+    for a in range(0, n, piece):  # a stable counting sort: each length's rows in input order
+        part = seq[a:a + piece]
+        order = np.argsort(part, kind="stable")
+        v = part[order]
+        flat[free[v] + np.arange(len(v)) - np.searchsorted(v, v, side="left")] = order + a
+        free += np.bincount(part, minlength=length + 1)
+        del order, v
+    for v in range(1, length + 1):
+        flat[free[v]:base[v + 1]] = -1  # its padding slots, after its rows
+    present = np.flatnonzero(hist[1:]) + 1
+    keys = present[np.argsort(first[present], kind="stable")].tolist() + [v for v in range(1, length + 1)
+                                                                          if hist[v] == 0]
     for v in keys:  # the dict's insertion order: first appearance, then the lengths without rows
-        rows = by_len[first_row[v]:first_row[v] + hist[v]]
-        items = np.concatenate([rows, np.full(int(padding[v - 1]), -1, dtype=rows.dtype)])
-        if len(items) > 1:  # (a list of 0 or 1 items draws nothing)
-            items = items[shuffles.permutation(len(items))]
-        flat[base[v]:base[v + 1]] = items
+        if base[v + 1] - base[v] > 1:  # (a list of 0 or 1 items draws nothing)
+            shuffles.shuffle(flat[base[v]:base[v + 1]])
     return flat, base
 
 
-def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig) -> np.ndarray:
+class _Rows:
+    """A 2-D array written front to back in blocks of rows: in memory, or (``path``) straight into a ``.npy``
+    file (the whole set's packs are never held)."""
+
+    def __init__(self, n: int, width: int, dtype: Any, path: Path | None) -> None:
+        from preprocessing.hdf5_io import tmp_path
+
+        self.shape, self.dtype, self.path, self.at = (n, width), np.dtype(dtype), path, 0
+        if path is None:
+            self.arr = np.empty(self.shape, self.dtype)
+            return
+        self.tmp = tmp_path(path)
+        self.fh = open(self.tmp, "wb")  # noqa: SIM115 - closed by done()
+        np.lib.format.write_array_header_1_0(self.fh, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                       "fortran_order": False, "shape": self.shape})
+
+    def put(self, block: np.ndarray) -> None:
+        b = np.ascontiguousarray(block, dtype=self.dtype)
+        if self.path is None:
+            self.arr[self.at:self.at + len(b)] = b
+        else:
+            try:
+                self.fh.write(b.data)
+            except BaseException as exc:
+                from core.manifest import raise_if_disk_full
+
+                self.fh.close()
+                self.tmp.unlink(missing_ok=True)
+                raise_if_disk_full(exc, self.path)
+                raise
+        self.at += len(b)
+
+    def done(self) -> np.ndarray:
+        """The whole array (a read-only memory map of the file, renamed into place)."""
+        if self.at != self.shape[0]:  # pragma: no cover
+            raise InputError(f"pack-habana: {self.at} of {self.shape[0]} packs assigned (internal error)")
+        if self.path is None:
+            return self.arr
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+        return _load(self.path)
+
+
+def row_blocks(arr: np.ndarray, a: int, b: int, step: int) -> Iterator[np.ndarray]:
+    """Rows ``a .. b - 1`` of ``arr`` in blocks of ``step``: slices of an array in memory; of a memory-mapped
+    ``.npy`` file, each block read from the file (its pages not mapped into this process)."""
+    step = max(1, step)
+    if not isinstance(arr, np.memmap):
+        for c in range(a, b, step):
+            yield arr[c:min(b, c + step)]
+        return
+    row = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+    with open(arr.filename, "rb") as f:
+        for c in range(a, b, step):
+            k = min(b, c + step) - c
+            f.seek(arr.offset + c * row)
+            got = np.fromfile(f, dtype=arr.dtype, count=k * row // arr.dtype.itemsize)
+            yield got.reshape((k,) + arr.shape[1:])
+
+
+def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig, chunk_packs: int = 1 << 18,
+                 out: Path | None = None) -> np.ndarray:
     """``(n_packs, max_sequences_per_pack)``: each pack's slots in strategy order, a global row id or -1 for a
-    padding slot; packs in the order the script writes them."""
+    padding slot; packs in the order the script writes them.
+
+    Made ``chunk_packs`` packs at a time; ``out``: a file (``.npy``) the packs are written to as they are made,
+    returned memory-mapped (the whole set's ~124 M packs are never held: the plan's memory is the shuffled slots,
+    4 bytes each, and each pack's strategy, 4 bytes, besides the lengths). The same array either way."""
     depth = cfg.max_sequences_per_pack
-    # random.seed(seed + local_rank), then random.shuffle of each length's list: the same draws
-    flat, base = shuffled_lists(seq, recipe.padding, cfg, Shuffles(cfg.rng_seed))
     mixture = recipe.mixture
     n_strat = len(recipe.strategies)
     packs = int(mixture.sum())
-    order = np.random.RandomState(cfg.rng_seed).permutation(packs)  # = np.random.seed(...); np.random.permutation
-    strat = np.repeat(np.arange(n_strat), mixture)[order]  # each pack's strategy, in output order
-    by_strat = np.argsort(strat, kind="stable")
-    rank = np.empty(packs, dtype=np.int64)  # t: the pack is the t-th of its strategy in output order
-    sorted_strat = strat[by_strat]
-    rank[by_strat] = np.arange(packs) - np.searchsorted(sorted_strat, sorted_strat, side="left")
+    # np.random.seed(...); np.random.permutation(packs): RandomState's shuffle of arange(packs), whose swaps do not
+    # depend on the item type, so the same values in 4 bytes; then each pack's strategy in place: the one holding
+    # that position of the strategies' instances in strategy order (np.repeat(arange, mixture)[order])
+    strat = np.arange(packs, dtype=np.int32 if packs < 2 ** 31 else np.int64)
+    np.random.RandomState(cfg.rng_seed).shuffle(strat)
+    ends = np.cumsum(mixture)
+    step = max(1, chunk_packs)
+    for c in range(0, packs, step):
+        strat[c:c + step] = np.searchsorted(ends, strat[c:c + step], side="right")
+    strat_file = None if out is None else Path(out).with_name(f"{Path(out).stem}_strategies.npy")
+    if strat_file is not None:  # read back piece by piece below: not held beside the shuffled slots
+        _save(strat_file, strat)
+        strat = _load(strat_file)
+    # random.seed(seed + local_rank), then random.shuffle of each length's list: the same draws
+    flat, base = shuffled_lists(seq, recipe.padding, cfg, Shuffles(cfg.rng_seed))
     # per strategy and slot: the length, how often it occurs in the strategy (c) and which occurrence (u)
     lens = np.zeros((n_strat, depth), dtype=np.int64)
     for s, st in enumerate(recipe.strategies):
@@ -482,15 +612,65 @@ def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig) -> np.n
     for k in range(depth):  # the later occurrences of a length share the first one's range
         same_first = np.argmax(lens == lens[:, k:k + 1], axis=1)
         offset[:, k] = offset[np.arange(n_strat), same_first]
-    slots = np.full((packs, depth), -1, dtype=flat.dtype)
-    r = mixture[strat]
-    for k in range(depth):
-        v = lens[strat, k]
-        has = v > 0
-        # the script pops the slot ranges back to front: the t-th pack takes c * (r - t) - 1 - u
-        elem = offset[strat, k] + cnt[strat, k] * (r - rank) - 1 - occ[strat, k]
-        slots[has, k] = flat[base[v[has]] + elem[has]]
-    return slots
+    rows = _Rows(packs, depth, flat.dtype, None if out is None else Path(out))
+    seen = np.zeros(n_strat, np.int64)  # packs of each strategy in the pieces before
+    for st in row_blocks(strat, 0, packs, step):
+        st = st.astype(np.int64)
+        # rank: the pack is the t-th of its strategy in output order
+        by = np.argsort(st, kind="stable")
+        sst = st[by]
+        rank = np.empty(len(st), dtype=np.int64)
+        rank[by] = seen[sst] + np.arange(len(st)) - np.searchsorted(sst, sst, side="left")
+        seen += np.bincount(st, minlength=n_strat)
+        del by, sst
+        block = np.full((len(st), depth), -1, dtype=flat.dtype)
+        r = mixture[st]
+        for k in range(depth):
+            v = lens[st, k]
+            has = v > 0
+            # the script pops the slot ranges back to front: the t-th pack takes c * (r - t) - 1 - u
+            elem = offset[st, k] + cnt[st, k] * (r - rank) - 1 - occ[st, k]
+            block[has, k] = flat[base[v[has]] + elem[has]]
+        rows.put(block)
+    if not np.array_equal(seen, mixture):  # pragma: no cover
+        raise InputError("pack-habana: the packs do not follow the recipe's mixture (internal error)")
+    del flat, strat
+    if strat_file is not None:
+        strat_file.unlink()
+    return rows.done()
+
+
+@dataclass
+class Places:
+    """Where each input row goes: its place among the written packs' real slots (row-major), or -1."""
+
+    place: np.ndarray  # per row, int32 (int64 past 2**31 rows)
+    file_first: np.ndarray  # int64 (files + 1,): the first place of each output file, then the total
+    dropped_sequences: int  # real slots of the packs not written
+    empty_packs: int  # written packs of padding slots only
+
+
+def row_places(slots: np.ndarray, n_rows: int, bounds: list[tuple[int, int]], chunk_packs: int = 1 << 18) -> Places:
+    """:class:`Places` of the packs ``slots`` written in files ``bounds``: ``slots`` read ``chunk_packs`` packs at a
+    time (from its file when memory-mapped), the places ``n_rows`` values of 4 bytes."""
+    written = bounds[-1][1] if bounds else 0
+    place = np.full(n_rows, -1, dtype=np.int32 if n_rows < 2 ** 31 else np.int64)
+    starts = np.array([a for a, _ in bounds] + [written], dtype=np.int64)
+    file_first = np.zeros(len(starts), np.int64)
+    q = empty = 0
+    step = max(1, chunk_packs)
+    for c, block in zip(range(0, written, step), row_blocks(slots, 0, written, step), strict=True):
+        real = block >= 0
+        per = real.sum(axis=1)
+        ids = block[real]
+        place[ids] = np.arange(q, q + len(ids), dtype=place.dtype)
+        empty += int(np.count_nonzero(per == 0))
+        here = (starts >= c) & (starts < c + len(block))  # files that start in this block
+        file_first[here] = q + np.concatenate([[0], np.cumsum(per)])[starts[here] - c]
+        q += len(ids)
+    file_first[-1] = q
+    dropped = sum(int(np.count_nonzero(b >= 0)) for b in row_blocks(slots, written, len(slots), step))
+    return Places(place, file_first, dropped, empty)
 
 
 # -- 4. the files ------------------------------------------------------------------------------------------------
@@ -584,6 +764,15 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
         for (short, _), arr in zip(names, take_runs([comp.pop(name) for _, name in names], lens, order), strict=True):
             _save(sd / f"in_{k:05d}_{short}.npy", arr)
     return int(len(key))
+
+
+def _scatter_planned(k: int, path: str, scratch: str, a: int, b: int, chunk: int) -> int:
+    """:func:`scatter_input` of input ``k``, rows ``a .. b - 1`` of the set: their places, lengths and predictions
+    read from the plan's files in ``scratch`` (``plan_keys``, ``plan_seq``, ``plan_pred``: mapped for this call
+    only)."""
+    sd = Path(scratch)
+    keys, seq, pred = (np.array(_load(sd / f"plan_{name}.npy")[a:b]) for name in ("keys", "seq", "pred"))
+    return scatter_input(k, path, keys, seq, pred, scratch, chunk)
 
 
 def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq: np.ndarray,
@@ -784,21 +973,26 @@ def _prepare_out(data: Path) -> None:
                              "packed data: choose an empty folder, or remove it")
 
 
-def write_group(first: int, bounds: list[tuple[int, int]], slots: np.ndarray, seq: np.ndarray, pred: np.ndarray,
-                q0: int, scratch: str, n_inputs: int, data: str, cfg: HabanaPackConfig) -> list[tuple[str, str]]:
-    """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots`` from the first one on; ``seq`` and
-    ``pred`` of their real slots, row-major, which hold places ``q0``, ``q0 + 1``, ... of the scratch), each
-    written to a temporary name and closed; then hashed (side by side: core.manifest.md5_files) and renamed into
-    ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
+def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarray, q0: int, scratch: str,
+                n_inputs: int, data: str, cfg: HabanaPackConfig) -> list[tuple[str, str]]:
+    """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots``: every pack's slots, or the
+    ``.npy`` file holding them, read from ``bounds``' first pack to its last; their real slots, row-major, hold
+    places ``q0``, ``q0 + 1``, ... of the scratch, whose rows give their lengths and predictions), each written to
+    a temporary name and closed; then hashed (side by side: core.manifest.md5_files) and renamed into ``data``.
+    Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
     from core.manifest import md5_files, raise_if_disk_full
     from preprocessing.hdf5_io import tmp_path
 
-    rows = _gather(scratch, n_inputs, q0, q0 + len(seq))
-    if not (np.array_equal(rows["seq"], seq) and np.array_equal(rows["pred"], pred)):  # pragma: no cover
-        raise InputError("pack-habana: the scratch rows' lengths differ from the plan's (internal error)")
+    a = bounds[0][0]
+    slots = next(row_blocks(_load(Path(slots)) if isinstance(slots, str) else slots, a, bounds[-1][1],
+                            bounds[-1][1] - a))
+    n_real = int(np.count_nonzero(slots >= 0))
+    rows = _gather(scratch, n_inputs, q0, q0 + n_real)
+    seq, pred = rows["seq"], rows["pred"]  # the places' rows, in place order: the packs' real slots, row-major
+    if len(seq) != n_real:  # pragma: no cover
+        raise InputError("pack-habana: the scratch holds fewer rows than the packs' slots (internal error)")
     tok = np.concatenate([[0], np.cumsum(rows["seq"])])
     prd = np.concatenate([[0], np.cumsum(rows["pred"])])
-    a = bounds[0][0]
     done = 0
     names, tmps = [], []
     final = Path(data)
@@ -868,38 +1062,38 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used); recipe: "
              "%d NNLS round(s) in %.1f s", st["new_number_of_samples"], st["expected_speed_up"],
              st["avg_seq_per_sample"], st["number_of_strategies_utilized"], len(recipe.rounds), t2 - t1)
-    slots = assign_packs(inputs.seq, recipe, cfg)
-    log.info("pack-habana: packs assigned in %.1f s", time.perf_counter() - t2)
-    bounds = pack_files(len(slots), cfg)
-    (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir too)
-    _prepare_out(data)
-    prefix = f"{data_dir}/" if data_dir else ""
-    per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
-    groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
-    written = bounds[-1][1] if bounds else 0
-    # each row's place: its slot's index among the real slots of the written packs, row-major (-1: not written)
-    held = slots[:written]
-    real_ids = held[held >= 0].astype(np.int64)
-    place = np.full(len(inputs.seq), -1, dtype=np.int64)
-    place[real_ids] = np.arange(len(real_ids))
-    first_place = np.concatenate([[0], np.cumsum((held >= 0).sum(axis=1))])  # of each pack
     sd = scratch_dir(data)
     shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed
     sd.mkdir(parents=True)
     try:
+        # the packs go to the scratch as they are made (memory-mapped after): the plan's memory is ~4 bytes a slot
+        slots = assign_packs(inputs.seq, recipe, cfg, out=sd / "slots.npy")
+        log.info("pack-habana: packs assigned in %.1f s", time.perf_counter() - t2)
+        bounds = pack_files(len(slots), cfg)
+        (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir)
+        _prepare_out(data)
+        prefix = f"{data_dir}/" if data_dir else ""
+        per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
+        groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
+        written = bounds[-1][1] if bounds else 0
+        # each row's place: its slot's index among the real slots of the written packs, row-major (-1: not written)
+        places = row_places(slots, len(inputs.seq), bounds)
+        n_seq = len(inputs.seq)
         with StageOutput(out_dir, "pack_habana", params=key_params(cfg), upstream=upstream,
                          code_version=STAGE_VERSION, manifest_name=manifest_name) as out:
-            st_ = inputs.starts
-            scatter = [(k, p, place[st_[k]:st_[k + 1]], inputs.seq[st_[k]:st_[k + 1]], inputs.pred[st_[k]:st_[k + 1]],
-                        str(sd), max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
-            run_all(scatter_input, scatter, min(workers, len(scatter)))
+            # the rows' places, lengths and predictions to the scratch, let go here: each scatter call reads its
+            # input's rows of them (this process holds none of them while the inputs are scattered)
+            for name, arr in (("keys", places.place), ("seq", inputs.seq), ("pred", inputs.pred)):
+                _save(sd / f"plan_{name}.npy", arr)
+            st_ = inputs.starts.tolist()
+            scatter = [(k, p, str(sd), st_[k], st_[k + 1], max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
+            n_inputs = len(inputs.files)
+            inputs = places.place = None
+            run_all(_scatter_planned, scatter, min(workers, len(scatter)))
             log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
-            calls = []
-            for g, group in zip(range(0, len(bounds), per_group), groups, strict=True):
-                sl = slots[group[0][0]:group[-1][1]]
-                ids = sl[sl >= 0]
-                calls.append((g, group, sl, inputs.seq[ids], inputs.pred[ids], int(first_place[group[0][0]]), str(sd),
-                              len(inputs.files), str(data), cfg))
+            # each group's packs read from the scratch's slots by its call (none of them pickled from here)
+            calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg)
+                     for g, group in zip(range(0, len(bounds), per_group), groups, strict=True)]
             for entries in run_all(write_group, calls, min(workers, len(calls))):
                 for name, md5 in entries:
                     out.add_file(prefix + name, md5)
@@ -911,13 +1105,13 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                     fh.write(text)
             else:
                 atomic_write_text(meta_path, text)
-            out.count("sequences", int(len(inputs.seq)))
+            out.count("sequences", n_seq)
             out.count("packs", written)
             out.count("files", len(bounds))
             out.count("dropped_packs", len(slots) - written)
-            out.count("dropped_sequences", int((slots[written:] >= 0).sum()))
+            out.count("dropped_sequences", places.dropped_sequences)
             out.count("padding_slots", int(recipe.padding.sum()))
-            out.count("empty_packs", int((held < 0).all(axis=1).sum()))  # padding slots only (the script too)
+            out.count("empty_packs", places.empty_packs)  # padding slots only (the script too)
             out.count("strategies_used", st["number_of_strategies_utilized"])
             out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
             out.count("speedup", round(st["expected_speed_up"], 6))

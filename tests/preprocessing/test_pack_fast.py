@@ -70,6 +70,26 @@ def test_a_shuffle_too_large_for_the_c_loop_hands_the_stream_over(monkeypatch):
     assert ours.state is None and ours.stream is not None
 
 
+def test_shuffle_in_place_equals_cpythons_shuffle_of_the_values(mode):
+    """``Shuffles.shuffle(x)``: x's own values (any, of 4 or 8 bytes) shuffled where they lie, as CPython shuffles a
+    list of them, between permutations drawn from the same generator; a view into a larger array leaves the rest."""
+    rng = np.random.default_rng(5)
+    for seed in (0, 41):
+        ours, theirs = Shuffles(seed), random.Random(seed)
+        for n, dt in ((0, np.int32), (1, np.int32), (2, np.int64), (17, np.int32), (PY_TAIL + 3, np.int64),
+                      (100_001, np.int32), (5, np.int32)):
+            buf = rng.integers(-1, 10**6, n + 6).astype(dt)
+            want = buf.tolist()
+            mid = want[3:3 + n]
+            theirs.shuffle(mid)
+            want[3:3 + n] = mid
+            ours.shuffle(buf[3:3 + n])
+            assert buf.tolist() == want, (mode, seed, n)
+            x = list(range(7))
+            theirs.shuffle(x)
+            assert ours.permutation(7).tolist() == x
+
+
 def test_negative_size_is_refused(mode):
     with pytest.raises(ValueError, match="n must be >= 0"):
         Shuffles(1).permutation(-1)

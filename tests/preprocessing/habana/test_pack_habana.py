@@ -271,6 +271,82 @@ def test_scattered_rows_come_back_by_place(every_128, chunk, tmp_path):
             np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
+def plain_assignment(seq, recipe, cfg):
+    """The assignment as first written (the script's steps on whole arrays: the lists concatenated and indexed by
+    their permutations, np.random.permutation, a stable argsort for each pack's rank): what the pieces must equal."""
+    from preprocessing.pyrandom import Shuffles
+
+    depth, L = cfg.max_sequences_per_pack, cfg.max_sequence_length
+    shuffles = Shuffles(cfg.rng_seed)
+    by_len = {}
+    for i, v in enumerate(seq.tolist()):
+        by_len.setdefault(v, []).append(i)
+    for v in range(1, L + 1):
+        by_len.setdefault(v, [])
+    lists = {}
+    for v, rows in by_len.items():
+        items = np.array(rows + [-1] * int(recipe.padding[v - 1]), dtype=np.int64)
+        lists[v] = items[shuffles.permutation(len(items))] if len(items) > 1 else items
+    order = np.random.RandomState(cfg.rng_seed).permutation(int(recipe.mixture.sum()))
+    strat = np.repeat(np.arange(len(recipe.strategies)), recipe.mixture)[order]
+    ranges, at = {}, {}
+    for s_, st in enumerate(recipe.strategies):  # each strategy's range of each length's list, strategy order
+        for v in sorted(set(st)):
+            k = st.count(v) * int(recipe.mixture[s_])
+            ranges[s_, v] = (at.get(v, 0), at.get(v, 0) + k)
+            at[v] = at.get(v, 0) + k
+    slots = np.full((len(strat), depth), -1, dtype=np.int64)
+    for p, s_ in enumerate(strat.tolist()):  # each pack pops the last unused slot of its range, per length
+        for k, v in enumerate(recipe.strategies[s_]):
+            a, b = ranges[s_, v]
+            slots[p, k] = lists[v][b - 1]
+            ranges[s_, v] = (a, b - 1)
+    return slots
+
+
+@pytest.mark.parametrize("L,S", [(128, 3), (64, 2)])
+def test_assignment_in_pieces_and_to_a_file_is_the_same(L, S, tmp_path):
+    """assign_packs in pieces of any size (1 pack, fewer than a file's, several, one piece for all), in memory or
+    written to a file as they are made: the plain assignment's packs; the rows' places (row_places, read from the
+    file in pieces) as the stage took them from the whole array."""
+    from preprocessing.habana.pack import PACKS_PER_FILE, assign_packs, pack_files, row_places
+
+    rng = np.random.default_rng(L)
+    n = 3000
+    seq = np.minimum(rng.integers(1, L + 40, n), L).astype(np.uint16)  # many full-length rows, as MLPerf's
+    seq[rng.integers(0, n, 30)] = rng.integers(1, 6, 30)
+    cfg = HabanaPackConfig(max_sequence_length=L, max_sequences_per_pack=S, keep_partial_last=False)
+    recipe = packing_recipe(seq, L, S)
+    want = plain_assignment(seq, recipe, cfg)
+    for piece in (1, 7, 1000, 1 << 20):
+        mem = assign_packs(seq, recipe, cfg, chunk_packs=piece)
+        assert mem.dtype == np.int32 and np.array_equal(mem, want), piece
+        path = tmp_path / f"slots_{piece}.npy"
+        got = assign_packs(seq, recipe, cfg, chunk_packs=piece, out=path)
+        assert isinstance(got, np.memmap) and np.array_equal(np.load(path), want), piece
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"slots_{q}.npy" for q in (1, 7, 1000, 1 << 20)
+                                                                       if q <= piece)  # nothing else left
+    for keep in (True, False):
+        cfg_k = HabanaPackConfig(max_sequence_length=L, max_sequences_per_pack=S, keep_partial_last=keep)
+        bounds = pack_files(len(want), cfg_k)  # one partial file, or none
+        small = [(0, 50), (50, 130), (130, len(want))]  # files of fewer packs than a piece
+        for bnds in (bounds, small):
+            written = bnds[-1][1] if bnds else 0
+            held = want[:written]
+            place = np.full(n, -1, np.int64)
+            ids = held[held >= 0]
+            place[ids] = np.arange(len(ids))
+            first = np.concatenate([[0], np.cumsum((held >= 0).sum(axis=1))])
+            for piece in (1, 33, 1 << 20):
+                for slots in (want.astype(np.int32), np.load(tmp_path / "slots_7.npy", mmap_mode="r")):
+                    pl = row_places(slots, n, bnds, chunk_packs=piece)
+                    assert np.array_equal(pl.place, place) and pl.place.dtype == np.int32
+                    assert pl.file_first.tolist() == [int(first[a]) for a, _ in bnds] + [len(ids)]
+                    assert pl.dropped_sequences == int((want[written:] >= 0).sum())
+                    assert pl.empty_packs == int((held < 0).all(axis=1).sum())
+    assert len(want) < PACKS_PER_FILE  # (one partial file, or none without keep_partial_last)
+
+
 def test_strategies_in_the_scripts_order():
     got = packing_strategies(8, 3)
     assert got == [tuple(s) for s in ref.strategies_of(0, 1, 8, 3)]
