@@ -515,6 +515,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
           "each, one core")
     figures = {}
     for what, title in TARGET_STAGES.items():
+        if args.only_stages and what not in args.only_stages.split(","):
+            continue
         dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1",
                                   str(args.target_parts)], env)
         f = json.loads((out / f"{what}.json").read_text())
@@ -794,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
     ap.add_argument("--target-workers", type=int, default=1, help="also run each target stage on this many workers "
                     "and print its speed-up over 1 (wall, the packers' serial recipe taken off; bytes compared)")
+    ap.add_argument("--only-stages", default="", help="comma-separated target stages to run (default: all of "
+                    + ", ".join(TARGET_STAGES) + ")")
     ap.add_argument("--target-parts", type=int, default=1, help="the target stages read the part's HDF5 under this "
                     "many names (hard links): more shards to split over workers; figures are for all of them")
     ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
