@@ -1,6 +1,6 @@
 """Draw docs/benchmarks.svg: CPU core-hours for the full MLPerf set, by target.
 
-The figures are those of docs/benchmarks.md ("The other targets' stages": `bench/bench_scale.py`, 2026-11-26, one
+The figures are those of docs/benchmarks.md ("The other targets' stages": `bench/bench_scale.py`, 2026-11-27, one
 real-size part projected to the full set by tokens, a lower bound, and by rows, an upper bound). The SVG is plain
 text written here, with no plotting library, so the same figures always give the same bytes;
 tests/test_docs.py checks that the committed file is what this script writes.
@@ -20,13 +20,15 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.svg"
 #: (label, core-hours by tokens, core-hours by rows). The 4-bin set is what every run builds; the others are what
 #: each target adds on top of it.
 FIGURES: tuple[tuple[str, float, float], ...] = (
-    ("samsung-4bins (the default set)", 1.37, 1.37),
-    ("+ nvidia-packed", 0.44, 0.68),
-    ("+ nvidia-4320", 1.46, 2.31),
-    ("+ habana-packed", 3.15, 4.96),
+    ("samsung-4bins (the default set)", 0.84, 0.84),
+    ("+ nvidia-varlength", 0.18, 0.28),
+    ("+ nvidia-packed", 0.35, 0.54),
+    ("+ nvidia-4320", 0.42, 0.66),
+    ("+ habana-packed-raw", 0.55, 0.86),
+    ("+ habana-packed", 2.21, 4.3),
 )
 TITLE = "CPU core-hours for the full MLPerf set, by target"
-SUBTITLE = "bench/bench_scale.py, 2026-11-26, 2-core machine at load 0.4-1.1; bar: by tokens, whisker to: by rows"
+SUBTITLE = "bench/bench_scale.py, 2026-11-27, 2-core machine at load 1.1-4.3; bar: by tokens, whisker to: by rows"
 
 WIDTH, LEFT, RIGHT, TOP, ROW = 720, 230, 40, 70, 34
 SCALE_MAX = 5.0  # core-hours at the right end of the axis
