@@ -55,16 +55,28 @@ def assert_h5_equal(a: Path, b: Path) -> None:
             assert np.array_equal(fa[k][()], fb[k][()]), (a, k)
 
 
-def last_flow_run_task_states() -> dict[str, str]:
-    """task run name -> state name of the most recent flow run (Prefect's own view: Cached or Completed)."""
+def last_flow_run_task_states(settle_s: float = 60.0) -> dict[str, str]:
+    """task run name -> state name of the most recent flow run (Prefect's own view: Cached or Completed).
+
+    Prefect 3 records task-run states from events, in the server's task-run recorder, after the flow has returned;
+    under load its SQLite write can meet "database is locked" and be retried a moment later (CI saw a task still
+    "Running" that way). So the states are read again until every one is final, for up to ``settle_s`` seconds; a
+    state still not final then is returned as it is, and the caller's assertion names it."""
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import FlowRunSort
 
+    deadline = time.monotonic() + settle_s
     with get_client(sync_client=True) as client:
         fr = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id])))
-    return {t.name: t.state.name for t in runs}
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[fr.id])))
+            if all(t.state is not None and t.state.is_final() for t in runs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+    return {t.name: (t.state.name if t.state is not None else "None") for t in runs}
 
 
 #: data files above this size are hard links in a copied work dir (bookkeeping is copied)
