@@ -103,6 +103,8 @@ from core.manifest.writes import (  # noqa: F401 - re-exported
     fsync_path,
     fsync_paths,
     gate,
+    late_fsyncs,
+    md5_then_fsync,
     parse_fault,
     raise_if_disk_full,
     slow_point,

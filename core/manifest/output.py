@@ -31,9 +31,9 @@ from core.manifest.format import (
 )
 from core.manifest.guards import begin_redo, check_inside, remove_debris, remove_entry
 from core.manifest.writes import (
+    _LATE_FSYNC,
     FAULT_ENV,
     SLOW_ENV,
-    _LATE_FSYNC,
     HashingWriter,
     _tmp_name,
     atomic_write_text,

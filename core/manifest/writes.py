@@ -66,6 +66,36 @@ def sync_fd(fd: int) -> None:
             os.fsync(fd)
 
 
+@contextmanager
+def late_fsyncs() -> Iterator[None]:
+    """Files closed inside this block (through :func:`sync_fd`: every HDF5 writer of bertpipe, StageOutput's files)
+    have their writeback started, not waited for. The caller fsyncs them before anything lists them:
+    :func:`md5_then_fsync` hashes them meanwhile and then waits for the disk once. For a call that writes many
+    files one after another (a chop group's shards, a shuffle bucket's, a packer's group): one file's fsync no
+    longer waits for the disk before the next is written, and the disk writes while the md5s run."""
+    token = _LATE_FSYNC.set(True)
+    try:
+        yield
+    finally:
+        _LATE_FSYNC.reset(token)
+
+
+def md5_then_fsync(paths: Iterable[Path | str]) -> list[str]:
+    """The md5s of closed files (side by side: core.manifest.md5_files), then their fsyncs (side by side:
+    :func:`fsync_paths`): the files written in a :func:`late_fsyncs` block, on the disk when this returns; a
+    full disk said in one line naming the file."""
+    from core.manifest.format import md5_files
+
+    paths = list(paths)
+    md5s = md5_files(paths)
+    try:
+        fsync_paths(paths)
+    except OSError as exc:
+        raise_if_disk_full(exc, Path(exc.filename) if exc.filename else paths[0])
+        raise
+    return md5s
+
+
 def fsync_path(path: Path | str) -> None:
     """fsync a closed file by its path (a file system that cannot fsync: nothing to do); an error names the file."""
     with fsync_wait():

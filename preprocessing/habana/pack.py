@@ -978,9 +978,9 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots``: every pack's slots, or the
     ``.npy`` file holding them, read from ``bounds``' first pack to its last; their real slots, row-major, hold
     places ``q0``, ``q0 + 1``, ... of the scratch, whose rows give their lengths and predictions), each written to
-    a temporary name and closed; then hashed (side by side: core.manifest.md5_files) and renamed into ``data``.
-    Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
-    from core.manifest import md5_files, raise_if_disk_full
+    a temporary name and closed; then hashed and fsynced (side by side: core.manifest.md5_then_fsync) and renamed
+    into ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
+    from core.manifest import late_fsyncs, md5_then_fsync, raise_if_disk_full
     from preprocessing.hdf5_io import tmp_path
 
     a = bounds[0][0]
@@ -998,22 +998,23 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     final = Path(data)
     final.mkdir(parents=True, exist_ok=True)
     try:
-        for i, (p0, p1) in enumerate(bounds, start=first):
-            part = slots[p0 - a:p1 - a]
-            k = int((part >= 0).sum())
-            name = PART_NAME.format(i)
-            t0, t1, m0, m1 = int(tok[done]), int(tok[done + k]), int(prd[done]), int(prd[done + k])
-            arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
-                                 {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
-                                  "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
-                                  "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
-                                  "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name)
-            done += k
-            final = Path(data) / name
-            tmps.append(tmp_path(final))
-            names.append(name)
-            write_packed_file(tmps[-1], arrays, cfg.compression)
-        md5s = md5_files(tmps)
+        with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
+            for i, (p0, p1) in enumerate(bounds, start=first):
+                part = slots[p0 - a:p1 - a]
+                k = int((part >= 0).sum())
+                name = PART_NAME.format(i)
+                t0, t1, m0, m1 = int(tok[done]), int(tok[done + k]), int(prd[done]), int(prd[done + k])
+                arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
+                                     {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
+                                      "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
+                                      "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
+                                      "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name)
+                done += k
+                final = Path(data) / name
+                tmps.append(tmp_path(final))
+                names.append(name)
+                write_packed_file(tmps[-1], arrays, cfg.compression)
+        md5s = md5_then_fsync(tmps)  # on the disk before the renames
         for name, tmp in zip(names, tmps, strict=True):
             os.replace(tmp, Path(data) / name)
     except BaseException as exc:

@@ -65,8 +65,9 @@ from core.manifest import (
     MANIFEST_NAME,
     Manifest,
     StageOutput,
+    late_fsyncs,
     load_manifest,
-    md5_files,
+    md5_then_fsync,
     remove_debris,
     verify_manifest,
 )
@@ -386,31 +387,38 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
 
 def write_chop_group(group: ChopGroup, out_dir: str | Path, cfg: ChopConfig = ChopConfig()) -> dict[str, Any]:
     """Write shards ``group.k0..k1-1`` into ``out_dir`` (each via a temporary name, closed for good, renamed);
-    returns their entries ``[name, bytes, md5]``."""
+    returns their entries ``[name, bytes, md5]``, once every shard is on the disk (their writeback started as each
+    closed, their fsyncs side by side after their md5s: core.manifest.late_fsyncs)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = _Inputs(cfg)
     finals: list[Path] = []
     try:
-        for j in range(group.k1 - group.k0):
-            final = out_dir / shard_name(group.k0 + j, group.n_shards)
-            tmp = tmp_path(final)
-            size = group.starts[j + 1] - group.starts[j]
-            try:
-                with h5_create(tmp, in_memory=size * 2400 <= (8 << 20)) as f:
-                    (_write_varlength if cfg.varlength else _write_padded)(f, group.spans(j), size, cfg, inputs)
-                os.replace(tmp, final)
-            except BaseException as exc:
-                tmp.unlink(missing_ok=True)
-                from core.manifest import raise_if_disk_full
-
-                raise_if_disk_full(exc, final)
-                raise
-            finals.append(final)
+        with late_fsyncs():
+            _write_chop_shards(group, out_dir, cfg, inputs, finals)
     finally:
         inputs.close()
     return {"kind": "shards", "k0": group.k0, "k1": group.k1,
-            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_files(finals), strict=True)]}
+            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_then_fsync(finals), strict=True)]}
+
+
+def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs: _Inputs, finals: list[Path]) -> None:
+    """The shards of ``group``, each closed for good and renamed; their final paths appended to ``finals``."""
+    for j in range(group.k1 - group.k0):
+        final = out_dir / shard_name(group.k0 + j, group.n_shards)
+        tmp = tmp_path(final)
+        size = group.starts[j + 1] - group.starts[j]
+        try:
+            with h5_create(tmp, in_memory=size * 2400 <= (8 << 20)) as f:
+                (_write_varlength if cfg.varlength else _write_padded)(f, group.spans(j), size, cfg, inputs)
+            os.replace(tmp, final)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            from core.manifest import raise_if_disk_full
+
+            raise_if_disk_full(exc, final)
+            raise
+        finals.append(final)
 
 
 # -- step 4: the manifest ----------------------------------------------------------------------------------

@@ -109,8 +109,9 @@ from core.manifest import (
     MANIFEST_NAME,
     Manifest,
     StageOutput,
+    late_fsyncs,
     load_manifest,
-    md5_files,
+    md5_then_fsync,
     raise_if_disk_full,
     remove_debris,
     verify_manifest,
@@ -1028,21 +1029,22 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
     done: list[str] = []
     empty = 0
     try:
-        for s in range(s0, s1):
-            a, b = int(bounds[s]) - p0, int(bounds[s + 1]) - p0
-            r0, r1 = int(offs[a]), int(offs[b])
-            text = shard_list_json(seq_len[r0:r1], seq_idx[r0:r1], offs[a:b + 1] - r0)
-            final = od / list_name(s)
-            tmp = tmp_path(final)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, final)
-            done.append(final.name)
-            final = od / shard_name(s, cfg)
-            tmp = tmp_path(final)
-            write_packed_shard(tmp, rows.slice(r0, r1, tok, prd), np.diff(offs[a:b + 1]))
-            os.replace(tmp, final)
-            done.append(final.name)
-            empty += b == a
+        with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
+            for s in range(s0, s1):
+                a, b = int(bounds[s]) - p0, int(bounds[s + 1]) - p0
+                r0, r1 = int(offs[a]), int(offs[b])
+                text = shard_list_json(seq_len[r0:r1], seq_idx[r0:r1], offs[a:b + 1] - r0)
+                final = od / list_name(s)
+                tmp = tmp_path(final)
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, final)
+                done.append(final.name)
+                final = od / shard_name(s, cfg)
+                tmp = tmp_path(final)
+                write_packed_shard(tmp, rows.slice(r0, r1, tok, prd), np.diff(offs[a:b + 1]))
+                os.replace(tmp, final)
+                done.append(final.name)
+                empty += b == a
     except BaseException as exc:
         for p in od.glob(f".*.tmp-{os.getpid()}"):
             p.unlink(missing_ok=True)
@@ -1050,7 +1052,7 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
         raise
     paths = [od / n for n in done]
     return {"kind": "shards", "s0": s0, "s1": s1, "empty": empty,
-            "entries": [[n, p.stat().st_size, md5] for n, p, md5 in zip(done, paths, md5_files(paths), strict=True)]}
+            "entries": [[n, p.stat().st_size, md5] for n, p, md5 in zip(done, paths, md5_then_fsync(paths), strict=True)]}
 
 
 # -- the manifest, and all steps in one call ------------------------------------------------------------------------

@@ -59,8 +59,9 @@ from core.manifest import (
     MANIFEST_NAME,
     Manifest,
     StageOutput,
+    late_fsyncs,
     load_manifest,
-    md5_files,
+    md5_then_fsync,
     remove_debris,
     verify_manifest,
 )
@@ -604,39 +605,40 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
     t_cum = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])
     perm = np.load(Path(plan.scratch) / "perm.npy", mmap_mode="r") if plan.cfg.index_lists else None
     finals: list[Path] = []
-    for k in range(k0, k1):
-        a, b = int(starts[k] - starts[k0]), int(starts[k + 1] - starts[k0])
-        final = out_dir / shard_name(k, plan.n_shards)
-        tmp = tmp_path(final)
-        try:
-            with h5_create(tmp, in_memory=(t_cum[b] - t_cum[a]) * 3 <= (8 << 20)) as f:
-                dsets = {name: f.create_dataset(name, (b - a,), dtype=h5py.vlen_dtype(np.dtype(dt)))
-                         for name, dt in VLEN}
-                labels = f.create_dataset("next_sentence_labels", data=np.zeros(b - a, dtype="i1"), dtype="i1")
-                for c0, c1 in chunks(b - a, plan.cfg.chunk_rows):  # these writes make the file's bytes: kept
-                    r0, r1 = a + c0, a + c1
-                    for name, _ in VLEN:
-                        lens = seq if name in ("input_ids", "segment_ids") else pred
-                        write_vlen_at(dsets[name], lens[r0:r1], where[name][r0:r1], c0)  # one HDF5 write
-                    labels[c0:c1] = nsl[r0:r1]
-            os.replace(tmp, final)
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
-            from core.manifest import raise_if_disk_full
+    with late_fsyncs():  # each shard's writeback started as it closes; all fsynced after their md5s
+        for k in range(k0, k1):
+            a, b = int(starts[k] - starts[k0]), int(starts[k + 1] - starts[k0])
+            final = out_dir / shard_name(k, plan.n_shards)
+            tmp = tmp_path(final)
+            try:
+                with h5_create(tmp, in_memory=(t_cum[b] - t_cum[a]) * 3 <= (8 << 20)) as f:
+                    dsets = {name: f.create_dataset(name, (b - a,), dtype=h5py.vlen_dtype(np.dtype(dt)))
+                             for name, dt in VLEN}
+                    labels = f.create_dataset("next_sentence_labels", data=np.zeros(b - a, dtype="i1"), dtype="i1")
+                    for c0, c1 in chunks(b - a, plan.cfg.chunk_rows):  # these writes make the file's bytes: kept
+                        r0, r1 = a + c0, a + c1
+                        for name, _ in VLEN:
+                            lens = seq if name in ("input_ids", "segment_ids") else pred
+                            write_vlen_at(dsets[name], lens[r0:r1], where[name][r0:r1], c0)  # one HDF5 write
+                        labels[c0:c1] = nsl[r0:r1]
+                os.replace(tmp, final)
+            except BaseException as exc:
+                tmp.unlink(missing_ok=True)
+                from core.manifest import raise_if_disk_full
 
-            raise_if_disk_full(exc, final)
-            raise
-        finals.append(final)
-        if perm is not None:
-            lst = out_dir / list_name(k)
-            ltmp = tmp_path(lst)
-            ltmp.write_text(_index_list(np.asarray(perm[starts[k]:starts[k + 1]], dtype=np.int64), starts),
-                            encoding="ascii")
-            os.replace(ltmp, lst)
-            finals.append(lst)
+                raise_if_disk_full(exc, final)
+                raise
+            finals.append(final)
+            if perm is not None:
+                lst = out_dir / list_name(k)
+                ltmp = tmp_path(lst)
+                ltmp.write_text(_index_list(np.asarray(perm[starts[k]:starts[k + 1]], dtype=np.int64), starts),
+                                encoding="ascii")
+                os.replace(ltmp, lst)
+                finals.append(lst)
     del bufs
     return {"kind": "shards", "bucket": bucket,
-            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_files(finals), strict=True)]}
+            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_then_fsync(finals), strict=True)]}
 
 
 # -- step 4: the manifest ------------------------------------------------------------------------------------------
