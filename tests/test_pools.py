@@ -74,3 +74,36 @@ def test_every_pool_comes_from_core_pools() -> None:
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{n}" for n in _pool_makers(path.read_text(encoding="utf-8"))]
     assert offenders == []
+
+
+@pytest.mark.parametrize(("items", "most", "workers", "calls"), [
+    (41, 16, 2, 4),      # not 16, 16 and 9: one worker would do 25 shards while the other does 16
+    (41, 16, 1, 3),
+    (4320, 16, 2, 270),  # the full set: already even
+    (4320, 16, 16, 272),
+    (3, 16, 8, 3),       # never more calls than items
+    (0, 16, 2, 1),
+    (10, 1, 4, 10),
+])
+def test_even_calls_are_a_multiple_of_the_workers(items: int, most: int, workers: int, calls: int) -> None:
+    assert pools.even_calls(items, most, workers) == calls
+    if items:
+        assert -(-items // calls) <= most, "no call holds more than `most` items"
+
+
+def _pid_of(_: int) -> int:
+    import os
+    return os.getpid()
+
+
+def test_run_all_on_a_shared_pool_uses_the_same_workers() -> None:
+    """A stage's parallel steps on one pool: the second step's calls run in the first step's processes."""
+    import os
+    with pools.shared_pool(2) as pool:
+        assert pool is not None
+        first = set(pools.run_all(_pid_of, [(i,) for i in range(6)], 2, pool))
+        second = set(pools.run_all(_pid_of, [(i,) for i in range(6)], 2, pool))
+    assert len(first | second) <= 2 and os.getpid() not in first | second  # a new pool would add new pids
+    with pools.shared_pool(1) as none:
+        assert none is None
+        assert pools.run_all(_pid_of, [(1,), (2,)], 1, none) == [os.getpid()] * 2

@@ -107,7 +107,7 @@ import numpy as np
 
 from core.errors import InputError, RecordError
 from core.manifest import MANIFEST_NAME, Manifest, StageOutput, atomic_write_text
-from core.pools import run_all
+from core.pools import even_calls, run_all, shared_pool
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing import pack_fast
@@ -1074,8 +1074,11 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
         (out_dir / manifest_name).unlink(missing_ok=True)  # the stage is being redone (a manifest outside out_dir)
         _prepare_out(data)
         prefix = f"{data_dir}/" if data_dir else ""
-        per_group = max(1, cfg.chunk_rows // PACKS_PER_FILE)
-        groups = [bounds[g:g + per_group] for g in range(0, len(bounds), per_group)]
+        # groups of whole files, at most chunk_rows packs each, as many for each worker and of even sizes
+        # (core.pools.even_calls: 9 files on 2 workers are 2 groups of 5 and 4, not 8 and 1)
+        n_groups = even_calls(len(bounds), max(1, cfg.chunk_rows // PACKS_PER_FILE), workers)
+        cuts = [len(bounds) * g // n_groups for g in range(n_groups + 1)]
+        groups = [(a, bounds[a:b]) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
         written = bounds[-1][1] if bounds else 0
         # each row's place: its slot's index among the real slots of the written packs, row-major (-1: not written)
         places = row_places(slots, len(inputs.seq), bounds)
@@ -1090,14 +1093,15 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
             scatter = [(k, p, str(sd), st_[k], st_[k + 1], max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
             n_inputs = len(inputs.files)
             inputs = places.place = None
-            run_all(_scatter_planned, scatter, min(workers, len(scatter)))
-            log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
-            # each group's packs read from the scratch's slots by its call (none of them pickled from here)
-            calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg)
-                     for g, group in zip(range(0, len(bounds), per_group), groups, strict=True)]
-            for entries in run_all(write_group, calls, min(workers, len(calls))):
-                for name, md5 in entries:
-                    out.add_file(prefix + name, md5)
+            with shared_pool(workers) as pool:  # one pool for the scatter and the writes
+                run_all(_scatter_planned, scatter, min(workers, len(scatter)), pool)
+                log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
+                # each group's packs read from the scratch's slots by its call (none of them pickled from here)
+                calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg)
+                         for g, group in groups]
+                for entries in run_all(write_group, calls, min(workers, len(calls)), pool):
+                    for name, md5 in entries:
+                        out.add_file(prefix + name, md5)
             log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
             shutil.rmtree(sd, ignore_errors=True)
             text = metadata_json(st)

@@ -225,8 +225,11 @@ def layout(counts: Sequence[dict[str, Any]], n_shards: int) -> Layout:
 
 
 def group_count(rows: int, n_shards: int, workers: int) -> int:
-    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker."""
-    return max(1, min(n_shards, max(math.ceil(rows / ROWS_PER_GROUP), 4 * max(1, workers))))
+    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker, as many for each
+    worker (a multiple of ``workers``)."""
+    w = max(1, workers)
+    n = -(-max(math.ceil(rows / ROWS_PER_GROUP), 4 * w) // w) * w
+    return max(1, min(n_shards, n))
 
 
 # -- step 3: write a group of shards ------------------------------------------------------------------

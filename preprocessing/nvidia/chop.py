@@ -50,7 +50,6 @@ side by side in one md5_files call; any number of workers gives the same bytes.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -71,7 +70,7 @@ from core.manifest import (
     remove_debris,
     verify_manifest,
 )
-from core.pools import default_workers, run_all
+from core.pools import default_workers, even_calls, run_all
 from core.schema import HDF5_FIELDS, row_shape
 from core.stage import Stage
 from preprocessing.hdf5_check import check_padded
@@ -284,10 +283,11 @@ def groups(layout: ChopLayout, files: Sequence[tuple[str, int]], n_groups: int) 
 
 def group_count(rows: int, n_shards: int, workers: int) -> int:
     """How many shard-group calls: groups of up to :data:`GROUP_SHARDS` shards (a group's shards are hashed side by
-    side in one md5_files call: 16 lanes of AVX-512, 8 of AVX2), and at least one per worker (where there are
-    shards for it). The rows only bound it by the shards: a group reads and writes chunk by chunk."""
+    side in one md5_files call: 16 lanes of AVX-512, 8 of AVX2), as many for each worker (core.pools.even_calls:
+    41 shards on 2 workers are 4 groups of 10-11, not 16, 16 and 9). The rows only bound it by the shards: a group
+    reads and writes chunk by chunk."""
     del rows  # a group's memory does not grow with its rows
-    return max(1, min(n_shards, max(math.ceil(n_shards / GROUP_SHARDS), max(1, workers))))
+    return even_calls(n_shards, GROUP_SHARDS, workers)
 
 
 # -- step 3: write a group ------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ from core.manifest import (
     remove_debris,
     verify_manifest,
 )
-from core.pools import default_workers, run_all
+from core.pools import default_workers, run_all, shared_pool
 from core.schema import H5_ERRORS, HDF5_FIELDS
 from core.stage import Stage
 from preprocessing import pack_fast
@@ -1133,12 +1133,13 @@ def run_pack_nvidia(input_files: Sequence[Path | str], out_dir: Path | str,
     for p in stale:  # an earlier run's shards that this one does not write: a trainer would read them
         p.unlink(missing_ok=True)
     try:
-        counts = run_all(count_lengths, [(k, p, str(sd), cfg) for k, p in enumerate(files)], workers)
-        plan = plan_packing(counts, str(sd), cfg)
-        run_all(scatter_input, [(k, p, str(sd), cfg) for k, p in enumerate(files)], workers)
-        groups = group_bounds(plan["stats"]["sequences"], cfg.shards_num, workers)
-        written = run_all(write_shard_group, [(a, b, str(sd), str(out), cfg, len(files)) for a, b in groups],
-                          workers)
+        with shared_pool(workers) as pool:  # one pool for the three parallel steps
+            counts = run_all(count_lengths, [(k, p, str(sd), cfg) for k, p in enumerate(files)], workers, pool)
+            plan = plan_packing(counts, str(sd), cfg)
+            run_all(scatter_input, [(k, p, str(sd), cfg) for k, p in enumerate(files)], workers, pool)
+            groups = group_bounds(plan["stats"]["sequences"], cfg.shards_num, workers)
+            written = run_all(write_shard_group, [(a, b, str(sd), str(out), cfg, len(files)) for a, b in groups],
+                              workers, pool)
         return finish_pack(out, plan, written, cfg, upstream)
     except BaseException:  # no manifest: the shards this run wrote are removed (the earlier run's went at begin)
         for name in output_names(cfg):

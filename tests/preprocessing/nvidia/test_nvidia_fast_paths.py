@@ -168,6 +168,26 @@ def test_chop_hashes_its_shards_in_groups():
     assert chop.group_count(156_725_653, 4320, 1) == 270 and chop.group_count(156_725_653, 4320, 2) == 270
     assert chop.group_count(185_595, 5, 1) == 1 and chop.group_count(185_595, 5, 2) == 2
     assert chop.group_count(10, 2048, 200) == 200
+    # as many groups for each worker, of even sizes: 41 shards on 2 workers are 4 groups of 10-11 (not 16, 16, 9)
+    assert chop.group_count(1_484_760, 41, 2) == 4 and chop.group_count(1_484_760, 41, 1) == 3
+    assert chop.group_count(1_484_760, 41, 16) == 16
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 16])
+def test_the_shuffle_cuts_even_buckets_for_its_workers(workers: int) -> None:
+    """Buckets of whole shards, as many for each worker, each within a shard of its even share of the rows (8
+    parts' 40 shards on 2 workers: 4 buckets of 10 shards, not 524 k, 524 k and 436 k rows)."""
+    files = [(f"part_{k:05d}_of_00040.hdf5", 37119 + (k % 5 == 0)) for k in range(40)]
+    plan = shuffle._rebuild(files, Path("/nonexistent"), ShuffleConfig(), workers)
+    rows = np.diff(plan.bucket_rows())
+    n_b = len(rows)
+    assert n_b % workers == 0 or n_b == len(files)
+    assert rows.max() <= ShuffleConfig().bucket_rows + 37120, "at most about one shard over bucket_rows"
+    share = sum(c for _, c in files) / n_b
+    assert np.abs(rows - share).max() <= 37120, (rows, share)
+    assert list(plan.bucket_shards) == sorted(set(plan.bucket_shards)) and plan.bucket_shards[-1] == len(files)
+    if workers == 2:
+        assert plan.bucket_shards == (0, 10, 20, 30, 40)
 
 
 def test_the_shuffle_stays_under_1_5_gb_at_full_size():
