@@ -214,7 +214,10 @@ def run_watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, 
 
 def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """(seconds, peak RSS MB, CPU seconds) of one subprocess (RSS: its own and its children's largest, wait4's
-    ru_maxrss; CPU: user + system, so waits for the disk or for other jobs' cores do not count)."""
+    ru_maxrss; CPU: user + system, so waits for the disk or for other jobs' cores do not count). The disk is
+    synced first: the previous step's written bytes (gigabytes, for the target stages) would otherwise be written
+    back while this one runs, and a 2-worker run timed right after its 1-worker run paid for both."""
+    os.sync()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
@@ -514,6 +517,10 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     print(f"\n## the other targets' stages on one part's padded HDF5 ({part.stat().st_size / 1e6:,.0f} MB), one process "
           "each, one core")
     figures = {}
+    disk = 0.0
+    if args.target_workers > 1:  # what a stage's fsyncs wait for: at some worker count its writes outrun the disk
+        disk = disk_speed(out, 2048)
+        print(f"  the disk: {disk:,.0f} MB/s (2 GB written and fdatasync'd)")
     for what, title in TARGET_STAGES.items():
         if args.only_stages and what not in args.only_stages.split(","):
             continue
@@ -540,8 +547,12 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
             same = _same_files(out / what, out / f"{what}.w{w}", data_only=True)
             f["speedup"] = ratio
+            floor = f["bytes"] / 1e6 / max(disk, 1e-9)  # the disk's own time for the stage's output files
+            f["disk_floor"] = floor
             print(f"    {w} workers: {fw['costs']['wall']:.2f} s against {f['costs']['wall']:.2f} s (besides the recipe "
-                  f"{serial_w:.1f} / {serial1:.1f} s): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}")
+                  f"{serial_w:.1f} / {serial1:.1f} s): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}; the "
+                  f"disk alone takes {floor:.2f} s for its {f['bytes'] / 1e6:,.0f} MB of output (at most "
+                  f"{(f['costs']['wall'] - serial1) / max(floor, 1e-9):.2f}x on this disk)")
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
               f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
               "rows/CPU-s "
