@@ -541,7 +541,8 @@ def _launch(cfg: TrainConfig, nproc: int, launcher: str, hostfile: str, num_node
         if master_port:  # the ranks are gone (or stopped): DeepSpeed leaves its CPU all-reduce segments behind
             from pretrain.extensions import release_shm_buffers
 
-            release_shm_buffers(master_port, say=sink.write if sink is not None else None)
+            release_shm_buffers(master_port, say=sink.write if sink is not None else
+                                lambda text: print(text, file=sys.stderr, flush=True))  # -v: on the console
         if sink is not None:
             sink.close()
         for s, h in previous.items():

@@ -48,6 +48,23 @@ def pytest_configure(config: pytest.Config) -> None:
     absl_handler_on_the_real_stderr()
 
 
+#: What ``bertpipe -v`` sets in os.environ for its child processes (bertpipe/cli.py setup_logging): a test that
+#: runs the CLI in this process with -v would leave every later test verbose (the launcher then writes no
+#: launcher.log), so each test gets them back as they were.
+CLI_ENV = ("BERTPIPE_VERBOSE", "BERTPIPE_LOG_EXAMPLES")
+
+
+@pytest.fixture(autouse=True)
+def _cli_env_restored():
+    before = {k: os.environ.get(k) for k in CLI_ENV}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.hookimpl(trylast=True)  # after -m / -k: the skip line counts only tests this run would have run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``needs_shared`` whose paths are absent leave the run behind one skip line
