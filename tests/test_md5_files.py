@@ -64,13 +64,31 @@ def test_every_kernel_equals_hashlib_for_any_number_of_files(files) -> None:
 def test_kernel_choice_follows_the_number_of_files() -> None:
     mod = native()
     assert mod.kernel_for(1) == "scalar x1"
-    assert mod.kernel_for(2) == "scalar x2"
+    # two files: two scalar streams side by side, or the 8-lane AVX-512VL kernel where the CPU has it (its vector
+    # steps have the scalar ones' latency, MD5's bound, so even two busy lanes of eight run faster)
+    assert mod.kernel_for(2) == ("avx512vl x8" if "avx512vl x8" in mod.kernels() else "scalar x2")
+    if "avx512vl x8" in mod.kernels():
+        assert mod.kernel_for(8) == "avx512vl x8"
     wide = mod.kernel_for(64)
     assert wide in mod.kernels()
     if "avx512f x16" in mod.kernels():
         assert wide == "avx512f x16"
     with pytest.raises(ValueError, match="not available"):
         mod.md5_files([], "no such kernel")
+
+
+def test_the_last_files_move_to_a_narrower_kernel_with_their_state(tmp_path) -> None:
+    """A few long files among many short ones: once the short ones are done and no file is left to start, the long
+    ones go on in a narrower kernel (16 lanes to 8, or 8 to scalar), each lane's state moved with its file: the
+    digests stay hashlib's whichever lanes the long files had."""
+    mod = native()
+    rng = random.Random(11)
+    for n_long, n_short in ((1, 15), (3, 13), (5, 20), (9, 7), (2, 6)):
+        paths = [tmp_path / f"l{n_long}_{n_short}_{i}" for i in range(n_long + n_short)]
+        long_at = set(rng.sample(range(len(paths)), n_long))  # the long files anywhere among the lanes
+        for i, p in enumerate(paths):
+            p.write_bytes(rng.randbytes(3 * MIB + rng.randrange(200) if i in long_at else rng.randrange(64, 9000)))
+        assert mod.md5_files([str(p) for p in paths]) == [hashlib_md5(p) for p in paths], (n_long, n_short)
 
 
 def test_md5_files_is_md5_file_of_each_with_and_without_the_extension(files) -> None:

@@ -1,11 +1,13 @@
 /* core._md5_native: the md5 of many files at once, each file one lane of a multi-stream MD5.
  *
- * MD5 is a chain: one stream runs at ~0.7 GB/s on a core, whatever the code. Several independent files can
- * share the core: 2-3 streams interleaved in scalar code (instruction-level parallelism), 8 lanes of AVX2 or
- * 16 of AVX-512 (4+ GB/s in all). md5_files(paths) gives the same hex digests as hashlib.md5 over each file;
- * it reads the files with read(2) in 1 MiB pieces, each lane taking the next file when its own ends, with
- * the GIL released. The kernel is chosen at run time from what the CPU has and the number of files
- * (kernel_for(n)); kernels() lists those this CPU can run. */
+ * MD5 is a chain: one stream runs at ~0.5-0.7 GB/s on a core, whatever the code, bound by the latency of its
+ * dependent steps. Several independent files can share the core: 2-3 streams interleaved in scalar code
+ * (instruction-level parallelism), or the lanes of a vector: 8 with AVX2 or AVX-512VL (which has the rotate and
+ * three-input logic MD5's steps want), 16 with AVX-512 (2-4 GB/s in all). md5_files(paths) gives the same hex
+ * digests as hashlib.md5 over each file; it reads the files with read(2) in 1 MiB pieces, each lane taking the next
+ * file when its own ends, with the GIL released. The kernel is chosen at run time from what the CPU has and the
+ * number of files (kernel_for(n)); once no file is left to start, the files still being read move to a narrower
+ * kernel where that is faster (16 lanes to 8). kernels() lists those this CPU can run. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -71,6 +73,11 @@ typedef void (*md5_kernel)(uint32_t *st, const uint8_t *const *p, size_t nblocks
 #define TARGET __attribute__((target("avx2")))
 #define NAME md5_avx2x8
 #include "md5_kernel.h"
+#define LANES 8
+#define VECTOR 1
+#define TARGET __attribute__((target("avx512f,avx512vl")))
+#define NAME md5_avx512vlx8
+#include "md5_kernel.h"
 #define LANES 16
 #define VECTOR 1
 #define TARGET __attribute__((target("avx512f")))
@@ -80,21 +87,26 @@ typedef void (*md5_kernel)(uint32_t *st, const uint8_t *const *p, size_t nblocks
 #define HAVE_X86_KERNELS 0
 #endif
 
+/* Speeds measured with 1, 2, 4, 8 and 16 files of 32 MB in the page cache (MB/s on one core of the 2-core Xeon VM
+ * the benchmarks run on, read(2) included): MD5 is a chain of dependent steps, so a kernel runs one lane at about
+ * the latency of its instructions and its idle lanes cost little; what pick() compares. */
+#define N_SPEEDS 5
 typedef struct {
     const char *name;
     md5_kernel fn;
     int lanes;
-    double lane_mbs; /* measured per-lane speed (MB/s, one Xeon core): picks the kernel for a number of files */
+    double mbs[N_SPEEDS]; /* with 1, 2, 4, 8, 16 files */
     int usable;
 } Kernel;
 
 static Kernel KERNELS[] = {
-    {"scalar x1", md5_scalar1, 1, 727, 1},
-    {"scalar x2", md5_scalar2, 2, 621, 1},
-    {"scalar x3", md5_scalar3, 3, 529, 1},
+    {"scalar x1", md5_scalar1, 1, {445, 445, 445, 445, 445}, 1},
+    {"scalar x2", md5_scalar2, 2, {386, 737, 758, 752, 752}, 1},
+    {"scalar x3", md5_scalar3, 3, {337, 622, 650, 680, 680}, 1},
 #if HAVE_X86_KERNELS
-    {"avx2 x8", md5_avx2x8, 8, 348, 0},
-    {"avx512f x16", md5_avx512x16, 16, 254, 0},
+    {"avx2 x8", md5_avx2x8, 8, {254, 493, 904, 1570, 1570}, 0},
+    {"avx512vl x8", md5_avx512vlx8, 8, {438, 809, 1383, 2193, 2193}, 0},
+    {"avx512f x16", md5_avx512x16, 16, {395, 732, 1262, 1831, 2673}, 0},
 #endif
 };
 #define N_KERNELS ((int)(sizeof KERNELS / sizeof KERNELS[0]))
@@ -103,19 +115,26 @@ static void detect_kernels(void) {
 #if HAVE_X86_KERNELS
     __builtin_cpu_init();
     KERNELS[3].usable = __builtin_cpu_supports("avx2");
-    KERNELS[4].usable = __builtin_cpu_supports("avx512f");
+    KERNELS[4].usable = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    KERNELS[5].usable = __builtin_cpu_supports("avx512f");
 #endif
 }
 
-/* The usable kernel with the best aggregate speed for n files. */
+/* Kernel k's speed with n files busy (interpolated between the measured counts). */
+static double speed(const Kernel *k, Py_ssize_t n) {
+    if (n <= 1) return k->mbs[0];
+    if (n >= 16) return k->mbs[N_SPEEDS - 1];
+    int i = 0;
+    while ((2 << i) <= n) i++; /* 2^i <= n < 2^(i+1) */
+    double lo = (double)(1 << i), f = ((double)n - lo) / lo;
+    return k->mbs[i] + f * (k->mbs[i + 1] - k->mbs[i]);
+}
+
+/* The usable kernel with the best speed for n files. */
 static const Kernel *pick(Py_ssize_t n) {
     const Kernel *best = &KERNELS[0];
-    double best_mbs = 0;
-    for (int k = 0; k < N_KERNELS; k++) {
-        if (!KERNELS[k].usable) continue;
-        double mbs = KERNELS[k].lane_mbs * (double)(n < KERNELS[k].lanes ? n : KERNELS[k].lanes);
-        if (mbs > best_mbs) { best_mbs = mbs; best = &KERNELS[k]; }
-    }
+    for (int k = 1; k < N_KERNELS; k++)
+        if (KERNELS[k].usable && speed(&KERNELS[k], n) > speed(best, n)) best = &KERNELS[k];
     return best;
 }
 
@@ -209,12 +228,25 @@ static int lane_next(Job *job, Lane *ln, uint32_t *st, int l) {
     return 0;
 }
 
-static int run_job(Job *job, const Kernel *k) {
+/* The kernel for the lanes still busy once no file is left to start: narrower when that is faster (a wide
+ * kernel costs the same for an idle lane as for a busy one); NULL when the job stays on k. */
+static const Kernel *narrower(const Kernel *k, int active) {
+    const Kernel *best = NULL;
+    for (int i = 0; i < N_KERNELS; i++) {
+        const Kernel *c = &KERNELS[i];
+        if (c->usable && c->lanes >= active && c->lanes < k->lanes && speed(c, active) > speed(k, active) &&
+            (!best || speed(c, active) > speed(best, active)))
+            best = c;
+    }
+    return best;
+}
+
+static int run_job(Job *job, const Kernel *k, int narrow) {
     static uint8_t zeros[MD5_CHUNK];
     uint32_t st[4 * MD5_MAX_LANES] = {0};
     Lane lanes[MD5_MAX_LANES];
     const uint8_t *ptr[MD5_MAX_LANES];
-    int L = k->lanes, rc = 0;
+    int L = k->lanes, L0 = L, rc = 0;
     uint8_t *mem = malloc((size_t)L * MD5_CHUNK);
     if (!mem) { job->err_file = -1; job->err_no = ENOMEM; return -1; }
     for (int l = 0; l < L; l++) {
@@ -242,12 +274,27 @@ static int run_job(Job *job, const Kernel *k) {
             }
         }
         if (!active) break;
+        const Kernel *nk = narrow && job->next == job->n && active < L ? narrower(k, active) : NULL;
+        if (nk) { /* the tail: the busy lanes moved to the front (their states with them) */
+            int to = 0;
+            for (int l = 0; l < L; l++) {
+                if (lanes[l].file < 0) continue;
+                if (l != to) {
+                    Lane t = lanes[to]; lanes[to] = lanes[l]; lanes[l] = t;
+                    for (int w = 0; w < 4; w++) st[w * MD5_MAX_LANES + to] = st[w * MD5_MAX_LANES + l];
+                    ptr[to] = ptr[l];
+                }
+                to++;
+            }
+            k = nk;
+            L = k->lanes;
+        }
         k->fn(st, ptr, nb);
         for (int l = 0; l < L; l++)
             if (lanes[l].file >= 0) lanes[l].pos += 64 * nb;
     }
 out:
-    for (int l = 0; l < L; l++)
+    for (int l = 0; l < L0; l++)
         if (lanes[l].fd >= 0) close(lanes[l].fd);
     free(mem);
     return rc;
@@ -272,10 +319,10 @@ static PyObject *md5_files(PyObject *self, PyObject *args) {
         paths[i] = PyBytes_AS_STRING(encoded[i]);
     }
     Job job = {.paths = paths, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0};
-    if (!k) k = pick(n);
+    if (!k) k = pick(n); /* and narrower ones for the last files (a kernel named by the caller is kept) */
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = n ? run_job(&job, k) : 0;
+    rc = n ? run_job(&job, k, kname == NULL) : 0;
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         errno = job.err_no;

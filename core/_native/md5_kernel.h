@@ -10,6 +10,15 @@
 #if VECTOR
 typedef uint32_t MD5_CAT(NAME, _v) __attribute__((vector_size(LANES * 4)));
 #define V MD5_CAT(NAME, _v)
+#if LANES == 16
+static const V MD5_CAT(NAME, _lo) = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+static const V MD5_CAT(NAME, _hi) = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+#elif LANES == 8
+static const V MD5_CAT(NAME, _lo) = {0, 8, 1, 9, 2, 10, 3, 11};
+static const V MD5_CAT(NAME, _hi) = {4, 12, 5, 13, 6, 14, 7, 15};
+#else
+#error "vector kernels have 8 or 16 lanes"
+#endif
 #else
 #define V uint32_t
 #endif
@@ -22,11 +31,22 @@ TARGET static void NAME(uint32_t *st, const uint8_t *const *p, size_t nblocks) {
     memcpy(&c, st + 2 * MD5_MAX_LANES, sizeof c);
     memcpy(&d, st + 3 * MD5_MAX_LANES, sizeof d);
     for (size_t k = 0; k < nblocks; k++) {
+        /* the message words, word g of every lane in m[g]: each lane's block loaded as 16 / LANES vectors, then
+         * each LANES x LANES square transposed by log2(LANES) rounds of perfect shuffles (row j with row
+         * j + LANES/2, low halves interleaved, then high halves), which the compiler turns into two-source
+         * permutes (vpermt2d) rather than one scalar store per word */
         V m[16];
-        for (int l = 0; l < LANES; l++) {
-            uint32_t w[16];
-            memcpy(w, p[l] + 64 * k, 64);
-            for (int g = 0; g < 16; g++) m[g][l] = w[g];
+        for (int q = 0; q < 16 / LANES; q++) {
+            V r[LANES], o[LANES];
+            for (int l = 0; l < LANES; l++) memcpy(&r[l], p[l] + 64 * k + 4 * LANES * q, sizeof(V));
+            for (int round = 1; round < LANES; round *= 2) {
+                for (int j = 0; j < LANES / 2; j++) {
+                    o[2 * j] = __builtin_shuffle(r[j], r[j + LANES / 2], MD5_CAT(NAME, _lo));
+                    o[2 * j + 1] = __builtin_shuffle(r[j], r[j + LANES / 2], MD5_CAT(NAME, _hi));
+                }
+                memcpy(r, o, sizeof r);
+            }
+            for (int g = 0; g < LANES; g++) m[q * LANES + g] = r[g];
         }
         V aa = a, bb = b, cc = c, dd = d;
 #define MD5_STEP(f, i) { V t = a + (f) + MD5_K[i] + m[MD5_G(i)]; a = d; d = c; c = b; \
