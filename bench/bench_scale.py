@@ -733,6 +733,16 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
           f"({wall:.1f} s): stage work a part: tfrecord+hdf5 {out['dag tfrecord'] + out['dag hdf5']:.2f} s (fused "
           f"calls, {args.group} in a group), bins {out['dag bins']:.2f} s"
           + f"; peak RSS {max(mb for mb, _ in watch.report()):.0f} MB")
+    # where the DAG's stage seconds went (last_run.json: core.costs.spent per call): CPU, waits for a core (other
+    # jobs on the machine), and the rest, blocked (the disk: fsyncs, writes held back while the page cache is full
+    # of dirty pages; locks)
+    for label, names in (("tfrecord+hdf5", ("tfrecord", "hdf5")), ("bins", ("bins",))):
+        secs = sum(stages[n]["seconds"] for n in names) / args.group
+        cpu_s = sum(stages[n].get("cpu_seconds", 0.0) for n in names) / args.group
+        wait = sum(stages[n].get("run_wait_seconds", 0.0) for n in names) / args.group
+        out[f"dag cpu {label}"], out[f"dag run_wait {label}"] = cpu_s, wait
+        print(f"    {label} a part: {secs:.2f} s = CPU {cpu_s:.2f} + waiting for a core {wait:.2f} + blocked "
+              f"{max(0.0, secs - cpu_s - wait):.2f} (the disk, locks)")
     return out
 
 

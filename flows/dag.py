@@ -70,6 +70,8 @@ class _Group:
     pieces: list[Unit] | None = None  # a stage written as pieces: this phase's units, in order
     values: list[Any] = field(default_factory=list)  # what the pieces of earlier phases returned
     seconds: float = 0.0  # the pieces' seconds so far
+    cpu: float = 0.0  # of them, CPU seconds (core.costs.spent)
+    run_wait: float = 0.0  # and waits for a core
     why: str = "never done"  # why a stage written as pieces runs (its whole was not done)
 
 
@@ -417,13 +419,16 @@ class DataDag:
         rows = sorted(group.rows[name], key=lambda r: order[r["shard"]])
         group.values += [r["value"] for r in rows]
         group.seconds += sum(r["seconds"] for r in rows)
+        group.cpu += sum(r.get("cpu", 0.0) for r in rows)
+        group.run_wait += sum(r.get("run_wait", 0.0) for r in rows)
         with recording_stats():
             out = s.finish(self.plans[name], list(group.values))
         if not isinstance(out, Manifest):
             self._pieces(group, list(out))
             return
         whole = self._whole(s, self.planned[name])
-        self._record(name, [result_dict(whole, out, cached=False, seconds=group.seconds, why=group.why)])
+        self._record(name, [result_dict(whole, out, cached=False, seconds=group.seconds, why=group.why,
+                                        cpu=group.cpu, run_wait=group.run_wait)])
 
     # -- the disk budget (--keep training) ------------------------------------------------------------------
     def _done_without_running(self, s: Stage) -> bool:

@@ -135,7 +135,8 @@ def dataset_summary(source: str, stages: dict[str, dict[str, Any]], results: dic
 
 
 def summarize(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Totals of one stage: key, dir, calls, cached, files, bytes, seconds, counters summed."""
+    """Totals of one stage: key, dir, calls, cached, files, bytes, seconds (of them, CPU and waits for a core),
+    counters summed."""
     rs = list(results)
     counters: dict[str, int] = {}
     for r in rs:
@@ -148,7 +149,10 @@ def summarize(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "calls": len(rs), "cached": sum(bool(r["cached"]) for r in rs),
             "files": sum(len(r["manifest"]["files"]) for r in rs),
             "bytes": sum(f["bytes"] for r in rs for f in r["manifest"]["files"]),
-            "seconds": round(sum(r["seconds"] for r in rs), 3), **counters,
+            "seconds": round(sum(r["seconds"] for r in rs), 3),
+            # of the seconds: CPU, and waits for a core (core.costs.spent); the rest was blocked (the disk, locks)
+            "cpu_seconds": round(sum(r.get("cpu", 0.0) for r in rs if not r["cached"]), 3),
+            "run_wait_seconds": round(sum(r.get("run_wait", 0.0) for r in rs if not r["cached"]), 3), **counters,
             "dropped": sum(bool(r.get("dropped")) for r in rs), "shards": [r["shard"] for r in rs if r["shard"]],
             "redone": [f"{r['shard'] or r['stage']}: {r['why']}" for r in rs
                        if not r["cached"] and r.get("why") and not r["why"].startswith("never done")][:20]}

@@ -26,7 +26,6 @@ import os
 import re
 import socket
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -145,10 +144,14 @@ def invoke(unit: Unit) -> Manifest:
     return unit.call()
 
 
-def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: str = "") -> dict[str, Any]:
-    """What a task returns per unit (JSON types only: Prefect stores it with the json serializer)."""
+def result_dict(unit: Unit, m: Manifest, *, cached: bool, seconds: float, why: str = "", cpu: float = 0.0,
+                run_wait: float = 0.0) -> dict[str, Any]:
+    """What a task returns per unit (JSON types only: Prefect stores it with the json serializer). ``seconds``:
+    the unit's wall; ``cpu`` and ``run_wait``: of it, the process's CPU seconds and its wait for a core
+    (core.costs.spent)."""
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir,
-            "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3), "why": why,
+            "manifest": json.loads(m.to_json()), "cached": cached, "seconds": round(seconds, 3),
+            "cpu": round(cpu, 3), "run_wait": round(run_wait, 3), "why": why,
             "dropped": cached and _may_drop(unit.stage) and dropped_info(unit.out_dir, m) is not None,
             "host": socket.gethostname()}
 
@@ -201,9 +204,10 @@ def _execute(call: Call, grouped: bool = False) -> Callable[[], list[dict[str, A
     """Run what ``call`` needs; returns the function that gives its result rows. ``grouped``: inside
     :func:`execute_group`'s deferred md5 block, the rows are taken (and ``--keep training`` drops done) only
     after the block has hashed the files and written the manifests."""
+    from core import costs
     from core.manifest import flush_deferred
 
-    t0 = time.perf_counter()
+    c0 = costs.clock()
     for u in call.units:
         if call.root:
             check_inside(u.out_dir, call.root)
@@ -218,27 +222,27 @@ def _execute(call: Call, grouped: bool = False) -> Callable[[], list[dict[str, A
             _log_redo(u, why)
             clear_links(u.out_dir)
         manifests = call.fused(*call.units)
-        secs = (time.perf_counter() - t0) / len(call.units)
-        return lambda: _drop_done(call, [result_dict(u, m, cached=False, seconds=secs, why=why)
+        each = {k: v / len(call.units) for k, v in costs.spent(c0).items()}
+        return lambda: _drop_done(call, [result_dict(u, m, cached=False, why=why, **each)
                                          for u, m, (_, why) in zip(call.units, manifests, state, strict=True)])
-    out: list[tuple[Unit, Manifest, bool, float, str]] = []
+    out: list[tuple[Unit, Manifest, bool, dict[str, float], str]] = []
     ran = False
     for u, (m, why) in zip(call.units, state, strict=True):
-        t = time.perf_counter()
+        t = costs.clock()
         if ran and u.stage not in call.force:  # its upstream was just made: look again
             m, why = why_not_done(u, call.check_md5, call.revive, call.root)
         if m is not None:
-            out.append((u, m, True, time.perf_counter() - t, ""))
+            out.append((u, m, True, costs.spent(t), ""))
             continue
         _log_redo(u, why)
         clear_links(u.out_dir)  # before its first byte: nothing it writes, lists or removes goes through a link
         m = invoke(u)
         if grouped:
             flush_deferred()  # the next unit reads this one's files against its manifest: written now
-        out.append((u, m, False, time.perf_counter() - t, why))
+        out.append((u, m, False, costs.spent(t), why))
         ran = True
-    return lambda: _drop_done(call, [result_dict(u, m, cached=cached, seconds=secs, why=why)
-                                     for u, m, cached, secs, why in out])
+    return lambda: _drop_done(call, [result_dict(u, m, cached=cached, why=why, **cost)
+                                     for u, m, cached, cost, why in out])
 
 
 #: Parts whose fused calls one process runs before it hashes their files together (execute_group): 4 parts are
@@ -253,12 +257,13 @@ def execute_group(calls: Sequence[Call]) -> list[dict[str, Any]]:
     files side by side, where one call's two files hash at a third of that speed); then the manifests, in the
     order written. The calls share the run token; at an error in call k, the outputs the calls before it
     finished get their manifests, and the error is raised."""
+    from core import costs
     from core.manifest import deferred_md5
     from preprocessing.params import surface
 
     if len(calls) == 1:
         return execute(calls[0])
-    t0 = time.perf_counter()
+    c0 = costs.clock()
     results: list[Callable[[], list[dict[str, Any]]]] = []
     error: Exception | None = None
     with entered(calls[0].run), surface(calls[0].surface), recording_stats():
@@ -272,11 +277,13 @@ def execute_group(calls: Sequence[Call]) -> list[dict[str, Any]]:
         if error is not None:
             raise error
         rows = [row for r in results for row in r()]
-    # each row's seconds: its own work plus its share of the files' hashing
+    # each row's seconds (and CPU, and wait for a core): its own work plus its share of the files' hashing
     made = [r for r in rows if not r["cached"]]
-    shared = max(0.0, time.perf_counter() - t0 - sum(r["seconds"] for r in rows)) / max(1, len(made))
-    for r in made:
-        r["seconds"] = round(r["seconds"] + shared, 3)
+    total = costs.spent(c0)
+    for k in ("seconds", "cpu", "run_wait"):
+        shared = max(0.0, total[k] - sum(r[k] for r in rows)) / max(1, len(made))
+        for r in made:
+            r[k] = round(r[k] + shared, 3)
     return rows
 
 
@@ -292,11 +299,13 @@ def _drop_done(call: Call, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _run_piece(unit: Unit) -> dict[str, Any]:
     """A piece of a stage (``Unit.piece``): it always runs (the DAG asked the whole stage "done?" first) and
     returns a JSON value, which the stage's ``finish`` reads; no manifest of its own."""
-    t = time.perf_counter()
+    from core import costs
+
+    t = costs.clock()
     value = unit.call()
+    cost = {k: round(v, 3) for k, v in costs.spent(t).items()}
     return {"stage": unit.stage, "shard": unit.shard, "key": unit.key, "dir": unit.out_dir, "manifest": None,
-            "cached": False, "seconds": round(time.perf_counter() - t, 3), "why": "", "dropped": False,
-            "value": value}
+            "cached": False, **cost, "why": "", "dropped": False, "value": value}
 
 
 def _log_redo(unit: Unit, why: str) -> None:

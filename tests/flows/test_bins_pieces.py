@@ -49,6 +49,7 @@ def test_bins_pieces_equal_one_split_call_for_any_worker_count(prefect_harness, 
     assert {f.name: f.md5 for f in ref.files} == two  # the DAG's pieces = one call over the same inputs
     m = load_manifest(Path(s["bins"]["dir"]))
     assert m is not None and m.counters == ref.counters and s["bins"]["calls"] == 1
+    assert 0 < s["bins"]["cpu_seconds"] and 0 <= s["bins"]["run_wait_seconds"] <= s["bins"]["seconds"]  # the pieces'
     assert last_run(runs[2])["task_runs"]["bins"] >= 2  # a count phase and a write phase
     train = Path(last_run(runs[2])["outputs"]["train_dir"])
     for p in train.rglob("*.hdf5"):

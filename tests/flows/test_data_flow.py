@@ -88,6 +88,9 @@ def test_one_broken_shard_is_redone_alone(serial_run, three_part_text: Path, sha
     assert output_md5s(w) == md5s  # the same bytes again
     s2 = last_run(w)["stages"]
     assert (s2["tfrecord"]["cached"], s2["hdf5"]["cached"], s2["bins"]["cached"]) == (2, 2, 1)
+    for name in ("tfrecord", "hdf5"):  # where each redone stage's seconds went: CPU, waits for a core, the rest
+        st = s2[name]
+        assert 0 < st["cpu_seconds"] and 0 <= st["run_wait_seconds"] <= st["seconds"], st
     redone = s2["tfrecord"]["redone"] + s2["hdf5"]["redone"]  # the run says why it redid them
     assert any(r.startswith("part-00001-of-00500: md5 mismatch for ") for r in redone), redone
     assert any(r.startswith("part-00002-of-00500: ") and "part-00002-of-00500.hdf5 is missing" in r for r in redone)

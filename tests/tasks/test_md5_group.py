@@ -62,7 +62,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _rows(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("seconds", "dir")} | {"manifest": {
+    return [{k: v for k, v in r.items() if k not in ("seconds", "cpu", "run_wait", "dir")} | {"manifest": {
         k: v for k, v in r["manifest"].items() if k != "seconds"}} for r in rows]
 
 
