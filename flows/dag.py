@@ -45,6 +45,7 @@ from tasks.calls import (
     Call,
     accept,
     check_done,
+    group_size,
     manifest_of,
     progress_hook,
     result_dict,
@@ -195,8 +196,16 @@ class DataDag:
         return [s.name, *(c.name for c in chained)], calls
 
     def _batches(self, calls: list[Call], progress_id: str) -> list[Batch]:
-        size = max(1, min(MAX_BATCH, math.ceil(len(calls) / (4 * self._slots()))))
-        return [Batch(calls=tuple(calls[i:i + size]), inline=self.inline, progress_id=progress_id)
+        """About 4 batches a slot (at most MAX_BATCH calls each). A fused chain's batches hold whole groups
+        (tasks.calls.group_size of the stage: 4 parts whose 8 files hash together, fewer only where the stage
+        has too few parts for the slots): the batches run side by side, so none needs cutting into smaller
+        groups to keep the workers busy."""
+        slots = self._slots()
+        size = max(1, min(MAX_BATCH, math.ceil(len(calls) / (4 * slots))))
+        group = group_size(len(calls), slots) if any(c.fused is not None for c in calls) else 0
+        if group:
+            size = math.ceil(max(size, group) / group) * group
+        return [Batch(calls=tuple(calls[i:i + size]), inline=self.inline, progress_id=progress_id, group=group)
                 for i in range(0, len(calls), size)]
 
     def _slots(self) -> int:

@@ -83,6 +83,8 @@ class Batch:
     calls: tuple[Call, ...]
     inline: bool = True  # run here (serial runs, Dask or Prefect process workers) or in the local pool
     progress_id: str = ""  # a local run's progress counter (see :func:`progress_hook`)
+    #: fused calls a group holds (:func:`groups`), as the DAG chose for the whole stage; 0: from this batch alone
+    group: int = 0
 
     @property
     def label(self) -> str:
@@ -412,11 +414,17 @@ def _execute_captured(calls: Sequence[Call]) -> tuple[str, list[Record]]:
         raise
 
 
-def groups(calls: Sequence[Call], workers: int) -> list[tuple[Call, ...]]:
-    """The batch's calls as they run: a fused chain's calls (part i's TFRecord+HDF5) by up to
-    :data:`GROUP_PARTS` (fewer where the batch would leave a worker idle), to hash their files together; every
-    other call alone."""
-    size = max(1, min(GROUP_PARTS, -(-len(calls) // max(1, workers))))
+def group_size(n_calls: int, workers: int) -> int:
+    """Fused calls a group holds: :data:`GROUP_PARTS`, fewer where ``n_calls`` would leave a worker idle."""
+    return max(1, min(GROUP_PARTS, -(-n_calls // max(1, workers))))
+
+
+def groups(calls: Sequence[Call], workers: int, size: int = 0) -> list[tuple[Call, ...]]:
+    """The batch's calls as they run: a fused chain's calls (part i's TFRecord+HDF5) by ``size`` (default:
+    :func:`group_size` of this batch alone), to hash their files together; every other call alone. The DAG
+    gives the size it chose for the whole stage (``Batch.group``): its batches run side by side on the
+    workers, so a batch need not be split further to keep them busy."""
+    size = size or group_size(len(calls), workers)
     out: list[tuple[Call, ...]] = []
     for call in calls:
         last = out[-1] if out else ()
@@ -480,7 +488,7 @@ def execute_batch(batch: Batch, workers: int = 1, on_records: Callable[[list[Rec
             on_records(records)
 
     if batch.inline:
-        for group in groups(batch.calls, 1):
+        for group in groups(batch.calls, 1, batch.group):
             records: list[Record] = []
             try:
                 with capture_records(records):
@@ -491,7 +499,7 @@ def execute_batch(batch: Batch, workers: int = 1, on_records: Callable[[list[Rec
                 step(len(group))
         return out
     pool = get_pool(workers)
-    futures = [(pool.submit(_execute_captured, group), len(group)) for group in groups(batch.calls, workers)]
+    futures = [(pool.submit(_execute_captured, group), len(group)) for group in groups(batch.calls, workers, batch.group)]
     try:
         for fut, n in futures:
             try:

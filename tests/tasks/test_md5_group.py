@@ -111,3 +111,25 @@ def test_groups_never_leave_a_worker_idle(n, workers, sizes, tmp_path):
 def test_calls_of_other_stages_run_alone():
     calls = [Call(units=()), Call(units=()), Call(units=(), fused=run_fused), Call(units=(), fused=run_fused)]
     assert [len(g) for g in groups(calls, 1)] == [1, 1, 2]
+
+
+@pytest.mark.parametrize(("n", "slots", "batches", "group"), [
+    (4, 1, [4], 4),  # one worker: the 4 parts are one group (8 files hashed together), not 4 lone parts
+    (500, 16, [8] * 62 + [4], 4),  # 16 workers: batches of whole groups (before: 8 calls cut into 8 groups of 1)
+    (500, 2, [64] * 7 + [52], 4),
+    (4, 2, [2, 2], 2),  # too few parts for 4 each: both workers busy
+    (3, 4, [1, 1, 1], 1),
+])
+def test_the_dags_batches_hold_whole_groups_of_fused_calls(n, slots, batches, group):
+    from types import SimpleNamespace
+
+    from flows.dag import DataDag
+
+    dag = SimpleNamespace(_slots=lambda: slots, inline=False)
+    calls = [Call(units=(), fused=run_fused) for _ in range(n)]
+    got = DataDag._batches(dag, calls, "p")
+    assert [len(b.calls) for b in got] == batches and {b.group for b in got} == {group}
+    for b in got:  # as a batch runs on the local pool: groups of the stage's size, whatever the workers
+        assert {len(g) for g in groups(b.calls, slots, b.group)} <= {group, len(b.calls) % group}
+    other = DataDag._batches(dag, [Call(units=()) for _ in range(n)], "p")  # not fused: no groups
+    assert {b.group for b in other} == {0}
