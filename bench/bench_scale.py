@@ -483,7 +483,7 @@ elif what == "nvidia_packed":
     from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
     time_recipe(mod)
     # one part: one call for its shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
-    # ~0.5 M) and hashes them side by side (8 files at once with AVX2); this part's ~5 shards alone would get 4
+    # ~0.5 M) and hashes them side by side (8-16 files at once); this part's ~5 shards alone would get 4
     # calls of 1-2 shards, hashed at a third of that speed. More parts (--target-parts): the stage's own groups
     if workers == 1 and nparts == 1:
         mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]

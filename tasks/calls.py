@@ -248,8 +248,8 @@ def _execute(call: Call, grouped: bool = False) -> Callable[[], list[dict[str, A
 
 
 #: Parts whose fused calls one process runs before it hashes their files together (execute_group): 4 parts are
-#: 8 files (a TFRecord and an HDF5 each), AVX2's 8 md5 lanes; about 5 GB of a real part's files wait in the page
-#: cache meanwhile.
+#: 8 files (a TFRecord and an HDF5 each), the 8 md5 lanes of AVX-512VL or AVX2; about 5 GB of a real part's files
+#: wait in the page cache meanwhile.
 GROUP_PARTS = int(os.environ.get("BERTPIPE_MD5_GROUP", "4"))
 
 

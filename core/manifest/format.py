@@ -74,7 +74,7 @@ def md5_files(paths: Iterable[str | os.PathLike]) -> list[str]:
 
     One md5 stream is a chain of dependent steps (~0.7 GB/s on a core, whatever the code), so the C extension
     ``core._md5_native`` hashes the files side by side on one core: 2-3 streams interleaved, or 8/16 as the
-    lanes of AVX2/AVX-512 vectors (about 4x, 6x the speed of hashlib in all). Without it (no C compiler,
+    lanes of AVX2/AVX-512VL/AVX-512 vectors (about 3x, 5x, 6x the speed of hashlib in all). Without it (no C compiler,
     ``BERTPIPE_NATIVE=0``) each file goes through :func:`md5_file`.
 
     Raises:

@@ -63,7 +63,7 @@ def deferred_md5() -> Iterator[None]:
 
     For one call that writes several stages' files (the DAG's fused tfrecord+hdf5 call: a 500 MB TFRecord and a
     700 MB HDF5 hash in about 0.75x the time one after the other), and for several such calls in one process
-    (tasks.calls.execute_group: 4 parts' 8 files hash in AVX2's 8 lanes, about 2.3x the speed of one part's 2). A
+    (tasks.calls.execute_group: 4 parts' 8 files hash in 8 vector lanes, 2.5-3x the speed of one part's 2). A
     block inside another joins it (its outputs wait for the outer block's end). A later output of the block whose
     upstream is an earlier one (``upstream=[that manifest]``) gets that manifest's final digest, and its key is
     derived from it, as if the two had run one after the other. If the block raises, no manifest is written:

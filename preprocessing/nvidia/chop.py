@@ -283,9 +283,9 @@ def groups(layout: ChopLayout, files: Sequence[tuple[str, int]], n_groups: int) 
 
 def group_count(rows: int, n_shards: int, workers: int) -> int:
     """How many shard-group calls: groups of up to :data:`GROUP_SHARDS` shards (a group's shards are hashed side by
-    side in one md5_files call: 16 lanes of AVX-512, 8 of AVX2), as many for each worker (core.pools.even_calls:
-    41 shards on 2 workers are 4 groups of 10-11, not 16, 16 and 9). The rows only bound it by the shards: a group
-    reads and writes chunk by chunk."""
+    side in one md5_files call: 16 lanes of AVX-512, 8 of AVX-512VL or AVX2), as many for each worker
+    (core.pools.even_calls: 41 shards on 2 workers are 4 groups of 10-11, not 16, 16 and 9). The rows only bound
+    it by the shards: a group reads and writes chunk by chunk."""
     del rows  # a group's memory does not grow with its rows
     return even_calls(n_shards, GROUP_SHARDS, workers)
 
