@@ -719,8 +719,11 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     ev = SHARED / "mlperf_sample" / "eval.txt"
     (corpus / "eval.txt").write_text(ev.read_text(encoding="utf-8") if ev.is_file() else
                                      DocStream(sample_documents()).take(nbytes=400_000), encoding="utf-8")
+    # BERTPIPE_BATCH_MIN=4: the 4 parts are one batch, their 8 files hashed as one group, as the DAG's batches
+    # hold whole groups at full size (a small run is otherwise a task a part, each part's 2 files hashed alone)
     env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect-home-real"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore", DS_ACCELERATOR="cpu")
+               PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore", DS_ACCELERATOR="cpu",
+               BERTPIPE_BATCH_MIN=str(args.group))
     env.pop("PREFECT_API_URL", None)
     cmd = [str(BIN / "bertpipe"), "run", "--text-dir", str(corpus), "--vocab", str(args.vocab), "--work-dir", str(work),
            "--n-output-shards", "8", "--workers", "1", "-q"]

@@ -56,6 +56,9 @@ from tasks.runtoken import RunToken, WorkDirNotSeen, end_run, start_run
 
 #: A batch (one Prefect task) holds at most this many calls; fewer when that leaves workers idle.
 MAX_BATCH = 64
+#: ...and at least this many (``BERTPIPE_BATCH_MIN``, default 1: a small run's shards are a Prefect task each).
+#: bench/bench_scale.py sets 4, so that its 4 parts hash their files as one group, as batches do at full size.
+BATCH_MIN = max(1, int(os.environ.get("BERTPIPE_BATCH_MIN", "1") or 1))
 
 
 @dataclass
@@ -196,15 +199,18 @@ class DataDag:
         return [s.name, *(c.name for c in chained)], calls
 
     def _batches(self, calls: list[Call], progress_id: str) -> list[Batch]:
-        """About 4 batches a slot (at most MAX_BATCH calls each). A fused chain's batches hold whole groups
-        (tasks.calls.group_size of the stage: 4 parts whose 8 files hash together, fewer only where the stage
-        has too few parts for the slots): the batches run side by side, so none needs cutting into smaller
-        groups to keep the workers busy."""
+        """About 4 batches a slot (at most MAX_BATCH calls each, at least :data:`BATCH_MIN`): a small run's
+        shards are a task each. Where a fused chain's batches hold a group or more (tasks.calls.group_size of the
+        stage: 4 parts whose 8 files hash together), they hold whole groups: the batches run side by side, so
+        none is cut into smaller groups to keep the workers busy (500 parts on 16 workers: batches of 8, two
+        groups of 4 each, not 8 lone parts)."""
         slots = self._slots()
-        size = max(1, min(MAX_BATCH, math.ceil(len(calls) / (4 * slots))))
+        size = max(1, min(MAX_BATCH, max(BATCH_MIN, math.ceil(len(calls) / (4 * slots)))))
         group = group_size(len(calls), slots) if any(c.fused is not None for c in calls) else 0
-        if group:
-            size = math.ceil(max(size, group) / group) * group
+        if group and size >= group:
+            size = math.ceil(size / group) * group
+        else:
+            group = 0  # batches of fewer calls than a group: each decides its own (tasks.calls.groups)
         return [Batch(calls=tuple(calls[i:i + size]), inline=self.inline, progress_id=progress_id, group=group)
                 for i in range(0, len(calls), size)]
 

@@ -113,23 +113,29 @@ def test_calls_of_other_stages_run_alone():
     assert [len(g) for g in groups(calls, 1)] == [1, 1, 2]
 
 
-@pytest.mark.parametrize(("n", "slots", "batches", "group"), [
-    (4, 1, [4], 4),  # one worker: the 4 parts are one group (8 files hashed together), not 4 lone parts
-    (500, 16, [8] * 62 + [4], 4),  # 16 workers: batches of whole groups (before: 8 calls cut into 8 groups of 1)
-    (500, 2, [64] * 7 + [52], 4),
-    (4, 2, [2, 2], 2),  # too few parts for 4 each: both workers busy
-    (3, 4, [1, 1, 1], 1),
+@pytest.mark.parametrize(("n", "slots", "least", "batches", "group"), [
+    (4, 1, 1, [1, 1, 1, 1], 0),  # a small run: a Prefect task a shard, each part's 2 files hashed together
+    (4, 1, 4, [4], 4),  # BERTPIPE_BATCH_MIN=4 (the bench): one task, the 4 parts' 8 files hashed together
+    (500, 16, 1, [8] * 62 + [4], 4),  # 16 workers: batches of whole groups (before: 8 calls cut into 8 lone ones)
+    (500, 2, 1, [64] * 7 + [52], 4),
+    (9, 2, 1, [2, 2, 2, 2, 1], 0),
+    (3, 4, 4, [3], 1),  # fewer parts than slots: groups of 1, each worker busy
 ])
-def test_the_dags_batches_hold_whole_groups_of_fused_calls(n, slots, batches, group):
+def test_the_dags_batches_hold_whole_groups_of_fused_calls(n, slots, least, batches, group, monkeypatch):
     from types import SimpleNamespace
 
+    from flows import dag as dag_mod
     from flows.dag import DataDag
 
+    monkeypatch.setattr(dag_mod, "BATCH_MIN", least)
     dag = SimpleNamespace(_slots=lambda: slots, inline=False)
     calls = [Call(units=(), fused=run_fused) for _ in range(n)]
     got = DataDag._batches(dag, calls, "p")
     assert [len(b.calls) for b in got] == batches and {b.group for b in got} == {group}
     for b in got:  # as a batch runs on the local pool: groups of the stage's size, whatever the workers
-        assert {len(g) for g in groups(b.calls, slots, b.group)} <= {group, len(b.calls) % group}
+        sizes = [len(g) for g in groups(b.calls, slots, b.group)]
+        assert sum(sizes) == len(b.calls)
+        if group:
+            assert set(sizes) <= {group, len(b.calls) % group}
     other = DataDag._batches(dag, [Call(units=()) for _ in range(n)], "p")  # not fused: no groups
     assert {b.group for b in other} == {0}
