@@ -135,3 +135,21 @@ def test_verify_files_names_the_first_file_that_changed(files, tmp_path) -> None
     assert str(victim) in str(e.value) and checks[4].md5 in str(e.value)
     # a file not due for hashing is only checked for its size
     verify_files([FileCheck(c.path, c.md5, c.size, c.path != victim, c.what) for c in checks])
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_the_kernels_build_with_gcc_and_clang_alike(cc, files, tmp_path, monkeypatch) -> None:
+    """core/_native/md5.c compiles with either compiler (they spell vector shuffles differently: GCC's
+    __builtin_shuffle, Clang's __builtin_shufflevector) and every kernel of either build gives hashlib's digests."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} is not installed")
+    from core import native
+
+    monkeypatch.setenv("CC", cc)
+    target = tmp_path / f"_md5_native_{cc}.so"
+    native.compile_extension(ROOT / "core" / "_native" / "md5.c", target, "test")
+    mod = native.load_file("core._md5_native", target)
+    want = [hashlib_md5(p) for p in files]
+    for k in mod.kernels():
+        assert mod.md5_files([str(p) for p in files], k) == want, (cc, k)
+    assert mod.md5_files([str(p) for p in files]) == want

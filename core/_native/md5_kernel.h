@@ -10,14 +10,32 @@
 #if VECTOR
 typedef uint32_t MD5_CAT(NAME, _v) __attribute__((vector_size(LANES * 4)));
 #define V MD5_CAT(NAME, _v)
+/* the two interleaves of the transposition below: the low halves of a and b lane by lane, then the high halves
+ * (GCC's __builtin_shuffle takes a vector of indices, Clang's __builtin_shufflevector the indices themselves) */
+#undef MD5_LO
+#undef MD5_HI
 #if LANES == 16
+#if defined(__clang__)
+#define MD5_LO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
+#define MD5_HI(a, b) __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
+#else
 static const V MD5_CAT(NAME, _lo) = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
 static const V MD5_CAT(NAME, _hi) = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+#endif
 #elif LANES == 8
+#if defined(__clang__)
+#define MD5_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define MD5_HI(a, b) __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
+#else
 static const V MD5_CAT(NAME, _lo) = {0, 8, 1, 9, 2, 10, 3, 11};
 static const V MD5_CAT(NAME, _hi) = {4, 12, 5, 13, 6, 14, 7, 15};
+#endif
 #else
 #error "vector kernels have 8 or 16 lanes"
+#endif
+#if !defined(__clang__)
+#define MD5_LO(a, b) __builtin_shuffle(a, b, MD5_CAT(NAME, _lo))
+#define MD5_HI(a, b) __builtin_shuffle(a, b, MD5_CAT(NAME, _hi))
 #endif
 #else
 #define V uint32_t
@@ -41,8 +59,8 @@ TARGET static void NAME(uint32_t *st, const uint8_t *const *p, size_t nblocks) {
             for (int l = 0; l < LANES; l++) memcpy(&r[l], p[l] + 64 * k + 4 * LANES * q, sizeof(V));
             for (int round = 1; round < LANES; round *= 2) {
                 for (int j = 0; j < LANES / 2; j++) {
-                    o[2 * j] = __builtin_shuffle(r[j], r[j + LANES / 2], MD5_CAT(NAME, _lo));
-                    o[2 * j + 1] = __builtin_shuffle(r[j], r[j + LANES / 2], MD5_CAT(NAME, _hi));
+                    o[2 * j] = MD5_LO(r[j], r[j + LANES / 2]);
+                    o[2 * j + 1] = MD5_HI(r[j], r[j + LANES / 2]);
                 }
                 memcpy(r, o, sizeof r);
             }
