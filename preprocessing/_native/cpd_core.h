@@ -121,20 +121,23 @@ static void mt_temper_all(MT *m, int from) {
 }
 
 /* Regenerate the 624 words and temper them all at once (a loop the compiler vectorizes). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default"))) /* 8 words a step where the CPU has AVX2 */
+#endif
 static void mt_regen(MT *m) {
-    static const uint32_t mag01[2] = {0x0U, 0x9908b0dfU};
-    uint32_t y;
+    uint32_t *restrict mt = m->mt, y;
     int kk;
+    /* mag01[y & 1] as a mask: no table lookup, so the loops vectorize */
     for (kk = 0; kk < 624 - 397; kk++) {
-        y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
-        m->mt[kk] = m->mt[kk + 397] ^ (y >> 1) ^ mag01[y & 1U];
+        y = (mt[kk] & 0x80000000U) | (mt[kk + 1] & 0x7fffffffU);
+        mt[kk] = mt[kk + 397] ^ (y >> 1) ^ (-(y & 1U) & 0x9908b0dfU);
     }
     for (; kk < 623; kk++) {
-        y = (m->mt[kk] & 0x80000000U) | (m->mt[kk + 1] & 0x7fffffffU);
-        m->mt[kk] = m->mt[kk + (397 - 624)] ^ (y >> 1) ^ mag01[y & 1U];
+        y = (mt[kk] & 0x80000000U) | (mt[kk + 1] & 0x7fffffffU);
+        mt[kk] = mt[kk + (397 - 624)] ^ (y >> 1) ^ (-(y & 1U) & 0x9908b0dfU);
     }
-    y = (m->mt[623] & 0x80000000U) | (m->mt[0] & 0x7fffffffU);
-    m->mt[623] = m->mt[396] ^ (y >> 1) ^ mag01[y & 1U];
+    y = (mt[623] & 0x80000000U) | (mt[0] & 0x7fffffffU);
+    mt[623] = mt[396] ^ (y >> 1) ^ (-(y & 1U) & 0x9908b0dfU);
     mt_temper_all(m, 0);
     m->index = 0;
 }

@@ -4,7 +4,8 @@
 #define BERTPIPE_CPD_INSTANCES_H
 
 typedef struct {
-    I32Vec a, b, cand, pos, lab;
+    I32Vec a, b, cand;
+    uint64_t *bits; size_t bitcap; /* the masked positions of one instance */
 } Scratch;
 
 static int append_seg(Engine *e, I32Vec *v, const Seg *s) {
@@ -14,11 +15,30 @@ static int append_seg(Engine *e, I32Vec *v, const Seg *s) {
     return 0;
 }
 
+/* random.shuffle(x): for i = n-1 .. 1, j = _randbelow(i + 1), swap x[i] and x[j].
+ * Written without a branch on _randbelow's rejections (a rejected word swaps x[i] with itself and keeps i),
+ * which a CPU cannot predict: each MT word is one step of the loop, the same words in the same order. */
 static void shuffle_u32(MT *m, uint32_t *x, size_t n) {
-    for (size_t i = n; i-- > 1;) {
-        uint32_t j = mt_below(m, (uint32_t)(i + 1));
-        uint32_t t = x[i]; x[i] = x[j]; x[j] = t;
+    if (n < 2) return;
+    if (n > 0xFFFFFFFFu) n = 0xFFFFFFFFu; /* callers pass < 2**32 items */
+    uint32_t i = (uint32_t)(n - 1);
+    int idx = m->index;
+    while (i >= 1) {
+        if (idx >= 624) { mt_regen(m); idx = 0; }
+        /* while i + 1 has the same bit length, getrandbits keeps the same shift */
+        int sh = __builtin_clz(i + 1);
+        uint32_t ilo = (0x80000000U >> sh) - 1;
+        for (; idx < 624 && i >= ilo; idx++) {
+            uint32_t r = m->out[idx] >> sh;
+            uint32_t take = -(uint32_t)(r <= i);              /* all ones when the word is taken (r < i + 1) */
+            uint32_t j = i ^ ((r ^ i) & take);                /* r, or i when rejected */
+            uint32_t t = x[i];
+            x[i] = x[j];
+            x[j] = t;
+            i += take;                                        /* i - 1 when taken */
+        }
     }
+    m->index = idx;
 }
 
 /* [CLS] A [SEP] B [SEP], masked, appended to the instance pools. */
@@ -35,24 +55,37 @@ static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, s
 
     uint32_t *cand = (uint32_t *)s->cand.v;
     size_t nc = 0;
-    for (size_t i = 0; i < n; i++)
-        if (tok[i] != e->cls && tok[i] != e->sep) cand[nc++] = (uint32_t)i;
+    int special = 0; /* [CLS] or [SEP] inside A or B: not in text the tokenizer made, but the reference allows it */
+    for (size_t i = 1; i <= la; i++) special |= (tok[i] == e->cls) | (tok[i] == e->sep);
+    for (size_t i = la + 2; i < n - 1; i++) special |= (tok[i] == e->cls) | (tok[i] == e->sep);
+    if (!special) { /* every position but 0, la + 1 and n - 1 */
+        for (size_t i = 1; i <= la; i++) cand[nc++] = (uint32_t)i;
+        for (size_t i = la + 2; i < n - 1; i++) cand[nc++] = (uint32_t)i;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (tok[i] != e->cls && tok[i] != e->sep) cand[nc++] = (uint32_t)i;
+    }
     shuffle_u32(m, cand, nc);
     long ntp = (long)rint((double)n * mlm); /* round half to even, like Python 3 round() */
     if (ntp < 1) ntp = 1;
     if (ntp > e->P) ntp = e->P;
-    int32_t *pos = s->pos.v, *lab = s->lab.v;
+    /* the masked positions in increasing order (the reference sorts them): a bitmap of the instance */
+    size_t words = (n + 63) / 64;
+    if (s->bitcap < words) {
+        uint64_t *b = realloc(s->bits, words * sizeof(uint64_t));
+        if (!b) { PyErr_NoMemory(); return -1; }
+        s->bits = b; s->bitcap = words;
+    }
+    memset(s->bits, 0, words * sizeof(uint64_t));
     int nm = 0;
-    for (size_t k = 0; k < nc && nm < ntp; k++) {
+    for (size_t k = 0; k < nc && nm < ntp; k++, nm++) {
         uint32_t idx = cand[k];
-        int32_t orig = tok[idx], out;
+        int32_t out;
         if (mt_random(m) < 0.8) out = e->msk;
-        else if (mt_random(m) < 0.5) out = orig;
+        else if (mt_random(m) < 0.5) out = tok[idx];
         else out = (int32_t)mt_below(m, (uint32_t)e->vocab_size);
         tok[idx] = out;
-        int j = nm++;
-        while (j > 0 && pos[j - 1] > (int32_t)idx) { pos[j] = pos[j - 1]; lab[j] = lab[j - 1]; j--; }
-        pos[j] = (int32_t)idx; lab[j] = orig;
+        s->bits[idx >> 6] |= 1ULL << (idx & 63);
     }
     if (i32_reserve(&e->imask, 2 * (size_t)nm) < 0) return -1;
     if (e->ninst == e->instcap) {
@@ -63,7 +96,15 @@ static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, s
     }
     e->insts[e->ninst++] = (Inst){(int64_t)e->itok.n, (int64_t)e->imask.n, (int32_t)n, (int32_t)la, nm, is_random};
     e->itok.n += n;
-    for (int j = 0; j < nm; j++) { e->imask.v[e->imask.n++] = pos[j]; e->imask.v[e->imask.n++] = lab[j]; }
+    /* label = the token before masking: still in A or B (tok = [CLS] A [SEP] B [SEP]) */
+    int32_t *out = e->imask.v + e->imask.n;
+    for (size_t w = 0; w < words; w++)
+        for (uint64_t bits = s->bits[w]; bits; bits &= bits - 1) {
+            size_t idx = w * 64 + (size_t)__builtin_ctzll(bits);
+            *out++ = (int32_t)idx;
+            *out++ = idx <= la ? s->a.v[alo + idx - 1] : s->b.v[blo + idx - (la + 2)];
+        }
+    e->imask.n += 2 * (size_t)nm;
     return 0;
 }
 
@@ -146,7 +187,6 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     for (size_t i = 0; i < nd; i++) perm[i] = (uint32_t)i;
     shuffle_u32(&m, perm, nd);
     for (size_t i = 0; i < nd; i++) all[i] = e->docs[perm[i]];
-    if (i32_reserve(&s.pos, (size_t)e->P) < 0 || i32_reserve(&s.lab, (size_t)e->P) < 0) goto done;
     for (int r = 0; r < dupe; r++)
         for (size_t d = 0; d < nd; d++)
             if (instances_from_document(e, &m, &s, all, nd, d, mlm, ssp) < 0) goto done;
@@ -157,7 +197,7 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     shuffle_u32(&m, e->order, e->ninst);
     rc = 0;
 done:
-    free(perm); free(all); free(s.a.v); free(s.b.v); free(s.cand.v); free(s.pos.v); free(s.lab.v);
+    free(perm); free(all); free(s.a.v); free(s.b.v); free(s.cand.v); free(s.bits);
     if (rc < 0) return NULL;
     /* the segments are no longer needed: give their memory back before writing */
     free(e->ids.v); e->ids = (I32Vec){0};

@@ -110,9 +110,22 @@ static void put_u32le(uint8_t *p, uint32_t v) {
 
 static int flush_to(PyObject *file, ByteVec *b) {
     if (!b->n) return 0;
-    PyObject *r = PyObject_CallMethod(file, "write", "y#", (const char *)b->v, (Py_ssize_t)b->n);
-    if (!r) return -1;
+    /* a view of the buffer, not a copy of it as bytes; released after the call (io's contract: a writer reads
+     * the buffer only during write(), and one that kept the view would get an error, not changed bytes) */
+    PyObject *view = PyMemoryView_FromMemory((char *)b->v, (Py_ssize_t)b->n, PyBUF_READ);
+    if (!view) return -1;
+    PyObject *r = PyObject_CallMethod(file, "write", "O", view);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* write()'s error, if any, outlives the release */
+    PyObject *rel = PyObject_CallMethod(view, "release", NULL);
+    Py_DECREF(view);
+    if (type) {
+        Py_XDECREF(rel);
+        PyErr_Restore(type, value, tb);
+    }
+    if (!r || !rel) { Py_XDECREF(r); Py_XDECREF(rel); return -1; }
     Py_DECREF(r);
+    Py_DECREF(rel);
     b->n = 0;
     return 0;
 }
