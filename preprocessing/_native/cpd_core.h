@@ -17,11 +17,27 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Growable arrays                                                                             */
 typedef struct { int32_t *v; size_t n, cap; } I32Vec;
 typedef struct { uint8_t *v; size_t n, cap; } ByteVec;
+
+/* Large pools (the instances' tokens: ~400 MB a part, read back in shuffled order) on transparent huge pages where
+ * the kernel offers them: one TLB entry covers 2 MB, not 4 KB, so a random instance costs no page walk, and the
+ * pool is faulted in 512 times less often. Only advice: without it (or off Linux) nothing changes but speed. */
+static void advise_huge(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (bytes >= ((size_t)8 << 20) && hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p; (void)bytes;
+#endif
+}
 
 static int i32_reserve(I32Vec *a, size_t extra) {
     if (a->n + extra <= a->cap) return 0;
@@ -30,6 +46,7 @@ static int i32_reserve(I32Vec *a, size_t extra) {
     int32_t *v = realloc(a->v, cap * sizeof(int32_t));
     if (!v) { PyErr_NoMemory(); return -1; }
     a->v = v; a->cap = cap;
+    advise_huge(v, cap * sizeof(int32_t));
     return 0;
 }
 static int i32_push(I32Vec *a, int32_t x) {

@@ -4,16 +4,9 @@
 #define BERTPIPE_CPD_INSTANCES_H
 
 typedef struct {
-    I32Vec a, b, cand;
+    I32Vec cand;
     uint64_t *bits; size_t bitcap; /* the masked positions of one instance */
 } Scratch;
-
-static int append_seg(Engine *e, I32Vec *v, const Seg *s) {
-    if (i32_reserve(v, (size_t)s->len) < 0) return -1;
-    memcpy(v->v + v->n, e->ids.v + s->start, (size_t)s->len * sizeof(int32_t));
-    v->n += (size_t)s->len;
-    return 0;
-}
 
 /* random.shuffle(x): for i = n-1 .. 1, j = _randbelow(i + 1), swap x[i] and x[j].
  * Written without a branch on _randbelow's rejections (a rejected word swaps x[i] with itself and keeps i),
@@ -41,16 +34,16 @@ static void shuffle_u32(MT *m, uint32_t *x, size_t n) {
     m->index = idx;
 }
 
-/* [CLS] A [SEP] B [SEP], masked, appended to the instance pools. */
-static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, size_t blo, size_t bhi,
+/* [CLS] A [SEP] B [SEP], masked, appended to the instance pools. A and B point into the segments' tokens. */
+static int make_instance(Engine *e, MT *m, Scratch *s, const int32_t *A, size_t la, const int32_t *B, size_t lb,
                          int is_random, double mlm) {
-    size_t la = ahi - alo, lb = bhi - blo, n = la + lb + 3;
+    size_t n = la + lb + 3;
     if (i32_reserve(&e->itok, n) < 0 || i32_reserve(&s->cand, n) < 0) return -1;
     int32_t *tok = e->itok.v + e->itok.n;
     tok[0] = e->cls;
-    memcpy(tok + 1, s->a.v + alo, la * sizeof(int32_t));
+    memcpy(tok + 1, A, la * sizeof(int32_t));
     tok[la + 1] = e->sep;
-    memcpy(tok + la + 2, s->b.v + blo, lb * sizeof(int32_t));
+    memcpy(tok + la + 2, B, lb * sizeof(int32_t));
     tok[n - 1] = e->sep;
 
     uint32_t *cand = (uint32_t *)s->cand.v;
@@ -93,6 +86,7 @@ static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, s
         Inst *x = realloc(e->insts, cap * sizeof(Inst));
         if (!x) { PyErr_NoMemory(); return -1; }
         e->insts = x; e->instcap = cap;
+        advise_huge(x, cap * sizeof(Inst));
     }
     e->insts[e->ninst++] = (Inst){(int64_t)e->itok.n, (int64_t)e->imask.n, (int32_t)n, (int32_t)la, nm, is_random};
     e->itok.n += n;
@@ -102,7 +96,7 @@ static int make_instance(Engine *e, MT *m, Scratch *s, size_t alo, size_t ahi, s
         for (uint64_t bits = s->bits[w]; bits; bits &= bits - 1) {
             size_t idx = w * 64 + (size_t)__builtin_ctzll(bits);
             *out++ = (int32_t)idx;
-            *out++ = idx <= la ? s->a.v[alo + idx - 1] : s->b.v[blo + idx - (la + 2)];
+            *out++ = idx <= la ? A[idx - 1] : B[idx - (la + 2)];
         }
     e->imask.n += 2 * (size_t)nm;
     return 0;
@@ -122,36 +116,39 @@ static int instances_from_document(Engine *e, MT *m, Scratch *s, const Doc *all,
         if (i == doc.nseg - 1 || cur_len >= target) {
             int64_t a_end = 1;
             if (chunk_n >= 2) a_end = 1 + mt_below(m, (uint32_t)(chunk_n - 1));
-            s->a.n = s->b.n = 0;
-            for (int64_t j = 0; j < a_end; j++)
-                if (append_seg(e, &s->a, &e->segs[doc.first + chunk_start + j]) < 0) return -1;
+            /* a document's segments lie one after the other in e->ids (checked in eng_create): A and B are ranges */
+            const Seg *cs = &e->segs[doc.first + chunk_start];
+            const int32_t *A = e->ids.v + cs[0].start, *B;
+            size_t la = 0, lb = 0;
+            for (int64_t j = 0; j < a_end; j++) la += (size_t)cs[j].len;
             int is_random;
             if (chunk_n == 1 || mt_random(m) < 0.5) {
                 is_random = 1;
-                int64_t target_b = target - (int64_t)s->a.n;
+                int64_t target_b = target - (int64_t)la;
                 uint32_t rdi = 0;
                 for (int t = 0; t < 10; t++) {
                     rdi = mt_below(m, (uint32_t)ndocs);
                     if (rdi != d) break;
                 }
                 const Doc rd = all[rdi];
-                for (int64_t j = mt_below(m, (uint32_t)rd.nseg); j < rd.nseg; j++) {
-                    if (append_seg(e, &s->b, &e->segs[rd.first + j]) < 0) return -1;
-                    if ((int64_t)s->b.n >= target_b) break;
+                int64_t j = mt_below(m, (uint32_t)rd.nseg);
+                B = e->ids.v + e->segs[rd.first + j].start;
+                for (; j < rd.nseg; j++) {
+                    lb += (size_t)e->segs[rd.first + j].len;
+                    if ((int64_t)lb >= target_b) break;
                 }
                 i -= chunk_n - a_end; /* unused segments are revisited */
             } else {
                 is_random = 0;
-                for (int64_t j = a_end; j < chunk_n; j++)
-                    if (append_seg(e, &s->b, &e->segs[doc.first + chunk_start + j]) < 0) return -1;
+                B = A + la;
+                for (int64_t j = a_end; j < chunk_n; j++) lb += (size_t)cs[j].len;
             }
-            size_t alo = 0, ahi = s->a.n, blo = 0, bhi = s->b.n;
-            while ((ahi - alo) + (bhi - blo) > (size_t)max_num) { /* longer side; ties trim B */
+            while (la + lb > (size_t)max_num) { /* longer side; ties trim B */
                 int front = mt_random(m) < 0.5;
-                if (ahi - alo > bhi - blo) { if (front) alo++; else ahi--; }
-                else { if (front) blo++; else bhi--; }
+                if (la > lb) { if (front) A++; la--; }
+                else { if (front) B++; lb--; }
             }
-            if (make_instance(e, m, s, alo, ahi, blo, bhi, is_random, mlm) < 0) return -1;
+            if (make_instance(e, m, s, A, la, B, lb, is_random, mlm) < 0) return -1;
             chunk_n = 0;
             cur_len = 0;
         }
@@ -176,6 +173,12 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     if (m.index < 0 || m.index > 624) { PyErr_SetString(PyExc_ValueError, "bad MT index"); return NULL; }
     mt_temper_all(&m, 0); /* words before m.index are never read again */
     if (end_document(e) < 0) return NULL;
+    for (size_t k = 1; k < e->nsegs; k++)
+        if (e->segs[k].start != e->segs[k - 1].start + e->segs[k - 1].len) {
+            PyErr_SetString(PyExc_RuntimeError, "create(): the segments' tokens are not contiguous (an earlier "
+                            "add_file failed part way?): use a new Engine");
+            return NULL;
+        }
     e->created = 1;
     size_t nd = e->ndocs;
     if (nd == 0 || nd >= 0xFFFFFFFFu) { PyErr_SetString(PyExc_ValueError, "no documents"); return NULL; }
@@ -187,6 +190,10 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     for (size_t i = 0; i < nd; i++) perm[i] = (uint32_t)i;
     shuffle_u32(&m, perm, nd);
     for (size_t i = 0; i < nd; i++) all[i] = e->docs[perm[i]];
+    /* the pools at about their final size before the first write to them, so they start on huge pages (each
+     * token is in ~dupe instances; random B sides add some), not grown by copies */
+    size_t est = (size_t)dupe * e->ids.n / 4 * 5 + 4096;
+    if (i32_reserve(&e->itok, est) < 0 || i32_reserve(&e->imask, (size_t)((double)est * 2 * mlm) + 4096) < 0) goto done;
     for (int r = 0; r < dupe; r++)
         for (size_t d = 0; d < nd; d++)
             if (instances_from_document(e, &m, &s, all, nd, d, mlm, ssp) < 0) goto done;
@@ -197,7 +204,7 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     shuffle_u32(&m, e->order, e->ninst);
     rc = 0;
 done:
-    free(perm); free(all); free(s.a.v); free(s.b.v); free(s.cand.v); free(s.bits);
+    free(perm); free(all); free(s.cand.v); free(s.bits);
     if (rc < 0) return NULL;
     /* the segments are no longer needed: give their memory back before writing */
     free(e->ids.v); e->ids = (I32Vec){0};
