@@ -314,7 +314,10 @@ def chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
-    """``sum(input_mask)`` per row in int64 (summing int8 in int8 overflows under NumPy 2)."""
+    """``sum(input_mask)`` per row in int64 (summing int8 in int8 overflows under NumPy 2). Summed in int32 where
+    that is exact (bytes, rows of up to 2**23 values): twice as fast as int64 sums over 512 values a row."""
+    if input_mask.ndim == 2 and input_mask.shape[1] <= (1 << 23) and input_mask.dtype.itemsize == 1:
+        return input_mask.sum(axis=1, dtype=np.int32).astype(np.int64)
     return input_mask.sum(axis=1, dtype=np.int64)
 
 
