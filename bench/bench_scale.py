@@ -335,7 +335,7 @@ def dag_run(args: argparse.Namespace, corpus: Path, work: Path, sizes: dict[str,
     print("peak RSS per process (MB): " + ", ".join(f"{mb:.0f} {what}" for mb, what in watch.report()))
 
 
-STARTUP = "import h5py, numpy, bertpipe.cli, preprocessing.mlperf.split_4bins, preprocessing.mlperf.create_pretraining_data"
+STARTUP = "import bertpipe.cli, h5py, numpy, preprocessing.mlperf.split_4bins, preprocessing.mlperf.create_pretraining_data"
 
 #: Parts through the hdf5 stage's fused call (preprocessing.mlperf.tfrecord_to_hdf5.run_fused), units as the DAG plans
 #: them, in one group as a DAG worker runs them (tasks.calls.execute_group: the group's files hashed together): argv =
@@ -417,6 +417,7 @@ Path(f"{out}.costs.json").write_text(json.dumps({**costs.since(costs0), "wall": 
 #: lengths' histogram: once at full size). Writes <output>/<what>.json: {"cpu": s, "nnls_cpu": s, "nnls_rounds": n,
 #: "recipe_cpu": s, "rows": n, "bytes": n}.
 TARGET_CALL = """
+import core  # first, as in every bertpipe process (bertpipe -> core): its settings (one OpenBLAS thread) hold
 import json
 import resource
 import sys
