@@ -179,3 +179,30 @@ def test_fill_padded_checks_its_rows_and_buffers(golden: Path, shared_data: Path
         assert out[3][k, :len(positions)].tolist() == positions and out[4][k, :len(labels)].tolist() == labels
         assert not out[3][k, len(positions):].any() and not out[4][k, len(labels):].any()
         assert out[5][k] == int(is_random)
+
+
+@needs_native
+def test_create_refuses_an_engine_whose_add_file_failed_part_way(shared_data: Path) -> None:
+    """create() takes A and B as ranges of the segments' tokens, so it checks that they lie one after the other: a
+    tokenizer callback that failed after some of its ids were taken leaves a stray id between two segments."""
+    import random
+
+    from preprocessing.mlperf.tokenization import load_vocab
+
+    vocab = load_vocab(str(shared_data / "vocab.txt"))
+    engine = cpd_fast.load().Engine(list(vocab), True, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
+                                    vocab["[MASK]"])
+
+    def line(data: bytes, offset: int) -> list[int]:  # the fallback for the invalid UTF-8 line: one good id, one bad
+        return [vocab["the"], len(vocab) + 5]
+
+    with pytest.raises(ValueError, match="outside the vocab"):
+        engine.add_file(b"hello world\n\xff\xfe\n", line, lambda chunk: [])
+    engine.add_file(b"more words here\n\nand another document\n", line, lambda chunk: [])
+    with pytest.raises(RuntimeError, match="not contiguous"):
+        engine.create(random.Random(12345).getstate()[1], 128, 20, 1, 0.15, 0.1)
+
+    fresh = cpd_fast.load().Engine(list(vocab), True, vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"],
+                                   vocab["[MASK]"])
+    fresh.add_file(b"hello world\nmore words here\n\nand another document\n", line, lambda chunk: [])
+    assert fresh.create(random.Random(12345).getstate()[1], 128, 20, 1, 0.15, 0.1) > 0
