@@ -193,7 +193,9 @@ static PyObject *eng_create(Engine *e, PyObject *args) {
     /* the pools at about their final size before the first write to them, so they start on huge pages (each
      * token is in ~dupe instances; random B sides add some), not grown by copies */
     size_t est = (size_t)dupe * e->ids.n / 4 * 5 + 4096;
-    if (i32_reserve(&e->itok, est) < 0 || i32_reserve(&e->imask, (size_t)((double)est * 2 * mlm) + 4096) < 0) goto done;
+    /* only a head start: where the estimate cannot be had (a strict overcommit limit), the pools grow as needed */
+    if (i32_reserve(&e->itok, est) < 0 || i32_reserve(&e->imask, (size_t)((double)est * 2 * mlm) + 4096) < 0)
+        PyErr_Clear();
     for (int r = 0; r < dupe; r++)
         for (size_t d = 0; d < nd; d++)
             if (instances_from_document(e, &m, &s, all, nd, d, mlm, ssp) < 0) goto done;
