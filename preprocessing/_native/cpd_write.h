@@ -43,10 +43,11 @@ static inline uint8_t *tput(uint8_t *p, const uint32_t *t, int32_t v) {
     return p + (x >> 24);
 }
 
-/* Encode the payload of one instance into out (reserved by the caller, with 4 bytes of slack).
+/* Encode the payload of one instance (its tokens tok, its masks mk) into out (reserved by the caller, with 4 bytes
+ * of slack).
  * vt: varint_table of every value that can occur (ids and positions). Returns the length. */
-static size_t encode_instance(const Engine *e, const Inst *in, const uint32_t *vt, uint8_t *out) {
-    const int32_t *tok = e->itok.v + in->tok_off, *mk = e->imask.v + in->mask_off;
+static size_t encode_instance(const Engine *e, const Inst *in, const uint32_t *vt, uint8_t *out, const int32_t *tok,
+                              const int32_t *mk) {
     const int L = e->L, P = e->P, n = in->ntok, nm = in->nmask;
     size_t packed[7];
     size_t s = (size_t)(L - n);
@@ -139,7 +140,8 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
     if (nvals >= (1u << 21)) { PyErr_SetString(PyExc_ValueError, "vocab too large (>= 2**21 entries)"); return NULL; }
     uint32_t *vt = varint_table(nvals);
     ByteVec *bufs = calloc((size_t)nf, sizeof(ByteVec));
-    if (!bufs || !vt) { free(vt); free(bufs); return PyErr_NoMemory(); }
+    int32_t *local = malloc(((size_t)e->L + 2 * (size_t)e->P) * sizeof(int32_t));
+    if (!bufs || !vt || !local) { free(vt); free(bufs); free(local); return PyErr_NoMemory(); }
     /* an upper bound of one record: 10 bytes per value plus the headers */
     size_t bound = 10 * (3 * (size_t)e->L + 3 * (size_t)e->P + 1) + 512;
     int rc = 0;
@@ -147,7 +149,13 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
         ByteVec *b = &bufs[k % (size_t)nf];
         if (bytes_reserve(b, bound + 16) < 0) { rc = -1; break; }
         uint8_t *rec = b->v + b->n;
-        size_t len = encode_instance(e, &e->insts[e->order[k]], vt, rec + 12);
+        /* the instance's tokens and masks first copied here: it lies at a random place of the pools, and memcpy
+         * reads it from memory with many loads in flight, where the encoding loop waited on each (the shuffled
+         * order cost 0.41 s a part against 0.25 in creation order; with the copy, 0.35) */
+        const Inst *in = &e->insts[e->order[k]];
+        memcpy(local, e->itok.v + in->tok_off, (size_t)in->ntok * sizeof(int32_t));
+        memcpy(local + e->L, e->imask.v + in->mask_off, 2 * (size_t)in->nmask * sizeof(int32_t));
+        size_t len = encode_instance(e, in, vt, rec + 12, local, local + e->L);
         uint64_t len64 = len;
         for (int i = 0; i < 8; i++) rec[i] = (uint8_t)(len64 >> (8 * i));
         put_u32le(rec + 8, masked_crc32c(rec, 8));
@@ -159,6 +167,7 @@ static PyObject *eng_write(Engine *e, PyObject *args) {
     for (Py_ssize_t f = 0; f < nf; f++) free(bufs[f].v);
     free(bufs);
     free(vt);
+    free(local);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
