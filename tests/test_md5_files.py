@@ -89,6 +89,14 @@ def test_the_last_files_move_to_a_narrower_kernel_with_their_state(tmp_path) -> 
         for i, p in enumerate(paths):
             p.write_bytes(rng.randbytes(3 * MIB + rng.randrange(200) if i in long_at else rng.randrange(64, 9000)))
         assert mod.md5_files([str(p) for p in paths]) == [hashlib_md5(p) for p in paths], (n_long, n_short)
+    # the lanes take the largest files first, so the first lane holds the longest file: here a later lane's file
+    # outlives it (lane 1 takes the 1.9 MiB file once its 2 MiB one ends, lane 0's 3 MiB one ends first), and its
+    # state moves to the front when the job narrows to one lane
+    sizes = [2 * MIB] * 7 + [int(1.9 * MIB)] + [3 * MIB] + [2 * MIB] * 8
+    paths = [tmp_path / f"m{i}" for i in range(len(sizes))]
+    for p, n in zip(paths, sizes, strict=True):
+        p.write_bytes(rng.randbytes(n + rng.randrange(64)))
+    assert mod.md5_files([str(p) for p in paths]) == [hashlib_md5(p) for p in paths]
 
 
 def test_md5_files_is_md5_file_of_each_with_and_without_the_extension(files) -> None:

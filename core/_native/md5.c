@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef BERTPIPE_SOURCES_DIGEST
@@ -159,6 +160,7 @@ typedef struct {
 
 typedef struct {
     const char *const *paths;
+    const Py_ssize_t *order; /* the files in the order the lanes take them (largest first); NULL: as given */
     Py_ssize_t n, next;
     uint8_t (*digests)[16];
     Py_ssize_t err_file;
@@ -213,7 +215,8 @@ static int lane_fill(Lane *ln) {
 /* Give lane l the next file (state reset), or leave it idle; 0, or -1 (job->err_*) when a file fails. */
 static int lane_next(Job *job, Lane *ln, uint32_t *st, int l) {
     while (job->next < job->n) {
-        Py_ssize_t f = job->next++;
+        Py_ssize_t f = job->order ? job->order[job->next] : job->next;
+        job->next++;
         int fd = open(job->paths[f], O_RDONLY | O_CLOEXEC);
         if (fd < 0) { job->err_file = f; job->err_no = errno; return -1; }
 #ifdef POSIX_FADV_SEQUENTIAL
@@ -300,6 +303,28 @@ out:
     return rc;
 }
 
+/* The order in which the lanes take the files: the largest first (stable for equal sizes), so that the long files
+ * run side by side from the start and the short ones fill the lanes around them, instead of a long file that
+ * starts late running alone (on a one-lane kernel) at the end. NULL (the given order) when a file cannot be
+ * stat'ed: the job then meets the error where it would have. */
+static Py_ssize_t *largest_first(const char *const *paths, Py_ssize_t n) {
+    if (n < 2) return NULL;
+    Py_ssize_t *order = malloc((size_t)n * sizeof *order);
+    off_t *size = malloc((size_t)n * sizeof *size);
+    if (!order || !size) { free(order); free(size); return NULL; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct stat sb;
+        if (stat(paths[i], &sb) != 0) { free(order); free(size); return NULL; }
+        size[i] = sb.st_size;
+        /* insertion sort by size, descending; equal sizes keep their order */
+        Py_ssize_t j = i;
+        while (j > 0 && size[order[j - 1]] < size[i]) { order[j] = order[j - 1]; j--; }
+        order[j] = i;
+    }
+    free(size);
+    return order;
+}
+
 static PyObject *md5_files(PyObject *self, PyObject *args) {
     PyObject *seq;
     const char *kname = NULL;
@@ -318,11 +343,13 @@ static PyObject *md5_files(PyObject *self, PyObject *args) {
         if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &encoded[i])) goto done;
         paths[i] = PyBytes_AS_STRING(encoded[i]);
     }
-    Job job = {.paths = paths, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0};
+    Job job = {.paths = paths, .order = NULL, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0};
     if (!k) k = pick(n); /* and narrower ones for the last files (a kernel named by the caller is kept) */
     int rc;
     Py_BEGIN_ALLOW_THREADS
+    job.order = largest_first(paths, n);
     rc = n ? run_job(&job, k, kname == NULL) : 0;
+    free((void *)job.order);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         errno = job.err_no;

@@ -14,7 +14,8 @@ Where a row goes follows from counts alone, so the split runs in parallel and co
 1. :func:`count_bins`, one call per input file (in parallel): rows per bin in each chunk of
    ``chunk_rows`` rows (and every row's length checked);
 2. :func:`layout` turns the counts into shard sizes (the rule above) and cuts the N shard indices into
-   groups (:func:`group_count`: many shards per call, so 8,192 small files do not mean 8,192 calls);
+   groups (:func:`group_count`: many shards per call, so 8,192 small files do not mean 8,192 calls, and at least
+   8 where that leaves a group for each worker, so a group's md5s run side by side);
 3. :func:`write_shard_group`, one call per group (in parallel): shards k0..k1-1 of all four bins, read
    from their own row ranges of the inputs (the input span the counts point to) and written dataset by
    dataset, straight into place. No scratch copy; any number of workers gives the same bytes;
@@ -91,6 +92,11 @@ STAGE_VERSION = "2"  # 2: a 0-row shard holds the six datasets with zero rows (w
 
 #: Rows one shard-group call aims at (~120 MB of padded rows): fewer calls than shards on small data.
 ROWS_PER_GROUP = 32768
+#: Shards a group call writes at least, where the shards leave a group for each worker: a group's files are hashed
+#: side by side in one md5_files call, and a shard's four files differ in size (the 512 bin holds about 2/3 of the
+#: bytes), so one shard a group left its largest file to hash alone on one lane (~0.45 GB/s against ~2.5 GB/s with
+#: 8 of them side by side, the rest filling the other lanes).
+GROUP_SHARDS_MIN = 8
 #: Shards per bin a group call keeps open at once (4 x this many output files).
 OPEN_SHARDS = 32
 #: Input files a group call keeps open at once.
@@ -225,10 +231,13 @@ def layout(counts: Sequence[dict[str, Any]], n_shards: int) -> Layout:
 
 
 def group_count(rows: int, n_shards: int, workers: int) -> int:
-    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker, as many for each
-    worker (a multiple of ``workers``)."""
+    """How many shard-group calls: about :data:`ROWS_PER_GROUP` rows each, at least 4 per worker, but no group of
+    fewer than :data:`GROUP_SHARDS_MIN` shards where that leaves one for each worker; as many for each worker (a
+    multiple of ``workers``). At full size (2,048 shards of ~76,000 rows) that is 256 groups of 8 shards."""
     w = max(1, workers)
-    n = -(-max(math.ceil(rows / ROWS_PER_GROUP), 4 * w) // w) * w
+    n = max(math.ceil(rows / ROWS_PER_GROUP), 4 * w)
+    n = min(n, max(w, -(-n_shards // GROUP_SHARDS_MIN)))
+    n = -(-n // w) * w
     return max(1, min(n_shards, n))
 
 

@@ -171,7 +171,11 @@ def test_groups_cover_every_shard_once() -> None:
         assert [k for g in groups for k in range(g.k0, g.k1)] == list(range(5))
         for g in groups:  # a group reads only chunks holding its rows, in input order
             assert all(any(c[4][b] for b in range(4)) for c in g.chunks)
-    assert group_count(10, 2048, 2) == 8 and group_count(10**8, 2048, 2) == 2048 and group_count(0, 1, 4) == 1
+    assert group_count(10, 2048, 2) == 8 and group_count(0, 1, 4) == 1
+    # full size: groups of 8 shards (32 files hashed side by side), not one shard (4 files of unequal size) a group
+    assert group_count(156_725_653, 2048, 2) == 256 and group_count(156_725_653, 2048, 64) == 256
+    assert group_count(742_380, 8, 1) == 1 and group_count(742_380, 8, 2) == 2  # one group a worker at least
+    assert group_count(742_380, 64, 2) == 8 and group_count(10**8, 2048, 300) == 300  # at most one shard a group
 
 
 def test_hdf5_missing_a_dataset(tmp_path: Path) -> None:
