@@ -1,5 +1,5 @@
 """core.manifest.md5_files: the md5 of many files side by side (core/_native/md5.c) equals hashlib's, with
-every kernel the CPU can run, for every size around MD5's 64-byte blocks and the reader's 1 MiB pieces."""
+every kernel the CPU can run, for every size around MD5's 64-byte blocks and the reader's 256 KiB pieces."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from core.manifest import _MD5, FileCheck, md5_file, md5_files, verify_files
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
-#: sizes at MD5's edges (55/56: the length still fits the last block; 63/64/65) and the 1 MiB read pieces
-EDGES = [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 129, 1000, MIB - 1, MIB, MIB + 1, 2 * MIB + 55,
-         3 * MIB + 64]
+PIECE = 256 << 10  # md5.c's MD5_CHUNK
+#: sizes at MD5's edges (55/56: the length still fits the last block; 63/64/65) and the reader's read pieces
+EDGES = [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 129, 1000, PIECE - 1, PIECE, PIECE + 1, MIB - 1, MIB,
+         MIB + 1, 2 * MIB + 55, 3 * MIB + 64]
 
 
 def native():
@@ -36,7 +37,7 @@ def native():
 def files(tmp_path_factory) -> list[Path]:
     d = tmp_path_factory.mktemp("md5")
     rng = random.Random(7)
-    sizes = EDGES + [rng.randrange(0, 3 * MIB) for _ in range(21)]  # 40 files: more than 16 lanes, twice
+    sizes = EDGES + [rng.randrange(0, 3 * MIB) for _ in range(21)]  # 43 files: more than 16 lanes, twice
     out = []
     for i, n in enumerate(sizes):
         p = d / f"f{i:02d}"
