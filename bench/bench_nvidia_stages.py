@@ -41,6 +41,7 @@ from pathlib import Path
 root, part, out, what, workers, bucket_rows = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], \
     int(sys.argv[5]), int(sys.argv[6])
 sys.path.insert(0, root)
+import core  # first, as every bertpipe process (it keeps OpenBLAS to one thread before numpy starts)
 import h5py
 import numpy as np
 with h5py.File(part, "r") as f:
