@@ -311,13 +311,23 @@ class _Inputs:
         with reading(Path(path), f"{name} rows {a}..{b - 1}"):
             ds = self.dataset(path, name)
             maps = self.maps.get(path)
-            return maps[name][a:b] if maps is not None else ds[a:b]
+            return _rows_map(maps[name], a, b) if maps is not None else ds[a:b]
 
     def close(self) -> None:
         self.datasets.clear()
         self.maps.clear()
         while self.files:
             self.files.popitem()[1].close()
+
+
+def _rows_map(m: np.memmap, a: int, b: int) -> np.ndarray:
+    """Rows ``a..b-1`` of the dataset map ``m`` as a map of their own, unmapped once dropped: a slice of ``m``
+    would keep every page the group read mapped (and counted in its RSS) until the file closes; a group of 8
+    shards at full size reads ~1.3 GB of parts."""
+    if b <= a:
+        return m[a:b]
+    return np.memmap(m.filename, dtype=m.dtype, mode="r", offset=m.offset + a * m.strides[0],
+                     shape=(b - a, *m.shape[1:]))
 
 
 def _subgroup(g: ShardGroup, j0: int, j1: int) -> ShardGroup:
