@@ -1,7 +1,7 @@
 """The stages of the data DAG, in order: each module's own declaration (``DAG_STAGES``, beside its run function).
 
     download -> extract -> text -> vocab -> tfrecord -> hdf5 -> bins          (per part file to hdf5)
-                              (or imported text)     |       |-> nvidia_4320 -> nvidia_4320_shuffled
+                              (or imported text)     |       |-> nvidia_4320, nvidia_4320_shuffled (each from hdf5)
                                                      |       |-> nvidia_2048 -> nvidia_2048_shuffled
                                                      |       |-> nvidia_packed, habana_packed
                                                      \\-> eval_tfrecord -> eval_10k -> eval_hdf5 -> nvidia_eval

@@ -291,7 +291,7 @@ def group_count(rows: int, n_shards: int, workers: int) -> int:
 
 
 # -- step 3: write a group ------------------------------------------------------------------------------------
-class _Inputs:
+class PaddedInputs:
     """The input files of a group call, opened once each (a few at a time); contiguous inputs also mapped."""
 
     def __init__(self, cfg: ChopConfig) -> None:
@@ -299,7 +299,7 @@ class _Inputs:
         self.files: OrderedDict[str, Any] = OrderedDict()
         self.maps: dict[str, PaddedMap | None] = {}
 
-    def _open(self, path: str) -> Any:
+    def open(self, path: str) -> Any:
         f = self.files.pop(path, None)
         if f is None:
             if len(self.files) >= OPEN_INPUTS:
@@ -312,14 +312,14 @@ class _Inputs:
         return f
 
     def read(self, path: str, name: str, a: int, b: int) -> np.ndarray:
-        f = self._open(path)
+        f = self.open(path)
         with reading(Path(path), f"{name} rows {a}..{b - 1}"):
             return f[name][a:b]
 
     def rows(self, path: str, a: int, b: int) -> dict[str, np.ndarray]:
         """The six datasets' rows a..b-1: views of the file's memory maps (contiguous inputs: read when touched,
         with no copy) or arrays read through h5py."""
-        f = self._open(path)
+        f = self.open(path)
         if path not in self.maps:
             with reading(Path(path), "its datasets"):
                 self.maps[path] = mapped_padded(f, Path(path))
@@ -348,7 +348,7 @@ def _cast(rows: np.ndarray, dtype: str, name: str, path: str, first: int) -> np.
     return rows.astype(dtype)
 
 
-def _write_padded(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: ChopConfig, inputs: _Inputs) -> None:
+def _write_padded(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: ChopConfig, inputs: PaddedInputs) -> None:
     for name, dtype, kind in NV_DATASETS:  # dataset by dataset: each complete before the next exists
         ds = f.create_dataset(name, (size, *row_shape(kind, cfg.max_seq_length, cfg.max_predictions_per_seq)),
                               dtype=dtype)
@@ -364,7 +364,7 @@ def _write_padded(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: Cho
 
 
 def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: ChopConfig,
-                     inputs: _Inputs) -> None:
+                     inputs: PaddedInputs) -> None:
     import h5py
 
     from preprocessing.hdf5_io import write_vlen
@@ -391,7 +391,7 @@ def write_chop_group(group: ChopGroup, out_dir: str | Path, cfg: ChopConfig = Ch
     closed, their fsyncs side by side after their md5s: core.manifest.late_fsyncs)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    inputs = _Inputs(cfg)
+    inputs = PaddedInputs(cfg)
     finals: list[Path] = []
     try:
         with late_fsyncs():
@@ -402,7 +402,7 @@ def write_chop_group(group: ChopGroup, out_dir: str | Path, cfg: ChopConfig = Ch
             "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_then_fsync(finals), strict=True)]}
 
 
-def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs: _Inputs, finals: list[Path]) -> None:
+def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs: PaddedInputs, finals: list[Path]) -> None:
     """The shards of ``group``, each closed for good and renamed; their final paths appended to ``finals``."""
     for j in range(group.k1 - group.k0):
         final = out_dir / shard_name(group.k0 + j, group.n_shards)
@@ -555,6 +555,6 @@ def _stage(name: str, n: int, rule: str, targets: tuple[str, ...], output: str) 
 #: (v1.1's 4320_shards_varlength.chk: ``nvidia-4320-v1.1``). ``nvidia-packed`` does not need them: it packs the
 #: padded parts (preprocessing/nvidia/pack.py). The shards lie at the top of the stage folder (NVIDIA's trainer takes
 #: the files whose name holds ``part_``; the manifest's name does not).
-DAG_STAGES = (_stage("nvidia_4320", 4320, "v3.1", ("nvidia-4320", "nvidia-varlength"), "nvidia_4320_varlength_dir"),
+DAG_STAGES = (_stage("nvidia_4320", 4320, "v3.1", ("nvidia-varlength",), "nvidia_4320_varlength_dir"),
               _stage("nvidia_2048", 2048, "v1.1", ("nvidia-2048",), "nvidia_2048_varlength_dir"),
               _stage("nvidia_4320_v11", 4320, "v1.1", ("nvidia-4320-v1.1",), "nvidia_4320_v11_varlength_dir"))

@@ -84,6 +84,8 @@ VLEN = (("input_ids", "int16"), ("segment_ids", "int8"), ("masked_lm_positions",
 COUNT_POOL_FILES = 64
 #: In-memory scatter buffer of a scatter call before it appends to the bucket files.
 FLUSH_BYTES = 64 << 20
+#: Padded rows the padded route's scatter cuts at once (~100 MB of values at ~400 tokens a row).
+PADDED_ROWS = 65536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +96,17 @@ class ShuffleConfig:
     index_lists: bool = False  # also write the reference's shard_indices_<k:05>.lst (JSON [[file, row], ...])
     bucket_rows: int = 524288  # rows gathered at once per worker (whole shards: ~15 of the full set's, hashed side by side)
     chunk_rows: int = 8192  # rows read at once
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaddedShuffleConfig(ShuffleConfig):
+    """The padded route's parameters: the shuffle's, and the chop's that decide its shards (the reference's
+    ``chop_hdf5_files_to_varlength.py --num_shards``, the round whose rule cuts them) and the rows' widths."""
+
+    num_shards: int = 4320
+    rule: str = "v3.1"
+    max_seq_length: int = 512
+    max_predictions_per_seq: int = 76
 
 
 def key_params(cfg: ShuffleConfig) -> dict[str, Any]:
@@ -161,6 +174,10 @@ class ShufflePlan:
     scratch: str
     bucket_shards: tuple[int, ...]  # bucket b holds shards bucket_shards[b] .. bucket_shards[b+1]-1
     cfg: ShuffleConfig
+    #: the padded route (:func:`run_nvidia_shuffle_padded`): the padded parts the rows come from, as
+    #: ``(path, rows in the file, rows of it the chop keeps)`` in part order; ``files`` are then the chop's shards
+    #: (names and sizes, never written). Empty: the rows come from ``files`` themselves.
+    sources: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def n_shards(self) -> int:
@@ -181,7 +198,7 @@ INVERT_STEP = 1 << 22
 
 
 def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: ShuffleConfig, workers: int = 1,
-              ) -> ShufflePlan:
+              sources: Sequence[tuple[str, int, int]] = ()) -> ShufflePlan:
     """Compute and store the permutation (``perm[t]``: the source row of destination row t) and its inverse; the
     buckets as :func:`_rebuild` cuts them for ``workers``.
 
@@ -212,7 +229,7 @@ def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: Shuffl
             inv[piece] = np.arange(a, a + len(piece), dtype=dtype)
     np.save(scratch / "inv.npy", inv)
     del inv
-    return _rebuild(files, scratch, cfg, workers)
+    return _rebuild(files, scratch, cfg, workers, sources)
 
 
 def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row: float = 256.0,
@@ -463,13 +480,17 @@ class _Buckets:
 def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, Any]:
     """Send every row of inputs ``file_ids`` to the bucket of its destination (scratch files of task ``task``):
     a shard's rows are sorted by bucket once, their values gathered in that order, and each bucket's slice of
-    them appended to its file."""
+    them appended to its file. On the padded route the ids are the plan's ``sources`` (padded parts), read
+    :data:`PADDED_ROWS` rows at a time and cut as the chop cuts them."""
     scratch = Path(plan.scratch)
     inv = np.load(scratch / "inv.npy", mmap_mode="r")
     bstart = plan.bucket_rows()
-    nb = len(bstart) - 1
-    firsts = plan.starts
     out = _Buckets(scratch, task)
+    if plan.sources:
+        rows_done = _scatter_padded(plan, file_ids, inv, bstart, out)
+        out.flush()
+        return {"kind": "scatter", "task": task, "rows": rows_done}
+    firsts = plan.starts
     rows_done = 0
     for fid in file_ids:
         path, n = plan.files[fid]
@@ -478,29 +499,74 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
                 raise InputError(f"{path} changed while shuffle-samples ran (it had {n} rows); run again")
             rows = read_rows(f, Path(path), n, plan.cfg.chunk_rows)
             dst = np.asarray(inv[firsts[fid]:firsts[fid] + n], dtype=np.int64)
-            if nb == 1:
-                bucket = np.zeros(n, dtype=np.int64)
-                order = np.arange(n, dtype=np.int64)
-            else:
-                bucket = np.searchsorted(bstart, dst, side="right") - 1
-                order = np.argsort(bucket, kind="stable")
+            bucket, order = _by_bucket(dst, bstart)
             with reading(Path(path), "its rows"):
                 cols = rows.gathered(order)
             del rows.keep
         _check_rows(Path(path), rows, cols, order)
-        seq, pred, nsl, d = rows.seq[order], rows.pred[order], rows.nsl[order], dst[order]
-        r_cut = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(np.bincount(bucket, minlength=nb), out=r_cut[1:])
-        t_cut = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])[r_cut]
-        p_cut = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])[r_cut]
-        for bk in np.flatnonzero(np.diff(r_cut)).tolist():
-            r0, r1, t0, t1, p0, p1 = r_cut[bk], r_cut[bk + 1], t_cut[bk], t_cut[bk + 1], p_cut[bk], p_cut[bk + 1]
-            header = np.array([r1 - r0, t1 - t0, p1 - p0, 0], dtype=np.int64)
-            out.add(bk, [header, d[r0:r1], seq[r0:r1], pred[r0:r1], nsl[r0:r1], cols["input_ids"][t0:t1],
-                         cols["segment_ids"][t0:t1], cols["masked_lm_positions"][p0:p1], cols["masked_lm_ids"][p0:p1]])
+        _send(out, rows, cols, order, bucket, dst, len(bstart) - 1)
         rows_done += n
     out.flush()
     return {"kind": "scatter", "task": task, "rows": rows_done}
+
+
+def _by_bucket(dst: np.ndarray, bstart: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's bucket (by its destination row), and the rows in bucket order (stable)."""
+    n = len(dst)
+    if len(bstart) == 2:
+        return np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    bucket = np.searchsorted(bstart, dst, side="right") - 1
+    return bucket, np.argsort(bucket, kind="stable")
+
+
+def _send(out: _Buckets, rows: Rows, cols: dict[str, np.ndarray], order: np.ndarray, bucket: np.ndarray,
+          dst: np.ndarray, nb: int) -> None:
+    """Append each bucket's slice of the rows (in ``order``, their values ``cols`` gathered in that order)."""
+    seq, pred, nsl, d = rows.seq[order], rows.pred[order], rows.nsl[order], dst[order]
+    r_cut = np.zeros(nb + 1, dtype=np.int64)
+    np.cumsum(np.bincount(bucket, minlength=nb), out=r_cut[1:])
+    t_cut = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])[r_cut]
+    p_cut = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])[r_cut]
+    for bk in np.flatnonzero(np.diff(r_cut)).tolist():
+        r0, r1, t0, t1, p0, p1 = r_cut[bk], r_cut[bk + 1], t_cut[bk], t_cut[bk + 1], p_cut[bk], p_cut[bk + 1]
+        header = np.array([r1 - r0, t1 - t0, p1 - p0, 0], dtype=np.int64)
+        out.add(bk, [header, d[r0:r1], seq[r0:r1], pred[r0:r1], nsl[r0:r1], cols["input_ids"][t0:t1],
+                     cols["segment_ids"][t0:t1], cols["masked_lm_positions"][p0:p1], cols["masked_lm_ids"][p0:p1]])
+
+
+def _scatter_padded(plan: ShufflePlan, source_ids: Sequence[int], inv: np.ndarray, bstart: np.ndarray,
+                    out: _Buckets) -> int:
+    """The padded route's scatter: rows of padded parts ``source_ids``, checked and cut as chop-hdf5 --varlength
+    checks and cuts them (preprocessing.nvidia.varlength.compact_padded: the same refusals), sent to their
+    buckets. The rows a part holds past the chop's last shard (rule v1.1) are left out, as the chop leaves them."""
+    from preprocessing.nvidia.chop import ChopConfig, PaddedInputs
+    from preprocessing.nvidia.varlength import compact_padded
+
+    cfg = plan.cfg
+    width = getattr(cfg, "max_seq_length", 512)
+    inputs = PaddedInputs(ChopConfig(max_seq_length=width,
+                                     max_predictions_per_seq=getattr(cfg, "max_predictions_per_seq", 76)))
+    firsts = np.concatenate([[0], np.cumsum([k for _, _, k in plan.sources], dtype=np.int64)])
+    done = 0
+    try:
+        for sid in source_ids:
+            path, rows_in, keep = plan.sources[sid]
+            f = inputs.open(path)
+            if f["next_sentence_labels"].shape[0] != rows_in:
+                raise InputError(f"{path} changed while shuffle-samples ran (it had {rows_in} rows); run again")
+            for a, b in chunks(keep, PADDED_ROWS):
+                with reading(Path(path), f"rows {a}..{b - 1}"):
+                    c = compact_padded(inputs.rows(path, a, b), Path(path), a, width)
+                rows = Rows(seq=c.seq.astype(np.int32), pred=c.pred.astype(np.int32), nsl=c.nsl.astype(np.int8),
+                            cols=c.flat)
+                dst = np.asarray(inv[firsts[sid] + a:firsts[sid] + b], dtype=np.int64)
+                bucket, order = _by_bucket(dst, bstart)
+                cols = rows.gathered(order) if len(bstart) > 2 else rows.cols  # one bucket: already in order
+                _send(out, rows, cols, order, bucket, dst, len(bstart) - 1)
+                done += b - a
+    finally:
+        inputs.close()
+    return done
 
 
 # -- step 3: gather and write ------------------------------------------------------------------------------------
@@ -664,8 +730,9 @@ def finish_shuffle(out_dir: str | Path, plan: ShufflePlan, written: Sequence[dic
 
 # -- all steps in one call ------------------------------------------------------------------------------------------
 def scatter_tasks(plan: ShufflePlan, workers: int) -> list[tuple[int, list[int]]]:
-    """(task, input files) calls: about 4 per worker, contiguous runs of files of similar row counts."""
-    n = plan.n_shards
+    """(task, input files) calls: about 4 per worker, contiguous runs of files of similar row counts (on the padded
+    route, of the padded parts)."""
+    n = len(plan.sources) if plan.sources else plan.n_shards
     t = max(1, min(n, 4 * max(1, workers)))
     bounds = [n * i // t for i in range(t + 1)]
     return [(i, list(range(a, b))) for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)) if b > a]
@@ -692,20 +759,81 @@ def run_nvidia_shuffle(inputs: Sequence[Path], out_dir: Path, cfg: ShuffleConfig
     _begin(out_dir, manifest_name)
     plan = make_plan(list(zip(map(str, files), counts, strict=True)), out_dir / SCRATCH, cfg, workers)
     try:
-        log.info("%d rows of %d shards: permutation of random.Random(%d) ready; %d bucket(s)", sum(counts),
-                 len(files), cfg.seed, len(plan.bucket_shards) - 1)
-        tasks = scatter_tasks(plan, workers)
-        buckets = range(len(plan.bucket_shards) - 1)
-        if workers > 1 and max(len(tasks), len(buckets)) > 1 and can_fork(workers):
-            with worker_pool(min(workers, max(len(tasks), len(buckets)))) as pool:  # one pool for both steps
-                for f in [pool.submit(scatter, plan, t, ids) for t, ids in tasks]:
-                    f.result()
-                written = [f.result() for f in [pool.submit(gather, plan, b, str(out_dir)) for b in buckets]]
-        else:
-            for t, ids in tasks:
-                scatter(plan, t, ids)
-            written = [gather(plan, b, str(out_dir)) for b in buckets]
-        return finish_shuffle(out_dir, plan, written, upstream, manifest_name=manifest_name)
+        return _scatter_gather(plan, out_dir, workers, upstream, manifest_name)
+    finally:
+        shutil.rmtree(plan.scratch, ignore_errors=True)
+
+
+def _scatter_gather(plan: ShufflePlan, out_dir: Path, workers: int, upstream: Sequence[Manifest],
+                    manifest_name: str) -> Manifest:
+    """Steps 2-4 of one call: the scatter tasks, the buckets' shards, the manifest."""
+    log.info("%d rows of %d shards: permutation of random.Random(%d) ready; %d bucket(s)", int(plan.starts[-1]),
+             plan.n_shards, plan.cfg.seed, len(plan.bucket_shards) - 1)
+    tasks = scatter_tasks(plan, workers)
+    buckets = range(len(plan.bucket_shards) - 1)
+    if workers > 1 and max(len(tasks), len(buckets)) > 1 and can_fork(workers):
+        with worker_pool(min(workers, max(len(tasks), len(buckets)))) as pool:  # one pool for both steps
+            for f in [pool.submit(scatter, plan, t, ids) for t, ids in tasks]:
+                f.result()
+            written = [f.result() for f in [pool.submit(gather, plan, b, str(out_dir)) for b in buckets]]
+    else:
+        for t, ids in tasks:
+            scatter(plan, t, ids)
+        written = [gather(plan, b, str(out_dir)) for b in buckets]
+    return finish_shuffle(out_dir, plan, written, upstream, manifest_name=manifest_name)
+
+
+def _chop_config(cfg: PaddedShuffleConfig) -> Any:
+    from preprocessing.nvidia.chop import ChopConfig
+
+    return ChopConfig(num_shards=cfg.num_shards, rule=cfg.rule, varlength=True, max_seq_length=cfg.max_seq_length,
+                      max_predictions_per_seq=cfg.max_predictions_per_seq)
+
+
+def padded_plan(counts: Sequence[tuple[str, int]], scratch: Path, cfg: PaddedShuffleConfig, workers: int = 1,
+                ) -> ShufflePlan:
+    """The padded route's plan from the padded parts' row counts (in part order): the chop's shards (its rule's
+    sizes; InputError where chop_hdf5_files.py crashes), each part's rows the shards keep, the permutation."""
+    files, sources = _padded_layout(counts, cfg, log_it=True)
+    return make_plan(files, scratch, cfg, workers, sources=sources)
+
+
+def _padded_layout(counts: Sequence[tuple[str, int]], cfg: PaddedShuffleConfig, log_it: bool = False,
+                   ) -> tuple[list[tuple[str, int]], list[tuple[str, int, int]]]:
+    """The chop's shards (names, sizes) and each part's ``(path, rows, rows kept)`` for parts of ``counts``."""
+    from preprocessing.nvidia.chop import _log_layout, chop_layout
+    from preprocessing.nvidia.chop import shard_name as chop_shard
+
+    layout = chop_layout(sum(int(n) for _, n in counts), cfg.num_shards, cfg.rule)
+    if log_it:
+        _log_layout(layout)
+    sources, base = [], 0
+    for path, n in counts:
+        sources.append((str(path), int(n), max(0, min(int(n), layout.kept - base))))
+        base += int(n)
+    return [(chop_shard(k, layout.n_shards), layout.size(k)) for k in range(layout.n_shards)], sources
+
+
+def run_nvidia_shuffle_padded(parts: Sequence[Path], out_dir: Path, cfg: PaddedShuffleConfig = PaddedShuffleConfig(),
+                              *, upstream: Sequence[Manifest] = (), workers: int = 1,
+                              manifest_name: str = MANIFEST_NAME) -> Manifest:
+    """NVIDIA's shuffled shards straight from the padded parts (the reference's inputs of chop_hdf5_files_to_
+    varlength.py, sorted part-00???-of-00500.hdf5): the bytes :func:`run_nvidia_shuffle` writes from the chop's
+    variable-length shards (``cfg``'s num_shards and rule), without writing those shards. The chop's checks and
+    refusals apply to the parts' rows; its shards are the index lists' files."""
+    from preprocessing.nvidia.chop import count_rows as count_padded
+
+    files = [Path(p) for p in parts]
+    if not files:
+        raise InputError("shuffle-samples got no padded parts (part-00???-of-00500.hdf5)")
+    verify_inputs(files, upstream, workers=workers)
+    ccfg = _chop_config(cfg)
+    counts = run_all(count_padded, [(str(p), ccfg) for p in files], workers if len(files) > COUNT_POOL_FILES else 1)
+    out_dir = Path(out_dir)
+    _begin(out_dir, manifest_name)
+    plan = padded_plan(list(zip(map(str, files), counts, strict=True)), out_dir / SCRATCH, cfg, workers)
+    try:
+        return _scatter_gather(plan, out_dir, workers, upstream, manifest_name)
     finally:
         shutil.rmtree(plan.scratch, ignore_errors=True)
 
@@ -761,7 +889,8 @@ def _finish_stage(upstream_stage: str):
     return finish_fn
 
 
-def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig, workers: int = 1) -> ShufflePlan:
+def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig, workers: int = 1,
+             sources: Sequence[tuple[str, int, int]] = ()) -> ShufflePlan:
     """The plan of :func:`make_plan` again, without recomputing the permutation (already in ``scratch``). Buckets:
     runs of whole shards of about even row counts, as many for each worker (core.pools.even_calls: the fewest of
     at most :attr:`ShuffleConfig.bucket_rows` rows, rounded up to a multiple of ``workers``; 1.48 M rows on 2
@@ -783,7 +912,62 @@ def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig
         bounds.append(k)
     bounds.append(n)
     return ShufflePlan(files=tuple((str(p), int(c)) for p, c in files), scratch=str(scratch),
-                       bucket_shards=tuple(bounds), cfg=cfg)
+                       bucket_shards=tuple(bounds), cfg=cfg,
+                       sources=tuple((str(p), int(r), int(k)) for p, r, k in sources))
+
+
+def count_padded_piece(paths: Sequence[str], hdf5_dirs: Sequence[str], out_dir: Path, cfg: PaddedShuffleConfig,
+                       ) -> dict[str, Any]:
+    """DAG piece of the padded route: check a few parts' HDF5 against their manifests, count their rows."""
+    from preprocessing.nvidia.chop import count_rows as count_padded
+
+    for d in hdf5_dirs:
+        verify_manifest(d, trust_stat=True)
+    ccfg = _chop_config(cfg)
+    return {"kind": "count-list", "counts": [[p, count_padded(p, ccfg)] for p in paths]}
+
+
+def _plan_padded(plan: Any) -> list[Any]:
+    """Pieces: count every part's rows, in part order (as the chop and the bins do)."""
+    from preprocessing.mlperf.split_4bins import count_pieces
+
+    return count_pieces(plan, count_padded_piece)
+
+
+def _finish_padded(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:
+    workers = plan.params.workers or default_workers()
+    counts = [c for v in values if v["kind"] == "count-list" for c in v["counts"]]
+    scattered = [v for v in values if v["kind"] == "scatter"]
+    written = [v for v in values if v["kind"] == "shards"]
+    out_dir = Path(plan.dir)
+    if not scattered:  # after the counts: the chop's shards, the permutation, then the scatter pieces
+        _begin(out_dir, MANIFEST_NAME)
+        sp = padded_plan(counts, out_dir / SCRATCH, plan.cfg, workers)
+        return [replace(plan.unit(sp, t, ids, shard=f"scatter/{t:05d}", upstream=[]),
+                        run=scatter_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
+                for t, ids in scatter_tasks(sp, workers)]
+    files, sources = _padded_layout(counts, plan.cfg)
+    sp = _rebuild(files, out_dir / SCRATCH, plan.cfg, workers, sources)
+    if not written:
+        return [replace(plan.unit(sp, b, shard=f"gather/{b:05d}", upstream=[]),
+                        run=gather_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
+                for b in range(len(sp.bucket_shards) - 1)]
+    h5 = plan.result("hdf5")
+    upstream = [load_manifest(h5.unit_dir(s)) for s in h5.shards]
+    return finish_shuffle(out_dir, sp, written, [m for m in upstream if m is not None])
+
+
+def _padded_stage(name: str, n: int, rule: str, targets: tuple[str, ...], output: str) -> Stage:
+    from preprocessing.nvidia.chop import dag_shards
+
+    return Stage(name=name, title=f"shuffle_samples of chop_hdf5_files_to_varlength's {n} shards (rule {rule}), "
+                 "straight from the padded parts (random.Random(24))",
+                 reads=("hdf5",), run=run_nvidia_shuffle_padded, version=STAGE_VERSION, config=PaddedShuffleConfig,
+                 configure=lambda p: PaddedShuffleConfig(num_shards=dag_shards(p, n), rule=rule,
+                                                         max_seq_length=p.max_seq_length,
+                                                         max_predictions_per_seq=p.max_predictions_per_seq),
+                 key_params=key_params, plan=_plan_padded, finish=_finish_padded, outputs={output: ""},
+                 when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ()) for t in targets))
 
 
 def _stage(name: str, reads: str, targets: tuple[str, ...], output: str) -> Stage:
@@ -795,5 +979,8 @@ def _stage(name: str, reads: str, targets: tuple[str, ...], output: str) -> Stag
 
 
 #: NVIDIA's v3.x training sets (hdf5_<N>_shards_varlength_shuffled: the shards at the top of the stage folder).
-DAG_STAGES = (_stage("nvidia_4320_shuffled", "nvidia_4320", ("nvidia-4320",), "nvidia_4320_shuffled_dir"),
+#: ``nvidia-4320`` shuffles the rows of v3.1's 4,320 shards straight from the padded parts (the same bytes as the
+#: chop's shards shuffled, without writing and reading those: ``nvidia-varlength`` builds them, and v3.1's 4,320
+#: list checks them); ``nvidia-2048`` shuffles the chop stage's 2,048 shards, the folder v1.1's 2,048 list checks.
+DAG_STAGES = (_padded_stage("nvidia_4320_shuffled", 4320, "v3.1", ("nvidia-4320",), "nvidia_4320_shuffled_dir"),
               _stage("nvidia_2048_shuffled", "nvidia_2048", ("nvidia-2048",), "nvidia_2048_shuffled_dir"))

@@ -19,10 +19,12 @@ import nvidia_reference as ref  # noqa: E402
 from core.errors import InputError  # noqa: E402
 from preprocessing.nvidia.shuffle import (  # noqa: E402
     DAG_STAGES,
+    PaddedShuffleConfig,
     ShuffleConfig,
     input_files,
     list_name,
     run_nvidia_shuffle,
+    run_nvidia_shuffle_padded,
     shard_name,
 )
 from preprocessing.pyrandom import PY_TAIL, shuffle_permutation  # noqa: E402
@@ -142,18 +144,95 @@ def test_golden_chain(golden, tmp_path, name, shards):
     _compare(tmp_path / "ours", theirs, shards, lists=True)
 
 
+def _parts(varlength: Path) -> list[Path]:
+    """The padded parts the fixture's reference chain chopped (part-0000{0..3}-of-00500.hdf5; one is empty)."""
+    return sorted((varlength.parent / "in").glob("part-*-of-00500.hdf5"))
+
+
+@pytest.mark.parametrize("workers,bucket_rows,padded_rows", [(1, 524288, 65536), (1, 90, 37), (2, 150, 65536)])
+def test_padded_route_equals_the_scripts_on_the_chopped_shards(varlength, reference, tmp_path, monkeypatch,
+                                                              workers, bucket_rows, padded_rows):
+    """The padded route (nvidia-4320's stage): the padded parts' rows shuffled into the shards the chop would cut,
+    without them: the scripts' shards and index lists (the fixture's chain: v1.1's chop_hdf5_files.py, which
+    keeps 560 of the 563 rows, convert_fixed2variable.py, shuffle_samples.py), whatever the buckets, workers and
+    the parts' pieces."""
+    import preprocessing.nvidia.shuffle as shuffle
+
+    monkeypatch.setattr(shuffle, "PADDED_ROWS", padded_rows)  # one worker: read in this process
+    m = run_nvidia_shuffle_padded(_parts(varlength), tmp_path / "ours", PaddedShuffleConfig(
+        num_shards=7, rule="v1.1", index_lists=True, bucket_rows=bucket_rows, chunk_rows=33), workers=workers)
+    _compare(tmp_path / "ours", reference, 7, lists=True)
+    assert m.counters == {"files": 7, "rows": 560}
+    assert not (tmp_path / "ours" / ".shuffle-scratch").exists()
+    direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct",
+                                ShuffleConfig(index_lists=True, chunk_rows=33))
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
+
+
+def test_padded_route_under_v31_keeps_every_row(varlength, tmp_path, monkeypatch):
+    """Rule v3.1 (nvidia-4320's): 563 rows in 7 shards of 80, 80, 80, 80, 81, 81, 81; the padded route gives the
+    bytes of our chop's v3.1 shards shuffled (the chop is checked against v3.1's script in test_nvidia_chop)."""
+    import preprocessing.nvidia.shuffle as shuffle
+    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
+
+    monkeypatch.setattr(shuffle, "PADDED_ROWS", 100)
+    chopped = run_nvidia_chop(_parts(varlength), tmp_path / "chop", ChopConfig(num_shards=7, rule="v3.1",
+                                                                                varlength=True))
+    assert chopped.counters["rows_dropped"] == 0 and chopped.counters["rows"] == 563
+    direct = run_nvidia_shuffle(input_files(tmp_path / "chop"), tmp_path / "direct", ShuffleConfig(index_lists=True))
+    m = run_nvidia_shuffle_padded(_parts(varlength), tmp_path / "padded",
+                                  PaddedShuffleConfig(num_shards=7, rule="v3.1", index_lists=True))
+    assert m.counters == {"files": 7, "rows": 563}
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
+
+
+def test_padded_route_refuses_what_the_chop_refuses(tmp_path):
+    """A padded part the chop refuses (an id outside int16, a shard count the script crashes on): the same error,
+    naming the file, and no shard written."""
+    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
+
+    d = tmp_path / "in"
+    d.mkdir()
+    rows = ref.padded_rows([5, 9, 3], 0)
+    rows["input_ids"][1][2] = 40000
+    part = ref.write_padded(d / "part-00000-of-00500.hdf5", rows)
+    with pytest.raises(InputError) as chop_err:
+        run_nvidia_chop([part], tmp_path / "chop", ChopConfig(num_shards=2, varlength=True))
+    with pytest.raises(InputError) as ours:
+        run_nvidia_shuffle_padded([part], tmp_path / "out", PaddedShuffleConfig(num_shards=2))
+    assert str(ours.value) == str(chop_err.value) and "part-00000-of-00500.hdf5" in str(ours.value)
+    assert not list((tmp_path / "out").glob("part_*"))
+    good = ref.write_padded(tmp_path / "part-00000-of-00500.hdf5", ref.padded_rows([5, 9, 3, 7, 2], 1))
+    with pytest.raises(InputError, match=r"cannot cut these inputs into 3 shards"):  # 5 rows: v1.1's script crashes
+        run_nvidia_shuffle_padded([good], tmp_path / "out", PaddedShuffleConfig(num_shards=3, rule="v1.1"))
+
+
 def test_dag_declaration_runs_as_pieces(varlength, tmp_path):
-    from nvidia_dag import folder_result, run_pieces
+    """nvidia-4320's stage (the padded route, from the hdf5 stage's parts) and nvidia-2048's (from the chop
+    stage's folder), run as the DAG runs them: the bytes of one call."""
+    from nvidia_dag import folder_result, part_hdf5_result, run_pieces
 
     from core.manifest import StageOutput
+
+    assert DAG_STAGES[0].name == "nvidia_4320_shuffled" and DAG_STAGES[0].reads == ("hdf5",)
+    m = run_pieces(DAG_STAGES[0], {"hdf5": part_hdf5_result(_parts(varlength), tmp_path / "w1")}, tmp_path / "w1",
+                   targets=("nvidia-4320",), workers=2, is_sample=True, n_output_shards=7)
+    chop_v31 = tmp_path / "chop"
+    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
+
+    run_nvidia_chop(_parts(varlength), chop_v31, ChopConfig(num_shards=7, varlength=True))
+    direct = run_nvidia_shuffle(input_files(chop_v31), tmp_path / "direct")
+    assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
+    assert not (tmp_path / "w1" / "nvidia_4320_shuffled" / "key" / ".shuffle-scratch").exists()
 
     up = tmp_path / "up"
     shutil.copytree(varlength, up)
     with StageOutput(up, "nvidia_chop") as out:  # the chop stage's folder: shards and its manifest
         for p in sorted(up.glob("part_*")):
             out.add_file(p.name)
-    m = run_pieces(DAG_STAGES[0], {"nvidia_4320": folder_result("nvidia_4320", up)}, tmp_path / "work",
-                   targets=("nvidia-4320",), workers=2)
-    direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct")
+    assert DAG_STAGES[1].name == "nvidia_2048_shuffled" and DAG_STAGES[1].reads == ("nvidia_2048",)
+    m = run_pieces(DAG_STAGES[1], {"nvidia_2048": folder_result("nvidia_2048", up)}, tmp_path / "w2",
+                   targets=("nvidia-2048",), workers=2)
+    direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct2")
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
-    assert not (tmp_path / "work" / "nvidia_4320_shuffled" / "key" / ".shuffle-scratch").exists()
+    assert not (tmp_path / "w2" / "nvidia_2048_shuffled" / "key" / ".shuffle-scratch").exists()

@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocessing: the shared helpers
 import nvidia_reference as ref  # noqa: E402
 import vendor_scripts as vs  # noqa: E402
-from nvidia_dag import folder_result, part_hdf5_result, run_pieces  # noqa: E402
+from nvidia_dag import part_hdf5_result, run_pieces  # noqa: E402
 
 from core.manifest import StageOutput  # noqa: E402
 from core.stage import Result  # noqa: E402
@@ -73,11 +73,11 @@ def built(tmp_path_factory):
              for i, (a, b) in enumerate([(0, 300), (300, 301), (301, 700)])]
     work = base / "work"
     h5 = part_hdf5_result(parts, work)
-    chop = run_pieces(nvidia_chop.DAG_STAGES[0], {"hdf5": h5}, work, targets=("nvidia-4320",), is_sample=True,
+    chop = run_pieces(nvidia_chop.DAG_STAGES[0], {"hdf5": h5}, work, targets=("nvidia-varlength",), is_sample=True,
                       n_output_shards=8)
     chop_dir = work / "nvidia_4320" / "key"
-    shuffled = run_pieces(nvidia_shuffle.DAG_STAGES[0], {"nvidia_4320": folder_result("nvidia_4320", chop_dir)},
-                          work, targets=("nvidia-4320",))
+    shuffled = run_pieces(nvidia_shuffle.DAG_STAGES[0], {"hdf5": h5}, work, targets=("nvidia-4320",), is_sample=True,
+                          n_output_shards=8)
     ev = base / "eval_hdf5"
     ev.mkdir()
     ref.write_padded(ev / "eval_10k.hdf5", ref.padded_rows(lengths[:120], 99))
