@@ -35,8 +35,10 @@
 
 5. **The other targets' stages** (``bertpipe run --target``), each in one process on the same part's padded HDF5
    (``--target-stages``, on by default; ``--targets-only`` skips steps 2-4 but for the part's HDF5): NVIDIA's chop
-   into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~5), its shuffle
-   (nvidia_4320_shuffled), the variable-length eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
+   into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~5: nvidia-varlength's), the
+   shuffle of those rows straight from the padded part (nvidia_4320_shuffled: nvidia-4320's), the shuffle of the
+   chop's shards (nvidia_2048_shuffled: nvidia-2048's route, here on the 4,320 chop's shards), the variable-length
+   eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
    ~5 of the 4,320 packed shards, in one call as at full size a call writes ~29) and pack-habana (habana_packed):
    CPU seconds (stage work, md5s and manifests included), with the packers' recipe (``packing_recipe``: the
    strategies and SciPy's NNLS, one solve a round; it depends on the lengths' histogram, not the row count) timed
@@ -473,7 +475,10 @@ c0 = cpu()
 if what == "nvidia_4320":
     from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
     m = run_nvidia_chop(parts, dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
-elif what == "nvidia_4320_shuffled":
+elif what == "nvidia_4320_shuffled":  # nvidia-4320's stage: straight from the padded parts
+    from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
+    m = run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(num_shards=shards), workers=workers)
+elif what == "nvidia_2048_shuffled":  # nvidia-2048's: the chop stage's shards (here the 4,320 chop's) shuffled
     from preprocessing.nvidia.shuffle import input_files, run_nvidia_shuffle
     m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), dest, workers=workers)
 elif what == "nvidia_eval":
@@ -504,7 +509,9 @@ c1 = cpu()
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0}}))
 """
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
-TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards", "nvidia_4320_shuffled": "shuffle_samples",
+TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards",
+                 "nvidia_4320_shuffled": "shuffle_samples from the padded parts",
+                 "nvidia_2048_shuffled": "shuffle_samples of the chop's shards",
                  "nvidia_eval": "pick_eval_samples_varlength (10,000 rows)", "nvidia_packed": "pack-nvidia",
                  "habana_packed": "pack-habana", "habana_packed_raw": "pack-habana --compression none"}
 
@@ -598,7 +605,7 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
             extra = 0.0
             parts = []
             for stage in for_target(target, DataParams()):
-                f = fig.get(stage.replace("2048", "4320").replace("_v11", ""))
+                f = fig.get(stage) or fig.get(stage.replace("2048", "4320").replace("_v11", ""))
                 if f is None:
                     continue
                 per_rows = f["cpu"] - _once(f)

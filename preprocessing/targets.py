@@ -16,7 +16,7 @@ their folders. This module is light (no NumPy): the CLI's --help and DataParams 
     habana-packed-raw  the same packs uncompressed (not the script's gzip)      Habana's trainer, packed mode, alike
 
 Which published checksum list (``bertpipe verify --against``) checks which folder: ``nvidia-4320`` the shards of
-``nvidia-varlength`` (and the chop stage of ``nvidia-4320``), ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
+``nvidia-varlength``, ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
 ``nvidia-4320-v1.1`` those of ``nvidia-4320-v1.1``, ``nvidia-2048`` the chop stage of ``nvidia-2048`` (no shuffled
 2,048 list is published), ``nvidia-eval`` every NVIDIA target's eval file.
 
