@@ -4,8 +4,9 @@
         --baseline /tmp/nvbase --rounds 3
 
 The stages, as ``bench/bench_scale.py --targets-only`` runs them: the chop into variable-length shards (this part's
-share of NVIDIA's 4,320: ~5; ``nvidia_4320``), its shuffle (``nvidia_4320_shuffled``) and the variable-length eval
-pick (10,000 rows; ``nvidia_eval``). Each run is a process of its own (``--workers`` for the stage's pool); a round
+share of NVIDIA's 4,320: ~5; ``nvidia_4320``), the shuffle of its shards (``nvidia_4320_shuffled``: nvidia-2048's
+route), the shuffle of the same rows straight from the padded part (``nvidia_4320_padded``: nvidia-4320's stage;
+a tree without it stops there) and the variable-length eval pick (10,000 rows; ``nvidia_eval``). Each run is a process of its own (``--workers`` for the stage's pool); a round
 runs every stage on the baseline tree, then on this one (``--baseline``: a copy of another commit, e.g.
 ``mkdir /tmp/base && git archive <commit> | tar -x -C /tmp/base``, with the built C extensions copied beside their
 sources). Printed per stage: CPU seconds of the stage's call (user + sys, from just before the call, as
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_ROWS = 156_725_653  # NVIDIA's training rows (4,320 shards)
-STAGES = ("nvidia_4320", "nvidia_4320_shuffled", "nvidia_eval")
+STAGES = ("nvidia_4320", "nvidia_4320_shuffled", "nvidia_4320_padded", "nvidia_eval")
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -88,6 +89,14 @@ elif what == "nvidia_4320_shuffled":
     timed(mod, "write_vlen_at", "hdf5 write")
     cfg = mod.ShuffleConfig(bucket_rows=bucket_rows) if bucket_rows else mod.ShuffleConfig()
     m = mod.run_nvidia_shuffle(mod.input_files(out / "nvidia_4320"), out / what, cfg, workers=workers)
+elif what == "nvidia_4320_padded":  # nvidia-4320's stage since 2026-11-28: the shuffle from the padded part
+    import preprocessing.nvidia.shuffle as mod
+    timed(mod, "md5_files", "md5")
+    timed(mod, "write_vlen_at", "hdf5 write")
+    if not hasattr(mod, "run_nvidia_shuffle_padded"):
+        raise SystemExit("this tree has no padded route (run_nvidia_shuffle_padded)")
+    cfg = mod.PaddedShuffleConfig(num_shards=shards, **({"bucket_rows": bucket_rows} if bucket_rows else {}))
+    m = mod.run_nvidia_shuffle_padded([part], out / what, cfg, workers=workers)
 else:
     import preprocessing.nvidia.eval_pick as mod
     import core.manifest.output as cmo
@@ -166,6 +175,12 @@ def main() -> None:
                 b = statistics.median(f["cpu"] for f in figs[("baseline", what)])
                 t = statistics.median(f["cpu"] for f in figs[("this", what)])
                 print(f"{what:<22} baseline / this: {b / t:.2f}x")
+        this = Path(tmp) / "this"
+        if (this / "nvidia_4320_padded").is_dir() and (this / "nvidia_4320_shuffled").is_dir():
+            same = digests(this / "nvidia_4320_padded") == digests(this / "nvidia_4320_shuffled")
+            print(f"\nthe padded route's shards and the chop's shards shuffled: {'the same bytes' if same else 'DIFFERENT'}")
+            if not same:
+                raise SystemExit(1)
         if "baseline" in trees:
             same = digests(Path(tmp) / "baseline") == digests(Path(tmp) / "this")
             print(f"\nevery output file's md5: {'the same in both trees' if same else 'DIFFERENT'}")

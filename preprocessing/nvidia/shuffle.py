@@ -36,7 +36,9 @@ Output names end in ``.hdf5`` (what the published list and NVIDIA's trainer expe
 equals the script's (names, dtypes, shapes, values: tests/preprocessing/nvidia/test_nvidia_shuffle.py), and so do
 NVIDIA's ``hdf5_md5`` digests. Memory (:func:`plan_memory`): the permutation step holds one array of n indices at a
 time (627 MB for the full set's 156.7 M rows: its peak RSS measured 665 MB), a scatter call one input shard and
-its pending records (~140 MB at full size), a gather call one bucket (~580 MB: 15 shards, hashed side by side).
+its pending records (~140 MB at full size; the padded route's, a piece of 65,536 padded rows cut at full width and
+its pending records: ~270 MB, 514 MB peak RSS measured on a real part), a gather call one bucket (~580 MB: 15
+shards, hashed side by side).
 Scratch disk: about the size of the input.
 
     bertpipe shuffle-samples --input_hdf5 hdf5_4320_shards_varlength --output_hdf5 hdf5_4320_shards_varlength_shuffled
@@ -236,14 +238,17 @@ def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row:
                 preds_per_row: float = 40.0) -> dict[str, int]:
     """Bytes each step of the shuffle holds for ``n`` rows (its arrays; not the interpreter and libraries):
     ``plan`` (the permutation, then its inverse, and a piece), ``scatter`` (a shard's rows and their values, the
-    pending records; ``inv`` mapped for its rows only), ``gather`` (a bucket: its scratch, mapped, and the
-    per-row arrays). Rows of ``tokens_per_row`` tokens and ``preds_per_row`` masked positions on average."""
+    pending records; ``inv`` mapped for its rows only), ``scatter_padded`` (the padded route's: a piece of
+    :data:`PADDED_ROWS` padded rows cut at full width, their values gathered by bucket, the pending records),
+    ``gather`` (a bucket: its scratch, mapped, and the per-row arrays). Rows of ``tokens_per_row`` tokens and
+    ``preds_per_row`` masked positions on average."""
     idx = 4 if n < 2**31 else 8
     row = 8 + 4 + 4 + 1 + 3 * tokens_per_row + 4 * preds_per_row  # a scratch record's bytes a row
     shard = max(1, n // 4320)  # NVIDIA's 4,320 shards: the largest count the DAG cuts
     bucket = cfg.bucket_rows + shard  # whole shards until bucket_rows is reached
     return {"plan": int(n * idx + INVERT_STEP * 2 * idx),
             "scatter": int(shard * (row + 3 * 16 + 4 * 8) + shard * (row - 17) + FLUSH_BYTES + shard * idx),
+            "scatter_padded": int(PADDED_ROWS * (512 * 3 + 76 * 4 + 16) + PADDED_ROWS * (row + 8 * 4) + FLUSH_BYTES),
             "gather": int(bucket * row + bucket * (8 * 4 + 8 + 4 + 4 + 1 + 8 * 4 + 8))}
 
 
