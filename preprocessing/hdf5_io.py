@@ -321,6 +321,56 @@ def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
     return input_mask.sum(axis=1, dtype=np.int64)
 
 
+#: HDF5's H5Dwrite, from the library h5py loaded (``[fn]``; ``[None]`` where it cannot be found): see vlen_write.
+_H5DWRITE: list[Any] = []
+
+
+def _h5dwrite() -> Any:
+    """ctypes' H5Dwrite of the HDF5 library h5py has loaded (the one file of ``/proc/self/maps`` named
+    ``libhdf5[-.]…``, of h5py's own version), or None: another platform, several HDF5 libraries, or
+    ``BERTPIPE_H5_DIRECT=0``."""
+    if not _H5DWRITE:
+        fn = None
+        if os.environ.get("BERTPIPE_H5_DIRECT", "1").lower() not in ("0", "false", "no"):
+            try:
+                import ctypes
+                import re
+
+                import h5py
+
+                with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                    libs = {ln.split()[-1] for ln in maps if re.search(r"/libhdf5[-.][^/]*$", ln.strip())}
+                if len(libs) == 1:
+                    lib = ctypes.CDLL(libs.pop())
+                    major, minor, release = (ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint())
+                    lib.H5get_libversion(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(release))
+                    if f"{major.value}.{minor.value}.{release.value}" == h5py.version.hdf5_version:
+                        fn = lib.H5Dwrite
+                        fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p]
+                        fn.restype = ctypes.c_int
+            except (OSError, AttributeError, ValueError):
+                fn = None
+        _H5DWRITE.append(fn)
+    return _H5DWRITE[0]
+
+
+def vlen_write(dsid: Any, mspace: Any, fspace: Any, buf: np.ndarray, mtype: Any) -> None:
+    """``dsid.write(mspace, fspace, buf, mtype=mtype)`` for a variable-length dataset (``buf``: the ``hvl_t``
+    elements), as one H5Dwrite of HDF5 itself. h5py's write first converts every element into a buffer of its own
+    (H5Tconvert: an allocation and a copy of each row's values), then writes that; HDF5 reads the elements where
+    they are, so the values are copied once less (the same heap objects, in the same order: the same bytes). Where
+    the direct call is not available, or fails, h5py's write runs (and raises what it always raised)."""
+    fn = _h5dwrite()
+    if fn is not None:
+        from h5py._objects import phil
+
+        buf = np.ascontiguousarray(buf)
+        with phil:  # h5py's lock around every HDF5 call
+            if fn(dsid.id, mtype.id, mspace.id, fspace.id, 0, buf.ctypes.data) >= 0:  # 0: H5P_DEFAULT
+                return
+    dsid.write(mspace, fspace, buf, mtype=mtype)
+
+
 def write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray, start: int = 0) -> None:
     """``ds[start + i] = row i`` of a variable-length dataset, rows of ``counts[i]`` values of ``flat`` back to back,
     in one HDF5 write: the ``hvl_t`` elements (length, pointer) point into ``flat`` (cast to the dataset's element
@@ -342,4 +392,4 @@ def write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray, start: int = 0) ->
     hvl["p"] = flat.ctypes.data + (np.cumsum(counts) - counts) * flat.itemsize
     fspace = ds.id.get_space()
     fspace.select_hyperslab((start,), (n,))
-    ds.id.write(h5s.create_simple((n,)), fspace, hvl, mtype=h5t.vlen_create(h5t.py_create(flat.dtype)))
+    vlen_write(ds.id, h5s.create_simple((n,)), fspace, hvl, h5t.vlen_create(h5t.py_create(flat.dtype)))

@@ -976,7 +976,9 @@ def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:
     hvl = np.empty(n, dtype=[("len", np.uintp), ("p", np.uintp)])
     hvl["len"] = counts
     hvl["p"] = flat.ctypes.data + (np.cumsum(counts) - counts) * flat.itemsize
-    ds.id.write(h5s.create_simple((n,)), ds.id.get_space(), hvl, mtype=h5t.vlen_create(h5t.py_create(flat.dtype)))
+    from preprocessing.hdf5_io import vlen_write
+
+    vlen_write(ds.id, h5s.create_simple((n,)), ds.id.get_space(), hvl, h5t.vlen_create(h5t.py_create(flat.dtype)))
 
 
 def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:

@@ -71,7 +71,7 @@ from core.pools import can_fork, default_workers, even_calls, run_all, worker_po
 from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
-from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs
+from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs, vlen_write
 
 log = logging.getLogger(__name__)
 
@@ -646,7 +646,7 @@ def write_vlen_at(ds: Any, counts: np.ndarray, addrs: np.ndarray, start: int) ->
     hvl["p"] = addrs
     fspace = ds.id.get_space()
     fspace.select_hyperslab((start,), (n,))
-    ds.id.write(h5s.create_simple((n,)), fspace, hvl, mtype=h5t.vlen_create(h5t.py_create(np.dtype(base))))
+    vlen_write(ds.id, h5s.create_simple((n,)), fspace, hvl, h5t.vlen_create(h5t.py_create(np.dtype(base))))
 
 
 def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any]:
