@@ -1,6 +1,6 @@
 """Draw docs/benchmarks.svg: CPU core-hours for the full MLPerf set, by target.
 
-The figures are those of docs/benchmarks.md ("2026-11-28, before dawn": `bench/bench_scale.py --real-part-only`, one
+The figures are those of docs/benchmarks.md ("2026-11-28, before dawn", its 05:12 run: `bench/bench_scale.py --real-part-only`, one
 real-size part projected to the full set by tokens, a lower bound, and by rows, an upper bound; the 4-bin set from
 CPU time, and from the DAG's stage seconds). The SVG is plain
 text written here, with no plotting library, so the same figures always give the same bytes;
@@ -21,16 +21,16 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.svg"
 #: (label, core-hours by tokens, core-hours by rows). The 4-bin set is what every run builds; the others are what
 #: each target adds on top of it.
 FIGURES: tuple[tuple[str, float, float], ...] = (
-    ("samsung-4bins (the default set)", 0.59, 0.89),
-    ("+ nvidia-varlength", 0.12, 0.19),
-    ("+ nvidia-4320", 0.20, 0.32),
-    ("+ nvidia-packed", 0.28, 0.44),
-    ("+ nvidia-2048", 0.34, 0.53),
-    ("+ habana-packed-raw", 0.39, 0.61),
-    ("+ habana-packed", 2.87, 4.51),
+    ("samsung-4bins (the default set)", 0.54, 0.78),
+    ("+ nvidia-varlength", 0.11, 0.18),
+    ("+ nvidia-4320", 0.27, 0.42),
+    ("+ nvidia-packed", 0.30, 0.46),
+    ("+ nvidia-2048", 0.32, 0.51),
+    ("+ habana-packed-raw", 0.57, 0.89),
+    ("+ habana-packed", 2.12, 3.33),
 )
 TITLE = "CPU core-hours for the full MLPerf set, by target"
-SUBTITLE = ("bench_scale.py, 2026-11-28, 2 cores, load 0.9-1.9; bar: by tokens, whisker: by rows "
+SUBTITLE = ("bench_scale.py, 2026-11-28 05:12, 2 cores, load 0.8-1.1; bar: by tokens, whisker: by rows "
             "(4-bin set: CPU time to DAG seconds)")
 
 WIDTH, LEFT, RIGHT, TOP, ROW = 720, 230, 40, 70, 34
