@@ -18,10 +18,12 @@ excluded, timed intervals bracketed by ``torch.cuda.synchronize()``. Printed per
 (``gpu_bench.flops_per_sequence(cfg, length, its masked tokens)``: no FLOPs for padding, attention within
 the sequence only) per second over the device's dense bf16 peak; also the MFU of the FLOPs the step executes
 (padded widths, full-row attention, all prediction slots). Runs (``--runs``, ``mode[:kernel][:ad0][:compile]``):
-padded and packed with the model's attention dropout (packed "auto": the block-diagonal SDPA mask, since
-varlen_attn has no dropout; aten_flash_varlen, PyTorch's flash kernel with dropout; nested_varlen), without it (``ad0``; packed: PyTorch's varlen_attn,
-``torch_varlen``), then torch.compile'd; a failing run is reported and the next one runs; ``--budget-s`` starts
-no run past that many seconds. Goal: >= 50 % real-token MFU on an H100/H200 (NVIDIA's MLPerf BERT: ~49 %).
+padded and packed with the model's attention dropout (packed "auto": aten_flash_varlen, PyTorch's flash varlen
+kernel with dropout; then the block-diagonal SDPA mask), without it (``ad0``; packed: PyTorch's varlen_attn,
+``torch_varlen``), then torch.compile'd (``autotune``: Inductor's GEMM autotuning; ``graphs``: CUDA graphs), the
+compiled runs profiled (``:profile``: bench/gpu_profile.py, the step's kernels by kind); a failing run is reported
+and the next one runs; ``--budget-s`` starts no run past that many seconds. Goal: >= 50 % real-token MFU on an
+H100/H200 (NVIDIA's MLPerf BERT: ~49 %).
 
     bash bench/gpu_run.sh                                          # a lent GPU: CUDA tests + this bench, ~5 min
     python bench/bench_train_packed.py --gpu --lengths mlperf      # H100/H200: BERT-Large bf16
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -253,18 +256,29 @@ def gpu_batches(rows: dict[str, np.ndarray], mode: str, batch_tokens: int, n: in
     return out
 
 
+#: run-spec options that compile with another torch.compile mode (Inductor's GEMM autotuning; CUDA graphs)
+COMPILE_MODES = {"autotune": "max-autotune-no-cudagraphs", "graphs": "reduce-overhead"}
+
+
 def parse_run(spec: str) -> dict:
-    """A GPU run: ``mode[:kernel][:ad0][:compile]``, e.g. ``packed:torch_varlen:ad0:compile`` (ad0: attention
-    dropout 0 for this run; torch_varlen and flex_varlen have none, so they imply it)."""
+    """A GPU run: ``mode[:kernel][:ad0][:compile|:autotune|:graphs][:profile]``, e.g.
+    ``packed:torch_varlen:ad0:compile`` (ad0: attention dropout 0 for this run; torch_varlen and flex_varlen have
+    none, so they imply it; autotune / graphs: torch.compile with mode max-autotune-no-cudagraphs /
+    reduce-overhead; profile: after the timed steps, ``--profile-steps`` more under torch.profiler, their kernels
+    by kind in the result and the trace beside ``--json-out``)."""
     from pretrain.model import PACKED_KERNELS
 
     mode, *opts = spec.split(":")
     if mode not in MODES:
         raise SystemExit(f"--runs: unknown mode {mode!r} in {spec!r}; choose from {', '.join(MODES)}")
-    run = {"spec": spec, "mode": mode, "kernel": "auto", "compile": False, "ad0": False}
+    run = {"spec": spec, "mode": mode, "kernel": "auto", "compile": False, "ad0": False, "profile": False}
     for o in opts:
         if o == "compile":
             run["compile"] = True
+        elif o in COMPILE_MODES:  # compile with that mode
+            run["compile"], run["compile_mode"] = True, COMPILE_MODES[o]
+        elif o == "profile":
+            run["profile"] = True
         elif o == "ad0":
             run["ad0"] = True
         elif o in PACKED_KERNELS or o == "auto":
@@ -276,10 +290,11 @@ def parse_run(spec: str) -> dict:
 
 
 #: in order of importance (--budget-s may cut the tail): eager with the model's attention dropout (0.1; packed
-#: rows: "auto" = the block-diagonal SDPA mask, and nested_varlen), eager without it (packed: torch_varlen),
-#: then compiled
-GPU_RUNS = ("padded,packed,packed:aten_flash_varlen,packed:nested_varlen,padded:ad0,packed:torch_varlen,"
-            "packed:torch_varlen:compile,packed:aten_flash_varlen:compile,padded:ad0:compile,padded:compile")
+#: rows: "auto" = aten_flash_varlen, then the block-diagonal SDPA mask), eager without it (packed: torch_varlen),
+#: then compiled and profiled (these parts took ~4 minutes together on an H200, with bench/gpu_run.sh's tests; add
+#: packed:torch_varlen:compile for the compiled run without dropout)
+GPU_RUNS = ("padded,packed,packed:sdpa_mask,padded:ad0,packed:torch_varlen,packed:compile:profile,"
+            "padded:compile:profile")
 
 
 def gpu_bench(args: argparse.Namespace) -> list[dict]:
@@ -331,6 +346,24 @@ def gpu_bench(args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def _profile(args, run: dict, step_model, opt, batches: list, device) -> dict:  # noqa: ANN001
+    """``--profile-steps`` more training steps under torch.profiler (bench/gpu_profile.py): kernels by kind."""
+    from bench.gpu_profile import print_summary, profile_steps
+
+    done = [0]
+
+    def one_step() -> None:
+        step_model(**batches[done[0] % len(batches)]).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done[0] += 1
+
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", run["spec"])
+    summary = profile_steps(one_step, args.profile_steps, args.profile_dir, name, cuda=device.type == "cuda")
+    print_summary(run["spec"], summary)
+    return summary
+
+
 def gpu_run(args, run: dict, rows, lengths, n_pred, peak: float, device) -> dict:  # noqa: ANN001
     import torch
     import torch._dynamo
@@ -347,7 +380,7 @@ def gpu_run(args, run: dict, rows, lengths, n_pred, peak: float, device) -> dict
     model.varlen_kernel = run["kernel"]
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
-    step_model = torch.compile(model) if run["compile"] else model
+    step_model = torch.compile(model, mode=run.get("compile_mode")) if run["compile"] else model
     batches = gpu_batches(rows, mode, args.batch_tokens, args.warmup + args.steps)
     on_device = [{k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in b.items()} for b, _ in batches]
     useful = [sum(flops_per_sequence(cfg, int(lengths[r]), int(n_pred[r])) for r in idx) for _, idx in batches]
@@ -369,6 +402,7 @@ def gpu_run(args, run: dict, rows, lengths, n_pred, peak: float, device) -> dict
         opt.zero_grad(set_to_none=True)
     sync()
     elapsed = time.perf_counter() - t0
+    profiled = _profile(args, run, step_model, opt, on_device[args.warmup:], device) if run["profile"] else None
     timed = slice(args.warmup, None)
     seqs = sum(len(idx) for _, idx in batches[timed])
     r = {**run, "rows_per_batch": len(batches[0][0]["input_ids"]), "steps": args.steps,
@@ -379,7 +413,7 @@ def gpu_run(args, run: dict, rows, lengths, n_pred, peak: float, device) -> dict
          "attention": model.packed_attention or "sdpa-key-padding-mask",
          "attention_dropout": cfg.attention_probs_dropout_prob,
          "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
-         "loss": float(loss.detach())}
+         "loss": float(loss.detach()), **({"profile": profiled} if profiled else {})}
     print(f"{run['spec']:32s}: {r['sequences_per_s']:8.1f} real seq/s  {r['tokens_per_s']:10.0f} real tokens/s  "
           f"MFU on real tokens {100 * r['mfu_real']:5.1f} %  (executed {100 * r['mfu_executed']:5.1f} %)  "
           f"{r['step_ms']:.1f} ms/step ({r['rows_per_batch']} rows)  attention {r['attention']} "
@@ -420,6 +454,9 @@ def main() -> None:
     p.add_argument("--runs", default=GPU_RUNS,
                    help="GPU: comma-separated mode[:kernel][:ad0][:compile] (ad0: attention dropout 0)")
     p.add_argument("--budget-s", type=float, default=0.0, help="GPU: start no run after this many seconds")
+    p.add_argument("--profile-steps", type=int, default=3, help="GPU: steps profiled in a run with :profile")
+    p.add_argument("--profile-dir", type=Path,
+                   help="GPU: where :profile runs write their traces (default: beside --json-out, else the cwd)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--one-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--one-out", type=Path, help=argparse.SUPPRESS)
@@ -438,6 +475,7 @@ def main() -> None:
         args.steps = args.steps or (2 if args.dry else 20)
         args.warmup = args.warmup if args.warmup >= 0 else (1 if args.dry else 5)
         args.batch_tokens = args.batch_tokens or (4 * 512 if args.dry else 32 * 512)
+        args.profile_dir = args.profile_dir or (args.json_out.parent if args.json_out else Path.cwd())
         results = gpu_bench(args)
     else:
         args.model = args.model or "tiny"

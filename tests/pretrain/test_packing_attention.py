@@ -47,7 +47,11 @@ def test_auto_picks_per_device_dtype_and_dropout(monkeypatch):
     monkeypatch.setattr(M, "_FLASH_VARLEN", None)  # flash_attn absent
     assert M.torch_varlen_available()  # PyTorch's own kernel ships with torch (>= 2.10)
     assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.0) is M.torch_varlen
-    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.1) is None  # varlen_attn has no dropout: the SDPA mask
+    # with attention dropout (which varlen_attn lacks): the same flash kernels called with it
+    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.1) is M.aten_flash_varlen
+    monkeypatch.setattr(M, "_varlen_attn", None)  # a torch without varlen_attn: the block-diagonal SDPA mask
+    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.1) is None
+    assert M.auto_varlen_kernel(cuda, torch.bfloat16, 0.0) is None
     monkeypatch.setattr(M, "_FLASH_VARLEN", lambda *a, **k: None)  # flash_attn installed: optional, preferred
     assert M.auto_varlen_kernel(cuda, torch.float16, 0.1) is M.flash_varlen
 

@@ -11,8 +11,8 @@ batch against the same sequences as padded rows. No DeepSpeed, no golden files: 
   batches of other sequence lengths) and the eager result.
 * aten_flash_varlen (PyTorch's flash kernels called directly, with dropout): equal to the others without dropout;
   with it, reproducible under a seed and never across sequences.
-* attention dropout on CUDA: "auto" keeps the block-diagonal SDPA mask (varlen_attn has no dropout; nested_varlen,
-  PyTorch's flash kernel with dropout, trains too but measured slower than padded rows on an H200).
+* attention dropout on CUDA: "auto" picks aten_flash_varlen (varlen_attn has no dropout; nested_varlen, PyTorch's
+  flash kernel with dropout through nested tensors, trains too but measured slower than padded rows on an H200).
 
     python -m pytest tests/pretrain/test_packing_cuda.py -m gpu -q -s
 """
@@ -168,7 +168,7 @@ def test_attention_dropout_on_cuda(kernel):
     M._FLASH_VARLEN = None  # as a plain install: no flash_attn
     m.varlen_kernel = kernel
     out, g = loss_and_grads(m, on(synthetic(LENGTHS)[1]))
-    assert m.packed_attention == ("sdpa-block-diagonal-mask" if kernel == "auto" else f"varlen:{kernel}")
+    assert m.packed_attention == ("varlen:aten_flash_varlen" if kernel == "auto" else f"varlen:{kernel}")
     assert torch.isfinite(out.loss) and all(torch.isfinite(v).all() for v in g.values())
     m.eval()
     m.varlen_kernel = "auto"
