@@ -107,3 +107,48 @@ def test_dry_gpu_bench_writes_a_profile(tmp_path):
     assert r["attention"] == "varlen:split_varlen" and r["profile"]["steps"] == 2
     assert r["profile"]["kernels_per_step"] > 0 and 0 < r["profile"]["busy"] <= 1
     assert (tmp_path / "packed_split_varlen_profile.trace.json.gz").stat().st_size > 0
+
+
+def test_attention_bench_layout_is_the_models():
+    """bench/gpu_attention.py's cu_seqlens are those the model builds for the same packs (static and compact)."""
+    import numpy as np
+    import torch
+
+    from bench.bench_train_packed import gpu_batches, mlperf_lengths, synthetic_rows
+    from bench.gpu_attention import batch_layout
+    from pretrain import model as M
+    from pretrain.config import model_config
+
+    static, compact, sum_sq, real = batch_layout(300, 4)
+    arrays, idx = gpu_batches(synthetic_rows(mlperf_lengths(300, 0), 0), "packed", 4 * 512, 1, 0)[0]
+    seen = {}
+
+    def spy(q, k, v, cu, max_seqlen, dropout_p):
+        seen.setdefault(spy.mode, cu.numpy().copy())
+        return M.split_varlen(q, k, v, cu, max_seqlen, dropout_p)
+
+    m = M.BertForPreTraining(model_config("tiny")).eval()
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    for mode, static_shapes in (("static", True), ("compact", False)):
+        spy.mode, spy.static_shapes = mode, static_shapes
+        m.varlen_kernel = spy
+        with torch.no_grad():
+            m.sequence_output(t["input_ids"], t["segment_ids"], t["input_mask"], t["positions"],
+                              t["next_sentence_positions"].shape[1])
+    assert np.array_equal(seen["static"], static) and np.array_equal(seen["compact"], compact)
+    lengths = np.diff(compact)[arrays["input_mask"].reshape(-1)[compact[:-1]] != 0]
+    assert real == int((arrays["input_mask"] != 0).sum()) == int(lengths.sum())
+    assert sum_sq == int((lengths ** 2).sum()) and len(lengths) == len(idx)
+
+
+def test_attention_bench_needs_cuda():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_attention.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and "no CUDA device visible" in proc.stderr
