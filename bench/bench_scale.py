@@ -46,6 +46,14 @@
    once, by rows (an upper bound: this part's sequences average ~400 tokens, the full set's ~256) and by tokens (a
    lower bound), added to the full set's 4-bin figure, and against it for a run of the target alone (no bins).
 
+**Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
+with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
+(the full set writes ~935 GB): the kernel then reclaims cache pages for a step's writes and arrays, and kswapd's CPU
+during the step (that reclaim, beside it) is counted with the step's CPU. ``--memory free`` times the steps as the
+machine is. On a VM whose host takes free memory back (virtio balloon free page reporting), writing 1 GiB to the
+page cache costs ~1.0-1.3 system seconds from free memory the host has taken back, ~0.21 right after it was freed
+and ~0.23-0.26 with the memory full of page cache (``bench/memory_state.py`` measures the three).
+
 Timings depend on the machine and its load: say which machine and how loaded it was when quoting them.
 """
 
@@ -61,6 +69,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_state import FullPageCache, balloon_reporting, kswapd_cpu, meminfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -205,7 +216,22 @@ def _short(cmd: str, parent_cmd: str) -> str:
     return cmd[:60]
 
 
+#: The memory state the timed steps run in (``--memory``): None (as the machine is), or the page cache kept full.
+MEMORY: dict[str, FullPageCache | None] = {"fill": None}
+#: kswapd's CPU seconds during the last timed child (the kernel's reclaim for it, beside its own CPU).
+KSWAPD = {"last": 0.0}
+
+
+def _memory_ready() -> None:
+    """Before a timed step: with ``--memory full``, free memory filled again with clean page cache."""
+    fill = MEMORY["fill"]
+    if fill is not None:
+        os.sync()
+        fill.top_up()
+
+
 def run_watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, TreeWatch]:
+    _memory_ready()
     t0 = time.perf_counter()
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -220,12 +246,15 @@ def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, floa
     synced first: the previous step's written bytes (gigabytes, for the target stages) would otherwise be written
     back while this one runs, and a 2-worker run timed right after its 1-worker run paid for both."""
     os.sync()
+    _memory_ready()
+    k0 = kswapd_cpu()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     dt = time.perf_counter() - t0
+    KSWAPD["last"] = kswapd_cpu() - k0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out.decode(errors='replace')[-3000:]}")
     return dt, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime
@@ -536,6 +565,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                                   str(args.target_parts)], env)
         f = json.loads((out / f"{what}.json").read_text())
         f["wall"], f["rss"] = dt, rss
+        f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
+        f["cpu"] += f["kswapd"]
         if what == "habana_packed_raw" and "habana_packed" in figures:
             # the gzip at level 4 (zlib's deflate, which the script's bytes depend on): the gzip run's CPU less the
             # same packs' run without it, besides the md5s (the uncompressed files are ~5.7x the bytes to hash)
@@ -557,8 +588,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             f["speedup"] = ratio
             floor = f["bytes"] / 1e6 / max(disk, 1e-9)  # the disk's own time for the stage's output files
             f["disk_floor"] = floor
-            print(f"    {w} workers: {fw['costs']['wall']:.2f} s against {f['costs']['wall']:.2f} s (besides the recipe "
-                  f"{serial_w:.1f} / {serial1:.1f} s): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}; the "
+            print(f"    {w} workers: {fw['costs']['wall']:.2f} s against {f['costs']['wall']:.2f} s (the serial "
+                  f"recipe's {serial_w:.1f} / {serial1:.1f} s taken off): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}; the "
                   f"disk alone takes {floor:.2f} s for its {f['bytes'] / 1e6:,.0f} MB of output (at most "
                   f"{(f['costs']['wall'] - serial1) / max(floor, 1e-9):.2f}x on this disk)")
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
@@ -566,7 +597,9 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
               "rows/CPU-s "
               f"{rss:6.0f} MB peak RSS -> {f['bytes'] / 1e6:,.0f} MB")
         if "costs" in f:
-            print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}")
+            print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}"
+                  + (f"; kswapd beside it {f['kswapd']:.2f} s (counted in the cpu figure above)"
+                     if MEMORY["fill"] is not None else ""))
     return figures
 
 
@@ -670,6 +703,11 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         secs = out.with_name(out.name + ".seconds.txt")
         if secs.is_file():  # a split call's own wall and CPU, without the interpreter's start-up; its md5s
             dt, cpu, figures[f"md5 s {name}"], figures[f"md5 bytes {name}"] = map(float, secs.read_text().split())
+        # the kernel's reclaim for the step (kswapd, beside it: with --memory full, what its writes and arrays cost
+        # the kernel besides the step's own system time), per part for the fused call, counted with its CPU
+        ksw = KSWAPD["last"] / (args.group if "fused" in name else 1)
+        figures[f"kswapd {name}"] = ksw
+        cpu += ksw
         figures[name], figures[f"cpu {name}"] = dt, cpu
         # a pool's workers are not the CLI's waited-for children: its CPU figure would be the parent's alone
         cpu_txt = f"cpu {cpu:5.2f} s" if "2 workers" not in name else "cpu   n/a  "
@@ -680,7 +718,8 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
             c = json.loads(costs_file.read_text())
             if "fused" not in name:
                 figures[f"costs {name}"] = c
-            print(f"    {breakdown(c)}")
+            print(f"    {breakdown(c)}" + (f"; kswapd beside it {ksw:.2f} s (counted in the cpu figure above)"
+                                           if MEMORY["fill"] is not None else ""))
     # the shards' md5s: 128 files a call at 2,048 shards per bin (16 AVX-512 lanes where the CPU has them), as
     # every call at full size; at 8 shards per bin, a call's 4-8 files (one of them most of the bytes) hash
     # about as one stream. The projection counts the 8-shard rows at the 2,048-shard md5 speed.
@@ -735,15 +774,24 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     env.pop("PREFECT_API_URL", None)
     cmd = [str(BIN / "bertpipe"), "run", "--text-dir", str(corpus), "--vocab", str(args.vocab), "--work-dir", str(work),
            "--n-output-shards", "8", "--workers", "1", "-q"]
+    k0 = kswapd_cpu()
     wall, rc, watch = run_watched(cmd, env, tmp / "real-run.log")
+    ksw = kswapd_cpu() - k0
     if rc != 0:
         raise SystemExit(f"bertpipe run of the real part failed ({rc}):\n" + (tmp / "real-run.log").read_text()[-3000:])
     stages = json.loads((work / "last_run.json").read_text())["stages"]
     out = {f"dag {n}": stages[n]["seconds"] / args.group for n in ("tfrecord", "hdf5", "bins")}
+    # kswapd's reclaim during the run ran beside the calls (on the other core): their seconds do not hold it. It is
+    # added to the stages' seconds in proportion to them (a part's share of the run's reclaim).
+    total = sum(out.values())
+    for n in ("tfrecord", "hdf5", "bins"):
+        out[f"dag {n}"] += ksw / args.group * out[f"dag {n}"] / max(total, 1e-9)
+    out["dag kswapd"] = ksw / args.group
     print(f"the same part {args.group} times (copies) through `bertpipe run --n-output-shards 8 --workers 1` "
           f"({wall:.1f} s): stage work a part: tfrecord+hdf5 {out['dag tfrecord'] + out['dag hdf5']:.2f} s (fused "
           f"calls, {args.group} in a group), bins {out['dag bins']:.2f} s"
-          + f"; peak RSS {max(mb for mb, _ in watch.report()):.0f} MB")
+          + f"; peak RSS {max(mb for mb, _ in watch.report()):.0f} MB; kswapd beside the calls {ksw / args.group:.2f} "
+          "s a part (added to the stages' seconds below)")
     # where the DAG's stage seconds went (last_run.json: core.costs.spent per call): CPU, waits for a core (other
     # jobs on the machine), and the rest, blocked (the disk: fsyncs, writes held back while the page cache is full
     # of dirty pages; locks)
@@ -834,12 +882,30 @@ def main(argv: list[str] | None = None) -> int:
                     "many names (hard links): more shards to split over workers; figures are for all of them")
     ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
                     "stages (step 5), projected without today's figure")
+    ap.add_argument("--memory", choices=("full", "free"), default="full",
+                    help="the memory state the steps are timed in: 'full' (default) fills the free memory with clean "
+                    "page cache before each step, as a full-size run's earlier outputs do (the kernel reclaims cache "
+                    "for a step's writes; kswapd's CPU is counted with the step's), 'free' times them as the machine "
+                    "is (on a VM whose host takes back free memory, first touches then cost up to 6x the system time: "
+                    "bench/memory_state.py)")
+    ap.add_argument("--leave-mb", type=int, default=1024, help="with --memory full: MB of memory left free "
+                    "(default 1024)")
     args = ap.parse_args(argv)
     if not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")
     tmp = args.keep_work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    fill = FullPageCache(tmp / "memory-fill", leave_mb=args.leave_mb) if args.memory == "full" else None
     try:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        rep = balloon_reporting()
+        print(f"memory: {meminfo('MemTotal'):,} MB, {meminfo('MemFree'):,} MB free; free page reporting to the host "
+              f"{'on' if rep else 'off' if rep is False else 'n/a (no balloon device)'}; timed "
+              + ("with the free memory filled with clean page cache before each step, down to "
+                 f"{args.leave_mb:,} MB free (--memory full: a full-size run's state after its first parts)"
+                 if fill is not None else "as the machine is (--memory free)"))
+        if fill is not None:
+            fill.__enter__()
+            MEMORY["fill"] = fill
         if not args.real_part_only and not args.targets_only:
             t0 = time.perf_counter()
             sizes = build_corpus(tmp / "corpus", args.parts, args.part_lines, args.part_mb, args.eval_mb)
@@ -855,6 +921,10 @@ def main(argv: list[str] | None = None) -> int:
                 target_projection(target_stages(args, tmp / "real" / "h5", tmp), today, bins)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
+        if fill is not None:
+            print(f"memory fill: {fill.written_mb:,} MB of clean page cache written in all (removed)")
+            MEMORY["fill"] = None
+            fill.__exit__(None, None, None)
         if not args.keep_work:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

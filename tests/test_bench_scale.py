@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data: Path, tmp_path: Path) -> None:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--real-part-only", "--real-mb",
-                          "0.4", "--group", "2", "--shards", "16", "--no-target-stages", "--vocab",
+                          "0.4", "--group", "2", "--shards", "16", "--no-target-stages", "--memory", "free", "--vocab",
                           str(shared_data / "vocab.txt"), "--keep-work", str(tmp_path / "w")],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -1,0 +1,70 @@
+"""bench/memory_state.py: the balloon's free page reporting bit, kswapd's CPU, and the page-cache fill that
+bench_scale.py's ``--memory full`` times its steps in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import memory_state as ms  # noqa: E402
+
+
+def _device(root: Path, name: str, bits: str) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "features").write_text(bits + "\n")
+
+
+def test_balloon_reporting_reads_feature_bit_5(tmp_path: Path) -> None:
+    assert ms.balloon_reporting(tmp_path / "none") is None
+    on = tmp_path / "on"
+    _device(on, "virtio0", "0110010100000000")  # STATS_VQ, DEFLATE_ON_OOM, REPORTING, bit 7
+    assert ms.balloon_reporting(on) is True
+    off = tmp_path / "off"
+    _device(off, "virtio0", "0110000100000000")  # no bit 5
+    assert ms.balloon_reporting(off) is False
+    _device(off, "virtio1", "0000010000000000")  # a second device that reports
+    assert ms.balloon_reporting(off) is True
+
+
+def test_meminfo_and_kswapd_cpu_read_proc() -> None:
+    if not Path("/proc/meminfo").is_file():
+        pytest.skip("no /proc")
+    assert ms.meminfo("MemTotal") > ms.meminfo("MemFree") > 0
+    with pytest.raises(KeyError):
+        ms.meminfo("NoSuchField")
+    a = ms.kswapd_cpu()
+    assert a >= 0.0 and ms.kswapd_cpu() >= a  # a counter: never goes back
+
+
+def test_full_page_cache_writes_clean_fill_within_its_cap_and_removes_it(tmp_path: Path) -> None:
+    # leave_mb 0: it would fill all free memory; max_mb caps it at 3 MB here
+    with ms.FullPageCache(tmp_path / "fill", leave_mb=0, max_mb=3, min_mb=1) as fill:
+        assert fill.top_up() == 3
+        files = list((tmp_path / "fill").iterdir())
+        assert [p.stat().st_size for p in files] == [3 << 20]
+        assert fill.top_up() == 0  # the cap is reached: nothing more
+    assert not list((tmp_path / "fill").iterdir())
+    # a disk closer to full than disk_spare_mb: nothing written
+    with ms.FullPageCache(tmp_path / "fill2", leave_mb=0, max_mb=3, min_mb=1, disk_spare_mb=1 << 40) as fill:
+        assert fill.top_up() == 0
+    # free memory already below leave_mb: nothing written
+    with ms.FullPageCache(tmp_path / "fill3", leave_mb=1 << 40, min_mb=1) as fill:
+        assert fill.top_up() == 0
+
+
+def test_write_probe_removes_its_file(tmp_path: Path) -> None:
+    assert ms.write_probe(tmp_path, mb=2) >= 0.0
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_scale_help_names_the_memory_states() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--help"], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    assert "--memory {full,free}" in out and "--leave-mb" in out
