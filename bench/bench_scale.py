@@ -45,6 +45,8 @@
    apart, and the NNLS within it. Projected per target: the per-row work scaled to the full set plus the recipe
    once, by rows (an upper bound: this part's sequences average ~400 tokens, the full set's ~256) and by tokens (a
    lower bound), added to the full set's 4-bin figure, and against it for a run of the target alone (no bins).
+   ``--targets-only --target-short-seq-prob 1.0`` makes the part with rows of about the full set's mean length
+   (~256 tokens; MLPerf's 0.1 gives the sample text ~400), where the two projections nearly agree.
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
@@ -656,6 +658,59 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
 
 
 # -- one real-size part ----------------------------------------------------------------------------------------
+def fit_projection(fig_a: dict[str, dict[str, float]], fig_b: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each target's extra core-hours at full size from two parts of different mean lengths (``--fit-lengths``):
+    per stage, its CPU besides the packers' recipe as ``a x rows + b x tokens`` through the two parts' figures,
+    then ``a x`` the full set's rows ``+ b x`` its tokens, plus the recipe once (the mean of the two parts': it
+    depends on the lengths' histogram). One part's rows average more tokens than the full set's, the other's fewer,
+    so this lies between the bounds each gives alone. Returns {target: core-hours}."""
+    sys.path.insert(0, str(ROOT))
+    from preprocessing.params import DataParams
+    from preprocessing.registry import for_target
+    from preprocessing.targets import names
+
+    def point(fa: dict[str, float], fb: dict[str, float], once_only: bool) -> tuple[float, float, float]:
+        once = (_once(fa) + _once(fb)) / 2
+        ca, cb = fa["cpu"] - _once(fa), fb["cpu"] - _once(fb)
+        if once_only:  # the eval pick: 10,000 rows whatever the set's size
+            return (ca + cb) / 2 + once, 0.0, 0.0
+        ra, ta, rb, tb = fa["rows"], fa.get("tokens") or fa["rows"], fb["rows"], fb.get("tokens") or fb["rows"]
+        det = ra * tb - rb * ta
+        if abs(det) < 1e-9 * ra * tb:  # the same mean length: no fit, the rows' scale
+            return ca * FULL_ROWS / ra + once, ca / ra, 0.0
+        a = (ca * tb - cb * ta) / det  # CPU-s a row
+        b = (ra * cb - rb * ca) / det  # CPU-s a token
+        return a * FULL_ROWS + b * FULL_TOKENS + once, a, b
+
+    any_a, any_b = next(iter(fig_a.values())), next(iter(fig_b.values()))
+    print(f"\n## the other targets at full size, fitted: CPU = a x rows + b x tokens through two parts ({any_a['rows']:,} "
+          f"rows of {any_a['tokens'] / any_a['rows']:.0f} tokens on average, {any_b['rows']:,} of "
+          f"{any_b['tokens'] / any_b['rows']:.0f}; the full set: {FULL_ROWS:,} of ~{FULL_TOKENS / FULL_ROWS:.0f})")
+    stages = {}
+    for stage in fig_a:
+        if stage in fig_b:
+            full, a, b = point(fig_a[stage], fig_b[stage], stage == "nvidia_eval")
+            stages[stage] = full
+            if stage != "nvidia_eval":
+                print(f"  {stage:<22} a = {a * 1e6:6.3f} us a row, b = {b * 1e9:6.3f} ns a token: {full / 3600:.3f} "
+                      "core-hours")
+    out = {}
+    for target in names():
+        if target == "samsung-4bins":
+            continue
+        extra, parts = 0.0, []
+        for stage in for_target(target, DataParams()):
+            key = stage if stage in stages else stage.replace("2048", "4320").replace("_v11", "")
+            if key not in stages:
+                continue
+            extra += stages[key]
+            parts.append(f"{stage} {stages[key] / 3600:.3f}")
+        if parts:
+            out[target] = extra / 3600
+            print(f"  --target {target:<17} fitted +{extra / 3600:.2f} core-hours ({', '.join(parts)})")
+    return out
+
+
 def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     d = tmp / "real"
     d.mkdir(parents=True, exist_ok=True)
@@ -738,8 +793,10 @@ def real_part(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     return figures
 
 
-def real_part_hdf5(args: argparse.Namespace, tmp: Path) -> Path:
+def real_part_hdf5(args: argparse.Namespace, tmp: Path, short_seq_prob: float | None = None) -> Path:
     """The real-size part's padded HDF5 alone (create-pretraining-data, tfrecord-to-hdf5): its folder."""
+    if short_seq_prob is None:
+        short_seq_prob = args.target_short_seq_prob
     d = tmp / "real"
     (d / "tf").mkdir(parents=True, exist_ok=True)
     (d / "h5").mkdir(exist_ok=True)
@@ -750,7 +807,7 @@ def real_part_hdf5(args: argparse.Namespace, tmp: Path) -> Path:
     timed_child([bp, "create-pretraining-data", "--input_file", str(part), "--output_file", str(d / "tf" / part.name),
                  "--vocab_file", str(args.vocab), "--do_lower_case", "True", "--max_seq_length", "512",
                  "--max_predictions_per_seq", "76", "--dupe_factor", "10", "--masked_lm_prob", "0.15",
-                 "--random_seed", "12345", "-q"], env)
+                 "--short_seq_prob", str(short_seq_prob), "--random_seed", "12345", "-q"], env)
     timed_child([bp, "tfrecord-to-hdf5", "--input", str(d / "tf" / part.name), "--output",
                  str(d / "h5" / f"{part.name}.hdf5"), "-q"], env)
     return d / "h5"
@@ -882,6 +939,16 @@ def main(argv: list[str] | None = None) -> int:
                     "many names (hard links): more shards to split over workers; figures are for all of them")
     ap.add_argument("--targets-only", action="store_true", help="only the real part's HDF5 and the other targets' "
                     "stages (step 5), projected without today's figure")
+    ap.add_argument("--target-short-seq-prob", type=float, default=0.1,
+                    help="with --targets-only: create_pretraining_data's --short_seq_prob for the part the target "
+                    "stages read (default 0.1, MLPerf's). The sample text's rows average ~400 tokens, the full set's "
+                    "~256: at 1.0 this part's rows average about the full set's, so its projections by rows and by "
+                    "tokens nearly agree (the same code and data format; only the lengths differ)")
+    ap.add_argument("--fit-lengths", action="store_true",
+                    help="with --targets-only: run the target stages on two parts, one made with "
+                    "--target-short-seq-prob (default 0.1: rows of ~400 tokens) and one with 1.0 (~170), fit each "
+                    "stage's CPU as a x rows + b x tokens and project that to the full set's rows and tokens "
+                    "(~256 a row): a point estimate between the bounds")
     ap.add_argument("--memory", choices=("full", "free"), default="full",
                     help="the memory state the steps are timed in: 'full' (default) fills the free memory with clean "
                     "page cache before each step, as a full-size run's earlier outputs do (the kernel reclaims cache "
@@ -912,7 +979,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"corpus: {args.parts} parts, {sizes['parts_mb']:.2f} MB + eval.txt {sizes['eval_mb']:.2f} MB "
                   f"(built in {time.perf_counter() - t0:.1f} s)")
             dag_run(args, tmp / "corpus", tmp / "work", sizes)
-        if args.targets_only:
+        if args.targets_only and args.fit_lengths:
+            figs = []
+            for i, ssp in enumerate((args.target_short_seq_prob, 1.0)):
+                sub = tmp / f"lengths-{i}"
+                print(f"\n# part {i + 1} of 2: create_pretraining_data --short_seq_prob {ssp}")
+                figs.append(target_stages(args, real_part_hdf5(args, sub, ssp), sub))
+                target_projection(figs[-1], None)
+            fit_projection(*figs)
+        elif args.targets_only:
             h5 = real_part_hdf5(args, tmp)
             target_projection(target_stages(args, h5, tmp), None)
         elif not args.no_real_part:

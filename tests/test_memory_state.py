@@ -64,7 +64,7 @@ def test_write_probe_removes_its_file(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def test_bench_scale_help_names_the_memory_states() -> None:
+def test_bench_scale_help_names_the_memory_states_and_the_parts_lengths() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--help"], capture_output=True,
                          text=True, cwd=ROOT, check=True).stdout
-    assert "--memory {full,free}" in out and "--leave-mb" in out
+    assert "--memory {full,free}" in out and "--leave-mb" in out and "--target-short-seq-prob" in out

@@ -1,0 +1,55 @@
+"""bench/bench_scale.py's ``--fit-lengths`` projection: a stage's CPU fitted as a x rows + b x tokens through two
+parts of different mean lengths, then taken to the full set's rows and tokens, the packers' recipe once."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench_scale():
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_scale_under_test", ROOT / "bench" / "bench_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fig(cpu: float, rows: int, tokens: int, recipe: float = 0.0) -> dict[str, float]:
+    return {"cpu": cpu + recipe, "rows": rows, "tokens": tokens, "nnls_cpu": 0.0, "recipe_cpu": recipe}
+
+
+def test_fit_recovers_a_linear_cost_and_projects_it(bench_scale, capsys) -> None:
+    a, b = 1.5e-6, 8e-9  # CPU-s a row, a token
+    ra, ta = 185_595, 185_595 * 404  # the sample text's rows
+    rb, tb = 469_883, 469_883 * 170  # --short_seq_prob 1.0
+    ea, eb = 0.2, 0.3  # the eval pick: 10,000 rows whatever the size, counted once (the mean)
+    ka, kb = 60.0, 80.0  # the packers' recipe: once, the mean of the two
+    fig_a = {"nvidia_4320": _fig(a * ra + b * ta, ra, ta), "nvidia_eval": _fig(ea, ra, ta),
+             "nvidia_packed": _fig(2 * (a * ra + b * ta), ra, ta, ka)}
+    fig_b = {"nvidia_4320": _fig(a * rb + b * tb, rb, tb), "nvidia_eval": _fig(eb, rb, tb),
+             "nvidia_packed": _fig(2 * (a * rb + b * tb), rb, tb, kb)}
+    out = bench_scale.fit_projection(fig_a, fig_b)
+    full = a * bench_scale.FULL_ROWS + b * bench_scale.FULL_TOKENS
+    assert out["nvidia-varlength"] == pytest.approx((full + (ea + eb) / 2) / 3600, rel=1e-9)
+    assert out["nvidia-packed"] == pytest.approx((2 * full + (ka + kb) / 2 + (ea + eb) / 2) / 3600, rel=1e-9)
+    text = capsys.readouterr().out
+    assert "a =  1.500 us a row, b =  8.000 ns a token" in text
+    # the fit lies between the two parts' bounds (by rows and by tokens) when the cost is linear
+    lo = min(fig_a["nvidia_4320"]["cpu"] * bench_scale.FULL_TOKENS / ta,
+             fig_b["nvidia_4320"]["cpu"] * bench_scale.FULL_ROWS / rb)
+    hi = max(fig_a["nvidia_4320"]["cpu"] * bench_scale.FULL_ROWS / ra,
+             fig_b["nvidia_4320"]["cpu"] * bench_scale.FULL_TOKENS / tb)
+    assert lo <= full <= hi
+
+
+def test_fit_with_equal_mean_lengths_falls_back_to_the_rows_scale(bench_scale) -> None:
+    f = _fig(1.0, 1000, 256_000)
+    out = bench_scale.fit_projection({"nvidia_4320": f}, {"nvidia_4320": dict(f)})
+    assert out["nvidia-varlength"] == pytest.approx(1.0 * bench_scale.FULL_ROWS / 1000 / 3600)
