@@ -62,6 +62,30 @@ def test_every_kernel_equals_hashlib_for_any_number_of_files(files) -> None:
         assert mod.md5_files([str(files[-1])] * 20, k) == [want[-1]] * 20, k
 
 
+def test_mapped_files_hash_as_read_ones_with_every_kernel(files, tmp_path) -> None:
+    """mapped=True (a stage's own outputs: files of 1 MiB or more hashed where they lie in the page cache): the same
+    digests as hashlib with every kernel, the mapped files side by side with read ones (under 1 MiB) in one job,
+    when the job narrows for its last files, and an error still names its file with every lane cleaned up."""
+    mod = native()
+    want = [hashlib_md5(p) for p in files]
+    assert sum(p.stat().st_size >= MIB for p in files) >= 8  # mapped and read files among the lanes
+    for k in mod.kernels():
+        for n in (1, 2, 9, 17, len(files)):
+            assert mod.md5_files([str(p) for p in files[:n]], k, mapped=True) == want[:n], (k, n)
+    assert mod.md5_files([str(p) for p in files], mapped=True) == want
+    # the public function: written=True maps; its results are md5_file's
+    assert md5_files(files, written=True) == want
+    # one long mapped file outliving 16 short ones: the job narrows, the mapped lane's state moves with it
+    long_one = tmp_path / "long"
+    long_one.write_bytes(random.Random(3).randbytes(5 * MIB + 17))
+    paths = [str(p) for p in files[:16]] + [str(long_one)]
+    assert mod.md5_files(paths, mapped=True) == want[:16] + [hashlib_md5(long_one)]
+    missing = tmp_path / "gone.bin"
+    with pytest.raises(FileNotFoundError) as e:
+        mod.md5_files([str(long_one), str(missing), str(files[-1])], mapped=True)
+    assert str(missing) in str(e.value)
+
+
 def test_kernel_choice_follows_the_number_of_files() -> None:
     mod = native()
     assert mod.kernel_for(1) == "scalar x1"

@@ -95,7 +95,7 @@ def flush_deferred() -> None:
 
 def _finish_deferred(pending: list[StageOutput]) -> None:
     todo = [(out, e) for out in pending for e in out.manifest.files if not e.md5]
-    for (out, e), md5 in zip(todo, md5_files([out.path(e.name) for out, e in todo]), strict=True):
+    for (out, e), md5 in zip(todo, md5_files([out.path(e.name) for out, e in todo], written=True), strict=True):
         out._entries[e.name] = FileEntry(e.name, e.bytes, md5)
     # their writeback started when each was closed (sync_fd); wait for the rest before a manifest lists them
     files = [out.path(e.name) for out in pending for e in out.manifest.files]

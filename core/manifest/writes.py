@@ -87,7 +87,7 @@ def md5_then_fsync(paths: Iterable[Path | str]) -> list[str]:
     from core.manifest.format import md5_files
 
     paths = list(paths)
-    md5s = md5_files(paths)
+    md5s = md5_files(paths, written=True)  # the caller's outputs, closed: hashed where they lie in the page cache
     try:
         fsync_paths(paths)
     except OSError as exc:

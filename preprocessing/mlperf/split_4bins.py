@@ -404,7 +404,7 @@ def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults:
     # HDF5 rewrites its superblock when a file closes, so a shard's md5 is taken once it is complete: all of
     # the sub-group's files at once, side by side on this core (core.manifest.md5_files)
     done = [p for row in finals for p in row]
-    for name, p, md5 in zip([nm for row in names for nm in row], done, md5_files(done), strict=True):
+    for name, p, md5 in zip([nm for row in names for nm in row], done, md5_files(done, written=True), strict=True):
         entries.append([name, p.stat().st_size, md5])
     return entries, sum(s == 0 for row in sizes for s in row)
 

@@ -379,10 +379,10 @@ def spy(sandbox, monkeypatch):
 
             class Proxy:
                 @staticmethod
-                def md5_files(paths):
+                def md5_files(paths, kernel=None, mapped=False):
                     for p in paths:
                         _audit("open", (p,))
-                    return mod.md5_files(paths)
+                    return mod.md5_files(paths, kernel, mapped=mapped)
             return Proxy
 
     monkeypatch.setattr(cm, "_MD5", SpyNative())

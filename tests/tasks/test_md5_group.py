@@ -15,7 +15,10 @@ import pytest
 import core.manifest.output as output
 from core.manifest import load_manifest, md5_file
 from core.stage import Unit
-from preprocessing.mlperf.create_pretraining_data import CreatePretrainingDataConfig, run_create_pretraining_data
+from preprocessing.mlperf.create_pretraining_data import (
+    CreatePretrainingDataConfig,
+    run_create_pretraining_data,
+)
 from preprocessing.mlperf.tfrecord_to_hdf5 import HDF5Config, run_fused, run_tfrecord_to_hdf5
 from tasks.calls import Call, execute, execute_group, groups
 
@@ -70,11 +73,18 @@ def test_a_group_leaves_what_the_calls_leave_one_by_one_hashing_once(golden, sha
     parts = _parts(golden / "text_chain" / "part-00000-of-00500", tmp_path, 3)
     vocab = shared_data / "vocab.txt"
     one = [row for p in parts for row in execute(_call(p, vocab, tmp_path / "one"))]
-    hashed: list[int] = []
+    hashed: list[tuple[int, bool]] = []
     real = output.md5_files
-    monkeypatch.setattr(output, "md5_files", lambda paths: hashed.append(len(list(paths))) or real(paths))
+
+    def spy(paths, *, written=False):
+        paths = list(paths)
+        hashed.append((len(paths), written))
+        return real(paths, written=written)
+
+    monkeypatch.setattr(output, "md5_files", spy)
     grouped = execute_group([_call(p, vocab, tmp_path / "group") for p in parts])
-    assert hashed == [6], "the group's 6 files (3 TFRecords, 3 HDF5s) in one md5_files call"
+    # the group's 6 files (3 TFRecords, 3 HDF5s) in one md5_files call, as the group's own outputs (mapped)
+    assert hashed == [(6, True)]
     assert _tree(tmp_path / "one") == _tree(tmp_path / "group")
     assert _rows(one) == _rows(grouped)
     for r in grouped:  # every row's manifest is the one on disk, with its md5s
