@@ -428,15 +428,16 @@ costs0 = costs.snapshot()
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-import preprocessing.mlperf.split_4bins as split
+import core.manifest.format as fmt  # the shards' md5s: md5_then_fsync takes them through fmt.md5_files
 hashing = [0.0, 0]  # seconds and bytes of the shards' md5s (this process's: 1 worker)
-def timed_md5_files(paths, real=split.md5_files, **kw):
+def timed_md5_files(paths, real=fmt.md5_files, **kw):
+    paths = list(paths)
     t = time.perf_counter()
     out = real(paths, **kw)
     hashing[0] += time.perf_counter() - t
     hashing[1] += sum(Path(p).stat().st_size for p in paths)
     return out
-split.md5_files = timed_md5_files
+fmt.md5_files = timed_md5_files
 c0, t0 = cpu(), time.perf_counter()
 run_split_4bins(sorted(src.glob("part*")), out, Split4BinsConfig(n_output_shards=n), workers=workers,
                 manifest_name=f"../{out.name}.manifest.json")

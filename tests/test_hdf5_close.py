@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import sys
 import threading
 import time
@@ -160,8 +161,13 @@ def test_manifest_is_the_closed_file_while_frames_are_held(writer: str, golden: 
 
 def test_split_shards_are_fsynced_before_the_manifest(golden: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard's writeback starts as it closes; the sub-group's md5s are taken while the disk writes them, then
+    their fsyncs wait (side by side), all before the manifest."""
+    import core.manifest.writes as writes
+
     synced: list[Path] = []
-    real = s4.fsync_paths
+    started: list[str] = []
+    real = writes.fsync_paths
 
     def fsync_paths(paths):
         paths = [Path(p) for p in paths]
@@ -169,9 +175,12 @@ def test_split_shards_are_fsynced_before_the_manifest(golden: Path, tmp_path: Pa
         synced.extend(paths)
         real(paths)
 
-    monkeypatch.setattr(s4, "fsync_paths", fsync_paths)
+    monkeypatch.setattr(writes, "fsync_paths", fsync_paths)
+    monkeypatch.setattr(writes, "start_writeback", lambda fd: started.append(os.readlink(f"/proc/self/fd/{fd}")))
     m = s4.run_split_4bins([golden / "eval_100.hdf5"], tmp_path, s4.Split4BinsConfig(n_output_shards=2), workers=1)
     assert sorted(synced) == sorted(tmp_path / e.name for e in m.files)
+    # started under the temporary names, as each closed (before its rename)
+    assert sorted(Path(p).name[1:].split(".tmp-")[0] for p in started) == sorted(Path(e.name).name for e in m.files)
 
 
 # -- the helper itself -----------------------------------------------------------------------------------

@@ -34,6 +34,9 @@
 #define MD5_CHUNK (1u << 18)
 /* mapped=True: files from this size on are mapped (below it, a read(2) costs less than a mapping) */
 #define MD5_MAP_MIN ((off_t)1 << 20)
+/* ... and each lane's hashed pages are unmapped every 4 MiB (madvise MADV_DONTNEED: the page cache keeps them),
+ * so that the process's RSS holds at most ~4 MiB a lane of the files, not all of them (8 files of 0.5-0.7 GB) */
+#define MD5_MAP_DROP ((size_t)4 << 20)
 #define MD5_CAT_(a, b) a##b
 #define MD5_CAT(a, b) MD5_CAT_(a, b)
 
@@ -167,6 +170,7 @@ typedef struct {
     int eof;
     uint8_t *own;  /* the lane's read buffer (buf points into the mapping while a mapped file is hashed) */
     size_t maplen; /* > 0: buf is a mapping of the whole file, that long */
+    size_t dropped; /* the mapping's first bytes already unmapped from the page tables (a multiple of 4 MiB) */
 } Lane;
 
 typedef struct {
@@ -198,6 +202,7 @@ static int lane_map(const Job *job, Lane *ln) {
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, ln->fd, 0);
     if (p == MAP_FAILED) return 0;
     ln->buf = p;
+    ln->dropped = 0;
     ln->maplen = ln->len = (size_t)sb.st_size;
     ln->total = (uint64_t)sb.st_size;
     ln->eof = 1;
@@ -331,8 +336,16 @@ static int run_job(Job *job, const Kernel *k, int narrow) {
             L = k->lanes;
         }
         k->fn(st, ptr, nb);
-        for (int l = 0; l < L; l++)
-            if (lanes[l].file >= 0) lanes[l].pos += 64 * nb;
+        for (int l = 0; l < L; l++) {
+            Lane *ln = &lanes[l];
+            if (ln->file < 0) continue;
+            ln->pos += 64 * nb;
+            size_t done = ln->pos / MD5_MAP_DROP * MD5_MAP_DROP;
+            if (ln->maplen && done > ln->dropped) { /* hashed: out of the page tables (and the RSS) */
+                madvise(ln->buf + ln->dropped, done - ln->dropped, MADV_DONTNEED);
+                ln->dropped = done;
+            }
+        }
     }
 out:
     for (int l = 0; l < L0; l++) {

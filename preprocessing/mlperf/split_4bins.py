@@ -65,9 +65,9 @@ from core.manifest import (
     check_inside,
     fault_point,
     fsync_dir,
-    fsync_paths,
+    late_fsyncs,
     load_manifest,
-    md5_files,
+    md5_then_fsync,
     verify_manifest,
 )
 from core.pools import default_workers, run_all
@@ -387,25 +387,25 @@ def _write_subgroup(g: ShardGroup, out_dir: Path, cfg: Split4BinsConfig, faults:
                    for b in range(_NBINS)]
             _copy_dataset(plan, name, dtype, out, inputs)
         del out  # the datasets' ids (the close below closes them anyway, and any other reference to them)
-        for b in range(_NBINS):
-            for j in range(n_j):
-                # closed for good (every id of it, even one a profiler's frame still holds) before the rename
-                # and the md5 (issue 21)
-                h5_close_for_good(files[b][j], fsync=False)
-                faults("rename")
-                os.replace(shards.tmp[b][j], finals[b][j])
-                faults("file")
-    # on disk before the flow writes the manifest that lists them: the files, then the renames (once all are
-    # written, so the kernel has been writing them back meanwhile)
-    fsync_paths(p for row in finals for p in row)  # side by side: the file system commits them together
+        with late_fsyncs():  # each file's writeback starts as it closes; the fsyncs wait below, once
+            for b in range(_NBINS):
+                for j in range(n_j):
+                    # closed for good (every id of it, even one a profiler's frame still holds) before the rename
+                    # and the md5 (issue 21)
+                    h5_close_for_good(files[b][j])
+                    faults("rename")
+                    os.replace(shards.tmp[b][j], finals[b][j])
+                    faults("file")
+    # HDF5 rewrites its superblock when a file closes, so a shard's md5 is taken once it is complete: all of the
+    # sub-group's files at once, side by side on this core, while the disk writes them back; then their fsyncs,
+    # side by side (the file system commits them together), and the renames': on disk before the flow writes the
+    # manifest that lists them
+    done = [p for row in finals for p in row]
+    for name, p, md5 in zip([nm for row in names for nm in row], done, md5_then_fsync(done), strict=True):
+        entries.append([name, p.stat().st_size, md5])
     for row in finals:
         if row:
             fsync_dir(row[0].parent)
-    # HDF5 rewrites its superblock when a file closes, so a shard's md5 is taken once it is complete: all of
-    # the sub-group's files at once, side by side on this core (core.manifest.md5_files)
-    done = [p for row in finals for p in row]
-    for name, p, md5 in zip([nm for row in names for nm in row], done, md5_files(done, written=True), strict=True):
-        entries.append([name, p.stat().st_size, md5])
     return entries, sum(s == 0 for row in sizes for s in row)
 
 
