@@ -38,9 +38,8 @@ _LATE_FSYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bertpipe_lat
 _SYNC_FILE_RANGE: list[Any] = []
 
 
-def start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing ``fd``'s dirty pages to the disk, without waiting (Linux's
-    sync_file_range(SYNC_FILE_RANGE_WRITE)); nothing where that call does not exist."""
+def _sync_file_range() -> Any:
+    """libc's sync_file_range, or None where there is none."""
     if not _SYNC_FILE_RANGE:
         try:
             import ctypes
@@ -51,9 +50,55 @@ def start_writeback(fd: int) -> None:
             _SYNC_FILE_RANGE.append(fn)
         except (OSError, AttributeError):
             _SYNC_FILE_RANGE.append(None)
-    fn = _SYNC_FILE_RANGE[0]
-    if fn is not None:
-        fn(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; an error here is not one: the fsync that follows reports it
+    return _SYNC_FILE_RANGE[0]
+
+
+class _Writeback:
+    """A thread of this process that starts the writeback of the files handed to it (a duplicate of each fd,
+    closed once done). sync_file_range(SYNC_FILE_RANGE_WRITE) waits no I/O, but it submits every dirty page of
+    the file, and the block layer's queue (and its writeback throttling) holds the caller back until it can take
+    them: ~0.23 s for each 0.5-0.7 GB file here, 0.46 s a part of the fused call's wall (strace: 8 calls,
+    1.85 s), with its core idle. On this thread, the call that writes the files goes on meanwhile."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self.pid = os.getpid()
+        self.todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="bertpipe-writeback", daemon=True).start()
+
+    def _run(self) -> None:
+        fn = _sync_file_range()
+        while True:
+            fd = self.todo.get()
+            try:
+                fn(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; an error here is not one: the fsync that follows reports it
+            finally:
+                os.close(fd)
+
+
+_WRITEBACK: list[_Writeback] = []
+#: Files the writeback thread may have waiting (each an open fd); beyond, the caller starts its file's writeback
+#: itself (many small files, as the bins' 8,192, never hold more descriptors open than this)
+WRITEBACK_PENDING = 32
+
+
+def start_writeback(fd: int) -> None:
+    """Have the kernel start writing ``fd``'s dirty pages to the disk, without waiting for it here (Linux's
+    sync_file_range(SYNC_FILE_RANGE_WRITE), called on this process's writeback thread with a duplicate of ``fd``,
+    which the caller may close at once; here when :data:`WRITEBACK_PENDING` files wait for that thread already);
+    nothing where that call does not exist."""
+    fn = _sync_file_range()
+    if fn is None:
+        return
+    if not _WRITEBACK or _WRITEBACK[0].pid != os.getpid():  # none yet, or a forked child's (no thread)
+        _WRITEBACK[:] = [_Writeback()]
+    wb = _WRITEBACK[0]
+    if wb.todo.qsize() >= WRITEBACK_PENDING:
+        fn(fd, 0, 0, 2)
+        return
+    wb.todo.put(os.dup(fd))
 
 
 def sync_fd(fd: int) -> None:
