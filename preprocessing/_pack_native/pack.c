@@ -361,6 +361,11 @@ static PyObject *mask_lengths(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const int8_t *row = m + r * width;
         Py_ssize_t k = 0;
+        /* the leading 1s eight at a time (a 512-wide row of ~400 ones: ~50 steps, not ~400), then one by one */
+        for (uint64_t w; k + 8 <= width; k += 8) {
+            memcpy(&w, row + k, 8);
+            if (w != 0x0101010101010101ULL) break;
+        }
         while (k < width && row[k] == 1) k++;
         out[r] = k;
         int8_t rest = 0;

@@ -173,6 +173,33 @@ def test_mask_lengths_counts_the_leading_ones_and_finds_the_first_bad_row(mode):
     assert pack_fast.mask_lengths(b)[1] == 1
 
 
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 15, 16, 17, 63, 64, 77, 512])
+def test_mask_lengths_equals_numpy_at_every_width_and_corruption(mode, width):
+    """The C loop reads the leading 1s eight bytes at a time: the same lengths and first bad row as a plain count,
+    whatever the width (not a multiple of 8 too) and wherever a row goes wrong (a 0 inside the 1s, a 2 among
+    them, a 1 or a -1 in the padding, in or past the last 8-byte word)."""
+    rng = np.random.default_rng(width)
+    n = 64
+    lens = rng.integers(0, width + 1, n)
+    lens[:3] = [0, width, width // 2]
+    m = (np.arange(width) < lens[:, None]).astype(np.int8)
+    got, bad = pack_fast.mask_lengths(m)
+    assert got.tolist() == lens.tolist() and bad == -1
+
+    def want(b: np.ndarray) -> int:
+        for r, row in enumerate(b):
+            k = int(np.argmin(row == 1)) if (row != 1).any() else width
+            if row[k:].any():
+                return r
+        return -1
+
+    for _ in range(40):
+        b = m.copy()
+        r, c = int(rng.integers(0, n)), int(rng.integers(0, width))
+        b[r, c] = rng.choice([0, 1, 2, -1])
+        assert pack_fast.mask_lengths(b)[1] == want(b), (r, c, b[r, c])
+
+
 @pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64"])
 def test_prefix_lengths_counts_the_leading_non_zeros_and_finds_the_first_bad_row(mode, dt):
     v = (np.arange(1, 11) * (np.arange(10) < np.array([2, 0, 10, 1])[:, None])).astype(dt)
