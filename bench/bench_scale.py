@@ -36,11 +36,10 @@
 5. **The other targets' stages** (``bertpipe run --target``), each in one process on the same part's padded HDF5
    (``--target-stages``, on by default; ``--targets-only`` skips steps 2-4 but for the part's HDF5): NVIDIA's chop
    into variable-length shards (nvidia_4320: this part's share of the 4,320 shards, ~5: nvidia-varlength's), the
-   shuffle of those rows straight from the padded part (nvidia_4320_shuffled: nvidia-4320's), the shuffle of the
-   chop's shards (nvidia_2048_shuffled: nvidia-2048's route, here on the 4,320 chop's shards), the variable-length
-   eval pick (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed,
-   ~5 of the 4,320 packed shards, in one call as at full size a call writes ~29) and pack-habana (habana_packed):
-   CPU seconds (stage work, md5s and manifests included), with the packers' recipe (``packing_recipe``: the
+   shuffle of those rows straight from the padded part (nvidia_4320_shuffled: nvidia-4320's), the same into the
+   part's share of v1.1's 2,048 shards (nvidia_2048_shuffled: nvidia-2048's), the variable-length eval pick
+   (nvidia_eval, 10,000 rows), pack-nvidia (nvidia_packed, ~5 of the 4,320 packed shards, in one call as at full
+   size a call writes ~29) and pack-habana (habana_packed): CPU seconds (stage work, md5s and manifests included), with the packers' recipe (``packing_recipe``: the
    strategies and SciPy's NNLS, one solve a round; it depends on the lengths' histogram, not the row count) timed
    apart, and the NNLS within it. Projected per target: the per-row work scaled to the full set plus the recipe
    once, by rows (an upper bound: this part's sequences average ~400 tokens, the full set's ~256) and by tokens (a
@@ -510,9 +509,10 @@ if what == "nvidia_4320":
 elif what == "nvidia_4320_shuffled":  # nvidia-4320's stage: straight from the padded parts
     from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
     m = run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(num_shards=shards), workers=workers)
-elif what == "nvidia_2048_shuffled":  # nvidia-2048's: the chop stage's shards (here the 4,320 chop's) shuffled
-    from preprocessing.nvidia.shuffle import input_files, run_nvidia_shuffle
-    m = run_nvidia_shuffle(input_files(out / "nvidia_4320"), dest, workers=workers)
+elif what == "nvidia_2048_shuffled":  # nvidia-2048's: the part's share of v1.1's 2,048 shards, shuffled
+    from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
+    m = run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(
+        num_shards=max(1, round(2048 * rows / 156_725_653)), rule="v1.1"), workers=workers)
 elif what == "nvidia_eval":
     from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength
     m = run_pick_eval_varlength(part, dest, PickVarlenConfig(num_examples_to_pick=10000))
@@ -543,7 +543,7 @@ c1 = cpu()
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
 TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards",
                  "nvidia_4320_shuffled": "shuffle_samples from the padded parts",
-                 "nvidia_2048_shuffled": "shuffle_samples of the chop's shards",
+                 "nvidia_2048_shuffled": "the same into v1.1's 2,048 shards",
                  "nvidia_eval": "pick_eval_samples_varlength (10,000 rows)", "nvidia_packed": "pack-nvidia",
                  "habana_packed": "pack-habana", "habana_packed_raw": "pack-habana --compression none"}
 
@@ -615,8 +615,8 @@ def _once(f: dict[str, float]) -> float:
 def target_projection(fig: dict[str, dict[str, float]], today: float | None, bins: float | None = None) -> None:
     """Each target's extra core-hours at full size: its stages' per-row CPU scaled to the full set (the eval pick:
     once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths' histogram and
-    do not grow with the rows). The 2,048-shard stages are counted at the 4,320-shard ones' figures (the same rows
-    in fewer, larger files).
+    do not grow with the rows). The chops into v1.1's 2,048 and 4,320 shards are counted at the 4,320 chop's
+    figure (the same rows in other files).
 
     Two scales, as this part's rows are not the full set's: by rows (x the full set's rows / this part's: an upper
     bound, this part's sequences being longer than the full set's ~256 tokens, so more tokens and packs a row) and

@@ -2,7 +2,7 @@
 
     download -> extract -> text -> vocab -> tfrecord -> hdf5 -> bins          (per part file to hdf5)
                               (or imported text)     |       |-> nvidia_4320, nvidia_4320_shuffled (each from hdf5)
-                                                     |       |-> nvidia_2048 -> nvidia_2048_shuffled
+                                                     |       |-> nvidia_2048, nvidia_2048_shuffled (each from hdf5)
                                                      |       |-> nvidia_packed, habana_packed
                                                      \\-> eval_tfrecord -> eval_10k -> eval_hdf5 -> nvidia_eval
 

@@ -8,17 +8,19 @@ their folders. This module is light (no NumPy): the CLI's --help and DataParams 
 
     samsung-4bins      the 4 length bins (bins stage)                            Samsung's MLPerf trainer, bertpipe train
     nvidia-4320        4,320 variable-length shards (v3.1 rule), shuffled        NVIDIA's MLPerf trainer v3.x (DATADIR_PHASE2)
-    nvidia-2048        2,048 shards (v1.1 rule: the 2,048 list), shuffled
+    nvidia-2048        2,048 shards (v1.1 rule), shuffled
     nvidia-varlength   4,320 variable-length shards (v3.1 rule) in part order    NVIDIA's trainer; v3.1's 4,320 list
     nvidia-4320-v1.1   4,320 variable-length shards (v1.1 rule) in part order    NVIDIA's trainer v1.1; v1.1's 4,320 list
+    nvidia-2048-varlength  2,048 shards (v1.1 rule) in part order            NVIDIA's trainer; the 2,048 list
     nvidia-packed      NVIDIA's packed set (<= 3 sequences a sample)             NVIDIA's trainer --packed_samples
     habana-packed      Habana's packed set (<= 3 sequences a pack) + metadata   Habana's trainer, packed mode (its default)
     habana-packed-raw  the same packs uncompressed (not the script's gzip)      Habana's trainer, packed mode, alike
 
 Which published checksum list (``bertpipe verify --against``) checks which folder: ``nvidia-4320`` the shards of
 ``nvidia-varlength``, ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
-``nvidia-4320-v1.1`` those of ``nvidia-4320-v1.1``, ``nvidia-2048`` the chop stage of ``nvidia-2048`` (no shuffled
-2,048 list is published), ``nvidia-eval`` every NVIDIA target's eval file.
+``nvidia-4320-v1.1`` those of ``nvidia-4320-v1.1``, ``nvidia-2048`` those of ``nvidia-2048-varlength`` (no shuffled
+2,048 list is published: ``nvidia-2048`` shuffles the same rows straight from the padded parts, as ``nvidia-4320``
+does v3.1's 4,320), ``nvidia-eval`` every NVIDIA target's eval file.
 
 Every NVIDIA target comes with NVIDIA's variable-length eval file (``nvidia_eval``); every run builds the padded
 eval file (``eval_hdf5``: Samsung's, Habana's and bertpipe's eval).
@@ -52,8 +54,8 @@ TARGETS: tuple[Target, ...] = (
            "(hdf5_4320_shards_varlength_shuffled: its MLPerf trainer v3.x; v3.1's shuffled list) and its "
            "variable-length eval",
            train="nvidia_4320_shuffled_dir", eval="nvidia_eval_varlength"),
-    Target("nvidia-2048", "2,048 shards chopped by v1.1's rule (hdf5_2048_shards_varlength, which NVIDIA's "
-           "2,048 list checks), then shuffled",
+    Target("nvidia-2048", "2,048 variable-length shards (chopped by v1.1's rule) shuffled across shards, straight "
+           "from the padded parts, and the variable-length eval",
            train="nvidia_2048_shuffled_dir", eval="nvidia_eval_varlength"),
     Target("nvidia-varlength", "NVIDIA's 4,320 variable-length shards (v3.1's rule) in part order "
            "(hdf5_4320_shards_varlength, as v3.1's 4,320 list) and its variable-length eval",
@@ -61,6 +63,9 @@ TARGETS: tuple[Target, ...] = (
     Target("nvidia-4320-v1.1", "NVIDIA's 4,320 variable-length shards chopped by v1.1's rule (rows past the last "
            "shard dropped), in part order, as v1.1's 4,320 list and its trainer; and its variable-length eval",
            train="nvidia_4320_v11_varlength_dir", eval="nvidia_eval_varlength"),
+    Target("nvidia-2048-varlength", "2,048 variable-length shards chopped by v1.1's rule, in part order "
+           "(hdf5_2048_shards_varlength, which NVIDIA's 2,048 list checks) and the variable-length eval",
+           train="nvidia_2048_varlength_dir", eval="nvidia_eval_varlength"),
     Target("nvidia-packed", "NVIDIA's packed set, <= 3 sequences a sample (packed_data: its trainer's "
            "--packed_samples) and its variable-length eval", train="nvidia_packed_dir", eval="nvidia_eval_varlength"),
     Target("habana-packed", "Habana's packed set, <= 3 sequences a pack, and its metadata (its trainer's packed mode, "

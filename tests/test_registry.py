@@ -155,13 +155,16 @@ def test_errors_name_the_parameter_where_it_was_given() -> None:
         DataParams(stages=["nope"])
 
 
-def test_nvidia_4320_shuffles_from_the_padded_parts_without_the_chop_stage() -> None:
-    """nvidia-4320 builds its shuffled shards straight from the hdf5 stage (the chop's 4,320 shards are not
-    written); the chop stage is nvidia-varlength's. nvidia-2048 keeps its chop (the folder v1.1's 2,048 list
-    checks) and shuffles that."""
+def test_the_shuffled_targets_shuffle_from_the_padded_parts_without_the_chop_stage() -> None:
+    """nvidia-4320 and nvidia-2048 build their shuffled shards straight from the hdf5 stage (the chop's shards are
+    not written); the chop stages are nvidia-varlength's (v3.1's 4,320 list) and nvidia-2048-varlength's (v1.1's
+    2,048 list)."""
     p = DataParams()
     assert registry.for_target("nvidia-4320", p) == ["nvidia_4320_shuffled", "nvidia_eval"]
     assert registry.for_target("nvidia-varlength", p) == ["nvidia_4320", "nvidia_eval"]
-    assert registry.for_target("nvidia-2048", p) == ["nvidia_2048", "nvidia_2048_shuffled", "nvidia_eval"]
+    assert registry.for_target("nvidia-2048", p) == ["nvidia_2048_shuffled", "nvidia_eval"]
+    assert registry.for_target("nvidia-2048-varlength", p) == ["nvidia_2048", "nvidia_eval"]
     decl = {s.name: s for s in registry.STAGES}
-    assert decl["nvidia_4320_shuffled"].reads == ("hdf5",) and decl["nvidia_2048_shuffled"].reads == ("nvidia_2048",)
+    assert decl["nvidia_4320_shuffled"].reads == ("hdf5",) and decl["nvidia_2048_shuffled"].reads == ("hdf5",)
+    assert (decl["nvidia_4320_shuffled"].configure(p).rule, decl["nvidia_2048_shuffled"].configure(p).rule) == \
+        ("v3.1", "v1.1")

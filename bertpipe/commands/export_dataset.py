@@ -10,9 +10,9 @@
 The data set is the one `bertpipe run` last built in --work-dir (its last_run.json outputs). Each layout lays
 out the folder of one target of that run (`bertpipe run --target`): samsung, habana and nvidia-dle the 4-bin set
 (samsung-4bins, padded rows); nvidia NVIDIA's variable-length shards (nvidia-4320, else nvidia-varlength, else
-nvidia-2048, else nvidia-4320-v1.1; --target picks one); nvidia-packed and habana-packed their packed sets
-(habana-packed: habana-packed's, else habana-packed-raw's, the same packs uncompressed; --target picks one). A layout
-whose target the run did not build is refused in one line naming the --target to build: no layout hands padded
+nvidia-2048, else nvidia-4320-v1.1, else nvidia-2048-varlength; --target picks one); nvidia-packed and habana-packed
+their packed sets (habana-packed: habana-packed's, else habana-packed-raw's, the same packs uncompressed; --target
+picks one). A layout whose target the run did not build is refused in one line naming the --target to build: no layout hands padded
 rows to a reader that expects variable-length ones (NVIDIA's MLPerf trainer sets its attention mask from the row's
 length).
 
@@ -96,7 +96,8 @@ LAYOUT_SPECS: tuple[Layout, ...] = (
     Layout("habana", ("samsung-4bins",), "flat", "Habana Model-References bert, unpacked (--enable_packed_data_mode "
            "False): one flat folder of *training* files, padded rows"),
     Layout("nvidia-dle", ("samsung-4bins",), "flat", "NVIDIA DeepLearningExamples' HDF5 trainer: as habana"),
-    Layout("nvidia", ("nvidia-4320", "nvidia-varlength", "nvidia-2048", "nvidia-4320-v1.1"), "files",
+    Layout("nvidia", ("nvidia-4320", "nvidia-varlength", "nvidia-2048", "nvidia-4320-v1.1", "nvidia-2048-varlength"),
+           "files",
            "NVIDIA's MLPerf trainer (training_results v1.1 and later): its variable-length part_* shards",
            files=r"^part_\d+_of_\d+\.hdf5$"),
     Layout("nvidia-packed", ("nvidia-packed",), "files", "NVIDIA's MLPerf trainer with --packed_samples: its packed "
@@ -116,8 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", required=True, choices=LAYOUTS,
                    help="; ".join(f"{lay.name}: {lay.help}" for lay in LAYOUT_SPECS).replace("%", "%%"))
     p.add_argument("--target", help="which of the run's targets the layout lays out, where it lays out more than one "
-                   "(nvidia: nvidia-4320, nvidia-varlength, nvidia-2048 or nvidia-4320-v1.1; habana-packed: habana-packed "
-                   "or habana-packed-raw; default: the first of those the run built)")
+                   "(nvidia: nvidia-4320, nvidia-varlength, nvidia-2048, nvidia-4320-v1.1 or nvidia-2048-varlength; "
+                   "habana-packed: habana-packed or habana-packed-raw; default: the first of those the run built)")
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"),
                    help="the work dir of the `bertpipe run` whose data set to export (default: work, as bertpipe run)")
     p.add_argument("--overwrite", action="store_true",

@@ -12,7 +12,7 @@ checks a folder of NVIDIA-format shards, shard by shard, against NVIDIA's publis
 The lists that ship with bertpipe, each named with the chop rule that made it: nvidia-4320 (v3.1's list, rule v3.1:
 hdf5_4320_shards_varlength, --target nvidia-varlength), nvidia-4320-shuffled (v3.1's shuffled list:
 hdf5_4320_shards_varlength_shuffled, --target nvidia-4320), nvidia-4320-v1.1 (v1.1's list, rule v1.1: --target
-nvidia-4320-v1.1), nvidia-2048 (rule v1.1, the same list in both rounds: the chop stage of --target nvidia-2048) and
+nvidia-4320-v1.1), nvidia-2048 (rule v1.1, the same list in both rounds: --target nvidia-2048-varlength) and
 nvidia-eval (part_eval_10k.hdf5); or give the path of any .chk list. Exit 1 if a shard differs or is missing.
 """
 

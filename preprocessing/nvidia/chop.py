@@ -551,10 +551,11 @@ def _stage(name: str, n: int, rule: str, targets: tuple[str, ...], output: str) 
 #: Each stage pairs a rule with the published list it matches (the rule is in the stage key: ChopConfig.rule):
 #: the 4320-shard set by v3.1's rule (NVIDIA's hdf5_4320_shards_varlength as v3.1's 4320_shards_varlength.chk lists
 #: it: what ``nvidia-varlength`` hands to the trainer and ``nvidia-4320`` shuffles), the 2048-shard one by v1.1's
-#: rule (2048_shards_varlength.chk, the same in both rounds: ``nvidia-2048``) and the 4320-shard set by v1.1's rule
+#: rule (2048_shards_varlength.chk, the same in both rounds: ``nvidia-2048-varlength``; ``nvidia-2048`` shuffles
+#: the same rows from the padded parts) and the 4320-shard set by v1.1's rule
 #: (v1.1's 4320_shards_varlength.chk: ``nvidia-4320-v1.1``). ``nvidia-packed`` does not need them: it packs the
 #: padded parts (preprocessing/nvidia/pack.py). The shards lie at the top of the stage folder (NVIDIA's trainer takes
 #: the files whose name holds ``part_``; the manifest's name does not).
 DAG_STAGES = (_stage("nvidia_4320", 4320, "v3.1", ("nvidia-varlength",), "nvidia_4320_varlength_dir"),
-              _stage("nvidia_2048", 2048, "v1.1", ("nvidia-2048",), "nvidia_2048_varlength_dir"),
+              _stage("nvidia_2048", 2048, "v1.1", ("nvidia-2048-varlength",), "nvidia_2048_varlength_dir"),
               _stage("nvidia_4320_v11", 4320, "v1.1", ("nvidia-4320-v1.1",), "nvidia_4320_v11_varlength_dir"))

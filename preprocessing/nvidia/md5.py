@@ -14,7 +14,7 @@ NVIDIA publishes the digests of its own build (``4320_shards_varlength.chk`` etc
 shard). Every list of the MLCommons results repositories ships in ``preprocessing/nvidia/nvidia_chk/``, each named by the
 chop rule that made it (preprocessing/nvidia/chop.py): the 4,320 chopped shards by v3.1's rule (``nvidia-4320``,
 v3.1's list) and by v1.1's (``nvidia-4320-v1.1``, v1.1's list), v3.1's shuffled across shards
-(``nvidia-4320-shuffled``), the 2,048 shards by v1.1's rule (``nvidia-2048``, the same list in both rounds) and the
+(``nvidia-4320-shuffled``), the 2,048 shards by v1.1's rule (``nvidia-2048``, the same list in both rounds: the target ``nvidia-2048-varlength``) and the
 eval file (``nvidia-eval``); its README says where each came from.
 :func:`verify_against` checks a folder shard by shard against one.
 """

@@ -844,54 +844,12 @@ def run_nvidia_shuffle_padded(parts: Sequence[Path], out_dir: Path, cfg: PaddedS
 
 
 # -- the DAG's declaration (core/stage.py); the lead wires it into preprocessing/registry.py -------------------------
-def count_piece(paths: Sequence[str], up_dir: str, out_dir: Path, cfg: ShuffleConfig) -> dict[str, Any]:
-    """DAG piece: check the upstream shards against their manifest, count every input's rows."""
-    verify_manifest(up_dir, trust_stat=True)
-    return {"kind": "count-list", "counts": [[p, count_rows(p)] for p in paths]}
-
-
 def scatter_piece(plan: ShufflePlan, task: int, file_ids: list[int], out_dir: Path) -> dict[str, Any]:
     return scatter(plan, task, file_ids)
 
 
 def gather_piece(plan: ShufflePlan, bucket: int, out_dir: Path) -> dict[str, Any]:
     return gather(plan, bucket, out_dir)
-
-
-def _plan_stage(upstream_stage: str):
-    def plan_fn(plan: Any) -> list[Any]:
-        up = plan.result(upstream_stage)
-        files = [str(p) for p in input_files(up.dir)]
-        if not files:
-            raise InputError(f"{up.dir} holds no {INPUT_GLOB} shards to shuffle")
-        return [replace(plan.unit(files, str(up.dir), cfg=plan.cfg, shard="count", upstream=[up.dir]),
-                        run=count_piece, piece=True, pass_upstream=False, out_dir=str(plan.dir))]
-
-    return plan_fn
-
-
-def _finish_stage(upstream_stage: str):
-    def finish_fn(plan: Any, values: list[dict[str, Any]]) -> Manifest | list[Any]:
-        workers = plan.params.workers or default_workers()
-        counts = [c for v in values if v["kind"] == "count-list" for c in v["counts"]]
-        scattered = [v for v in values if v["kind"] == "scatter"]
-        written = [v for v in values if v["kind"] == "shards"]
-        out_dir = Path(plan.dir)
-        if not scattered:  # after the count: the permutation, then the scatter pieces
-            _begin(out_dir, MANIFEST_NAME)
-            sp = make_plan(counts, out_dir / SCRATCH, plan.cfg, workers)
-            return [replace(plan.unit(sp, t, ids, shard=f"scatter/{t:05d}", upstream=[]),
-                            run=scatter_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
-                    for t, ids in scatter_tasks(sp, workers)]
-        sp = _rebuild(counts, out_dir / SCRATCH, plan.cfg, workers)
-        if not written:
-            return [replace(plan.unit(sp, b, shard=f"gather/{b:05d}", upstream=[]),
-                            run=gather_piece, piece=True, pass_upstream=False, out_dir=str(out_dir))
-                    for b in range(len(sp.bucket_shards) - 1)]
-        up = load_manifest(plan.result(upstream_stage).dir)
-        return finish_shuffle(out_dir, sp, written, [up] if up is not None else [])
-
-    return finish_fn
 
 
 def _rebuild(files: Sequence[tuple[str, int]], scratch: Path, cfg: ShuffleConfig, workers: int = 1,
@@ -975,17 +933,10 @@ def _padded_stage(name: str, n: int, rule: str, targets: tuple[str, ...], output
                  when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ()) for t in targets))
 
 
-def _stage(name: str, reads: str, targets: tuple[str, ...], output: str) -> Stage:
-    return Stage(name=name, title=f"shuffle_samples: {reads}'s rows shuffled across its shards (random.Random(24))",
-                 reads=(reads,), run=run_nvidia_shuffle, version=STAGE_VERSION, config=ShuffleConfig,
-                 configure=lambda p: ShuffleConfig(), key_params=key_params, plan=_plan_stage(reads),
-                 finish=_finish_stage(reads), outputs={output: ""},
-                 when=lambda p: any(t in tuple(getattr(p, "targets", ()) or ()) for t in targets))
-
-
 #: NVIDIA's v3.x training sets (hdf5_<N>_shards_varlength_shuffled: the shards at the top of the stage folder).
-#: ``nvidia-4320`` shuffles the rows of v3.1's 4,320 shards straight from the padded parts (the same bytes as the
-#: chop's shards shuffled, without writing and reading those: ``nvidia-varlength`` builds them, and v3.1's 4,320
-#: list checks them); ``nvidia-2048`` shuffles the chop stage's 2,048 shards, the folder v1.1's 2,048 list checks.
+#: Both shuffle the rows of the chop's shards straight from the padded parts (the same bytes as the chop's shards
+#: shuffled, without writing and reading those): ``nvidia-4320`` v3.1's 4,320 shards (``nvidia-varlength`` builds
+#: them, and v3.1's 4,320 list checks them), ``nvidia-2048`` v1.1's 2,048 (``nvidia-2048-varlength`` builds them,
+#: the folder v1.1's 2,048 list checks).
 DAG_STAGES = (_padded_stage("nvidia_4320_shuffled", 4320, "v3.1", ("nvidia-4320",), "nvidia_4320_shuffled_dir"),
-              _stage("nvidia_2048_shuffled", "nvidia_2048", ("nvidia-2048",), "nvidia_2048_shuffled_dir"))
+              _padded_stage("nvidia_2048_shuffled", 2048, "v1.1", ("nvidia-2048",), "nvidia_2048_shuffled_dir"))

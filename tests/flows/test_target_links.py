@@ -28,8 +28,8 @@ from flowhelpers import link_tree, run_cli, snapshot
 from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME
 
-TARGETS = ("nvidia-4320", "nvidia-4320-v1.1", "nvidia-2048", "nvidia-varlength", "nvidia-packed", "habana-packed",
-           "habana-packed-raw")
+TARGETS = ("nvidia-4320", "nvidia-4320-v1.1", "nvidia-2048", "nvidia-2048-varlength", "nvidia-varlength",
+           "nvidia-packed", "habana-packed", "habana-packed-raw")
 SHORT = ("--max-seq-length", "128", "--max-predictions-per-seq", "20", "--workers", "1")
 ARGS = tuple(a for t in TARGETS for a in ("--target", t)) + SHORT
 PER_SHARD = ("tfrecord", "hdf5")

@@ -196,3 +196,5 @@ def test_dag_declaration_runs_as_pieces(parts, tmp_path):
     assert not DAG_STAGES[0].when(type("P", (), {"targets": ("nvidia-packed",)})())  # it packs the padded parts
     assert not DAG_STAGES[0].when(type("P", (), {"targets": ("samsung-4bins",)})())
     assert not DAG_STAGES[1].when(type("P", (), {})())
+    assert DAG_STAGES[1].when(type("P", (), {"targets": ("nvidia-2048-varlength",)})())
+    assert not DAG_STAGES[1].when(type("P", (), {"targets": ("nvidia-2048",)})())  # it shuffles the padded parts

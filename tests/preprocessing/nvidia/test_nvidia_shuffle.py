@@ -207,12 +207,11 @@ def test_padded_route_refuses_what_the_chop_refuses(tmp_path):
         run_nvidia_shuffle_padded([good], tmp_path / "out", PaddedShuffleConfig(num_shards=3, rule="v1.1"))
 
 
-def test_dag_declaration_runs_as_pieces(varlength, tmp_path):
-    """nvidia-4320's stage (the padded route, from the hdf5 stage's parts) and nvidia-2048's (from the chop
-    stage's folder), run as the DAG runs them: the bytes of one call."""
-    from nvidia_dag import folder_result, part_hdf5_result, run_pieces
-
-    from core.manifest import StageOutput
+def test_dag_declaration_runs_as_pieces(varlength, reference, tmp_path):
+    """nvidia-4320's stage (rule v3.1) and nvidia-2048's (rule v1.1), both the padded route from the hdf5 stage's
+    parts, run as the DAG runs them: the bytes of our chop's shards shuffled in one call, and for v1.1 the
+    scripts' own shuffled shards (the fixture's chain: v1.1's chop_hdf5_files.py, shuffle_samples.py)."""
+    from nvidia_dag import part_hdf5_result, run_pieces
 
     assert DAG_STAGES[0].name == "nvidia_4320_shuffled" and DAG_STAGES[0].reads == ("hdf5",)
     m = run_pieces(DAG_STAGES[0], {"hdf5": part_hdf5_result(_parts(varlength), tmp_path / "w1")}, tmp_path / "w1",
@@ -225,14 +224,11 @@ def test_dag_declaration_runs_as_pieces(varlength, tmp_path):
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
     assert not (tmp_path / "w1" / "nvidia_4320_shuffled" / "key" / ".shuffle-scratch").exists()
 
-    up = tmp_path / "up"
-    shutil.copytree(varlength, up)
-    with StageOutput(up, "nvidia_chop") as out:  # the chop stage's folder: shards and its manifest
-        for p in sorted(up.glob("part_*")):
-            out.add_file(p.name)
-    assert DAG_STAGES[1].name == "nvidia_2048_shuffled" and DAG_STAGES[1].reads == ("nvidia_2048",)
-    m = run_pieces(DAG_STAGES[1], {"nvidia_2048": folder_result("nvidia_2048", up)}, tmp_path / "w2",
-                   targets=("nvidia-2048",), workers=2)
+    assert DAG_STAGES[1].name == "nvidia_2048_shuffled" and DAG_STAGES[1].reads == ("hdf5",)
+    m = run_pieces(DAG_STAGES[1], {"hdf5": part_hdf5_result(_parts(varlength), tmp_path / "w2")}, tmp_path / "w2",
+                   targets=("nvidia-2048",), workers=2, is_sample=True, n_output_shards=7)
+    assert m.counters == {"files": 7, "rows": 560}  # v1.1 drops the 3 rows past the last shard, as the script
+    _compare(tmp_path / "w2" / "nvidia_2048_shuffled" / "key", reference, 7, lists=False)
     direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct2")
     assert [(f.name, f.md5) for f in m.files] == [(f.name, f.md5) for f in direct.files]
     assert not (tmp_path / "w2" / "nvidia_2048_shuffled" / "key" / ".shuffle-scratch").exists()
