@@ -120,10 +120,11 @@ def _checked(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np
 
 
 def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
-                dtype: np.dtype | type | str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+                dtype: np.dtype | type | str, lo: int | None = None, hi: int | None = None,
+                space: Space | None = None, name: str = "gather") -> np.ndarray:
     """``concatenate([sources[which[i]][starts[i]:starts[i] + lens[i]] for i ...]).astype(dtype)`` (``which``
     None: one source), checked: every value must fit ``dtype`` (and lie in ``lo..hi`` where given: a check of
-    the values folded into the copy).
+    the values folded into the copy). With ``space``, the result is a view of its buffer ``name``.
 
     Raises:
         OutOfRange: a value does not fit (or lies outside ``lo..hi``); ``.index`` is its place in the output.
@@ -132,7 +133,8 @@ def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts:
     out_dt = np.dtype(dtype)
     sources = [np.asarray(s) for s in sources]
     which, starts, lens = _checked(sources, which, starts, lens)
-    out = np.empty(int(lens.sum()), dtype=out_dt)
+    total = int(lens.sum())
+    out = space.get(name, total, out_dt) if space is not None else np.empty(total, dtype=out_dt)
     if not len(out):
         return out
     src_dt = sources[0].dtype
@@ -191,10 +193,31 @@ CUT_TYPES = {"input_mask": "int8", "input_ids": "int32", "segment_ids": "int8", 
              "masked_lm_ids": "int32", "next_sentence_labels": "int8"}
 
 
-def cut_padded(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, ...] | bool | None:
+class Space:
+    """Output buffers used again from one call to the next (``cut_padded(rows, space)``, ``gather_runs(...,
+    space=...)``): a chunk's arrays are views of them, valid until the next call that writes the same buffer.
+
+    A fresh array of tens of MB is a fresh mapping: the kernel zeroes every page of it on first touch (on this
+    VM, ~1 GB/s), for each chunk again. Used again, its pages are zeroed once per process."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, n: int, dtype: np.dtype | type | str) -> np.ndarray:
+        """An array of ``n`` values of ``dtype``, its contents undefined (what the last call left there)."""
+        dt = np.dtype(dtype)
+        buf = self._bufs.get(name)
+        if buf is None or buf.dtype != dt or len(buf) < n:
+            self._bufs.pop(name, None)  # the old one freed before the larger one is made
+            buf = self._bufs[name] = np.empty(max(n, 1), dtype=dt)
+        return buf[:n]
+
+
+def cut_padded(rows: dict[str, np.ndarray], space: Space | None = None) -> tuple[np.ndarray, ...] | bool | None:
     """A chunk of padded rows (the six datasets; arrays or read-only maps) checked and cut in C: ``(seq, pred, ids,
     seg, pos, mlm, nsl)`` (lengths int64; values int16 / int8 / int16 / int16 back to back; labels int8); False when
-    a row breaks a rule (the caller's own checks then say which); None without the extension or for other dtypes."""
+    a row breaks a rule (the caller's own checks then say which); None without the extension or for other dtypes.
+    With ``space`` the arrays are views of its buffers (valid until the next call with it), else new arrays."""
     mod = native()
     if mod is None or any(np.dtype(rows[k].dtype) != np.dtype(t) or not rows[k].dtype.isnative
                           for k, t in CUT_TYPES.items()):
@@ -206,9 +229,10 @@ def cut_padded(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, ...] | bool | N
             a["masked_lm_ids"].shape != (n, pw) or a["masked_lm_positions"].shape != (n, pw) or \
             a["next_sentence_labels"].shape != (n,):
         return None
-    ids, seg = np.empty(n * w, np.int16), np.empty(n * w, np.int8)
-    pos, mlm = np.empty(n * pw, np.int16), np.empty(n * pw, np.int16)
-    seq, pred = np.empty(n, np.int64), np.empty(n, np.int64)
+    sp = space or Space()
+    ids, seg = sp.get("cut_ids", n * w, np.int16), sp.get("cut_seg", n * w, np.int8)
+    pos, mlm = sp.get("cut_pos", n * pw, np.int16), sp.get("cut_mlm", n * pw, np.int16)
+    seq, pred = sp.get("cut_seq", n, np.int64), sp.get("cut_pred", n, np.int64)
     bad = mod.cut_padded(a["input_mask"], a["input_ids"], a["segment_ids"], a["masked_lm_positions"],
                          a["masked_lm_ids"], a["next_sentence_labels"], ids, seg, pos, mlm, seq, pred)
     if bad >= 0:

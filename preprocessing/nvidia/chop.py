@@ -367,9 +367,11 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
                      inputs: PaddedInputs) -> None:
     import h5py
 
+    from preprocessing import pack_fast
     from preprocessing.hdf5_io import write_vlen
     from preprocessing.nvidia.varlength import VARLEN_DATASETS, compact_padded
 
+    space = pack_fast.Space()  # the cut's arrays, used again chunk after chunk (each chunk written before the next)
     out = {name: f.create_dataset(name, (size,), dtype=h5py.vlen_dtype(np.dtype(dt))) for name, dt, _ in VARLEN_DATASETS}
     nsl = f.create_dataset("next_sentence_labels", data=np.zeros(size, dtype="i1"), dtype="i1")
     o = 0
@@ -377,7 +379,8 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
         for c0, c1 in chunks(b - a, cfg.chunk_rows):  # these writes, chunk by chunk, make the file's bytes: kept
             first = a + c0
             with reading(Path(path), f"rows {first}..{a + c1 - 1}"):  # the checks and cuts (varlength.py)
-                rows = compact_padded(inputs.rows(path, first, a + c1), Path(path), first, cfg.max_seq_length)
+                rows = compact_padded(inputs.rows(path, first, a + c1), Path(path), first, cfg.max_seq_length,
+                                      space=space)
             m = c1 - c0
             for name, _, kind in VARLEN_DATASETS:  # one HDF5 write per dataset and chunk, no object per row
                 write_vlen(out[name], rows.flat[name], rows.lengths(kind), o)

@@ -274,19 +274,21 @@ class Rows:
     addrs: dict[str, np.ndarray] | None = None
     keep: Any = None  # what the addresses point into (kept alive with them)
 
-    def gathered(self, order: np.ndarray) -> dict[str, np.ndarray]:
-        """Every dataset's values of rows ``order``, in that order, back to back."""
+    def gathered(self, order: np.ndarray, space: Any = None) -> dict[str, np.ndarray]:
+        """Every dataset's values of rows ``order``, in that order, back to back (``space``, a pack_fast.Space: the
+        cut rows' arrays are views of its buffers, valid until its next use)."""
         from preprocessing import pack_fast
 
         out = {}
         for name, dt in VLEN:
             lens = (self.seq if name in ("input_ids", "segment_ids") else self.pred)[order].astype(np.int64)
             if self.addrs is not None:
-                out[name] = _gather_addrs(self.addrs[name][order], lens, np.dtype(dt))
+                out[name] = _gather_addrs(self.addrs[name][order], lens, np.dtype(dt), space, f"gathered_{name}")
             else:
                 col = self.cols[name]
                 starts = _starts(self.seq if name in ("input_ids", "segment_ids") else self.pred)[order]
-                out[name] = pack_fast.gather_runs([col], None, starts, lens, col.dtype) if pack_fast.available() \
+                out[name] = pack_fast.gather_runs([col], None, starts, lens, col.dtype, space=space,
+                                                  name=f"gathered_{name}") if pack_fast.available() \
                     else col[_ranges(starts, lens)]
         return out
 
@@ -297,12 +299,14 @@ def _starts(lens: np.ndarray) -> np.ndarray:
     return out
 
 
-def _gather_addrs(addrs: np.ndarray, lens: np.ndarray, dt: np.dtype) -> np.ndarray:
+def _gather_addrs(addrs: np.ndarray, lens: np.ndarray, dt: np.dtype, space: Any = None,
+                  name: str = "gather") -> np.ndarray:
     """The runs of ``lens[i]`` values of type ``dt`` at addresses ``addrs[i]`` of this process, back to back (the C
-    gather: one copy a run)."""
+    gather: one copy a run; ``space``: into its buffer ``name``)."""
     from preprocessing import pack_fast
 
-    out = np.empty(int(lens.sum()), dtype=dt)
+    total = int(lens.sum())
+    out = space.get(name, total, dt) if space is not None else np.empty(total, dtype=dt)
     if len(out):
         pack_fast.native().gather_runs(out, np.ascontiguousarray(addrs, dtype=np.uint64),
                                        np.ascontiguousarray(lens, dtype=np.int64), dt.itemsize)
@@ -495,8 +499,11 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
         rows_done = _scatter_padded(plan, file_ids, inv, bstart, out)
         out.flush()
         return {"kind": "scatter", "task": task, "rows": rows_done}
+    from preprocessing import pack_fast
+
     firsts = plan.starts
     rows_done = 0
+    space = pack_fast.Space()  # the gathered arrays, used again file after file
     for fid in file_ids:
         path, n = plan.files[fid]
         with open_varlength(path) as f:
@@ -506,22 +513,25 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
             dst = np.asarray(inv[firsts[fid]:firsts[fid] + n], dtype=np.int64)
             bucket, order = _by_bucket(dst, bstart)
             with reading(Path(path), "its rows"):
-                cols = rows.gathered(order)
+                cols = rows.gathered(order, space)
             del rows.keep
         _check_rows(Path(path), rows, cols, order)
         _send(out, rows, cols, order, bucket, dst, len(bstart) - 1)
+        out.flush()  # the records are views of the space's buffers, which the next file writes
         rows_done += n
     out.flush()
     return {"kind": "scatter", "task": task, "rows": rows_done}
 
 
 def _by_bucket(dst: np.ndarray, bstart: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's bucket (by its destination row), and the rows in bucket order (stable)."""
+    """Each row's bucket (by its destination row), and the rows in destination order (so in bucket order too: a
+    bucket is a range of destinations). Each record a bucket receives then holds its rows in the order the gather
+    writes them: the gather reads the bucket's records as a few streams, not the rows at random."""
     n = len(dst)
+    order = np.argsort(dst, kind="stable")
     if len(bstart) == 2:
-        return np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64)
-    bucket = np.searchsorted(bstart, dst, side="right") - 1
-    return bucket, np.argsort(bucket, kind="stable")
+        return np.zeros(n, dtype=np.int64), order
+    return np.searchsorted(bstart, dst, side="right") - 1, order
 
 
 def _send(out: _Buckets, rows: Rows, cols: dict[str, np.ndarray], order: np.ndarray, bucket: np.ndarray,
@@ -544,10 +554,12 @@ def _scatter_padded(plan: ShufflePlan, source_ids: Sequence[int], inv: np.ndarra
     """The padded route's scatter: rows of padded parts ``source_ids``, checked and cut as chop-hdf5 --varlength
     checks and cuts them (preprocessing.nvidia.varlength.compact_padded: the same refusals), sent to their
     buckets. The rows a part holds past the chop's last shard (rule v1.1) are left out, as the chop leaves them."""
+    from preprocessing import pack_fast
     from preprocessing.nvidia.chop import ChopConfig, PaddedInputs
     from preprocessing.nvidia.varlength import compact_padded
 
     cfg = plan.cfg
+    space = pack_fast.Space()  # the cut's and the gather's arrays, used again chunk after chunk
     width = getattr(cfg, "max_seq_length", 512)
     inputs = PaddedInputs(ChopConfig(max_seq_length=width,
                                      max_predictions_per_seq=getattr(cfg, "max_predictions_per_seq", 76)))
@@ -560,14 +572,15 @@ def _scatter_padded(plan: ShufflePlan, source_ids: Sequence[int], inv: np.ndarra
             if f["next_sentence_labels"].shape[0] != rows_in:
                 raise InputError(f"{path} changed while shuffle-samples ran (it had {rows_in} rows); run again")
             for a, b in chunks(keep, PADDED_ROWS):
-                with reading(Path(path), f"rows {a}..{b - 1}"):
-                    c = compact_padded(inputs.rows(path, a, b), Path(path), a, width)
-                rows = Rows(seq=c.seq.astype(np.int32), pred=c.pred.astype(np.int32), nsl=c.nsl.astype(np.int8),
-                            cols=c.flat)
                 dst = np.asarray(inv[firsts[sid] + a:firsts[sid] + b], dtype=np.int64)
                 bucket, order = _by_bucket(dst, bstart)
-                cols = rows.gathered(order) if len(bstart) > 2 else rows.cols  # one bucket: already in order
+                with reading(Path(path), f"rows {a}..{b - 1}"):  # the cut reads the part in its order ...
+                    c = compact_padded(inputs.rows(path, a, b), Path(path), a, width, space=space)
+                rows = Rows(seq=c.seq.astype(np.int32), pred=c.pred.astype(np.int32), nsl=c.nsl.astype(np.int8),
+                            cols=c.flat)
+                cols = rows.gathered(order, space)  # ... and the rows move into destination order in memory
                 _send(out, rows, cols, order, bucket, dst, len(bstart) - 1)
+                out.flush()  # the records are views of the space's buffers, which the next chunk writes
                 done += b - a
     finally:
         inputs.close()

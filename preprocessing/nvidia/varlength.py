@@ -207,16 +207,17 @@ def _prefixes(values: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray
 
 
 def compact_padded(rows: dict[str, np.ndarray], path: Path, first: int, width: int, *,
-                   row_ids: np.ndarray | None = None) -> Compact:
+                   row_ids: np.ndarray | None = None, space: Any = None) -> Compact:
     """A chunk of padded rows (the six datasets, memory maps or arrays; ``first``: the file's row of its first row)
     checked and cut: the rules and refusals of the row-by-row path (``_check_lengths``, ``check_padded``, the
     range of the vlen types, the labels' cast), in its order, with the values of every row kept as the reference
     keeps them. Valid rows take one pass in C (pack_fast.cut_padded), or without it a few reductions and one gather
     a dataset; a chunk that breaks a rule goes through the checks one after the other, which raise the error they
-    always raised (``row_ids``: the file's row of each row, for check_padded's refusal, when the rows are a pick)."""
+    always raised (``row_ids``: the file's row of each row, for check_padded's refusal, when the rows are a pick).
+    ``space`` (a pack_fast.Space): the C pass's arrays are views of its buffers, valid until its next use."""
     from preprocessing import pack_fast
 
-    cut = pack_fast.cut_padded(rows) if rows["input_mask"].shape[1] == width else None
+    cut = pack_fast.cut_padded(rows, space) if rows["input_mask"].shape[1] == width else None
     if cut:  # the C pass: every rule held
         seq, pred, ids, seg, pos, mlm, nsl = cut
         return Compact(seq=seq, pred=pred, nsl=nsl, flat={"input_ids": ids, "segment_ids": seg,

@@ -47,7 +47,7 @@ def careful(monkeypatch) -> None:
     monkeypatch.setattr(varlength, "mapped_padded", lambda f, path: None)
     monkeypatch.setattr(varlength, "_fast_ok", lambda rows, width: None)
     monkeypatch.setattr(shuffle, "_mapped_rows", lambda f, path, n: None)
-    monkeypatch.setattr(pack_fast, "cut_padded", lambda rows: None)
+    monkeypatch.setattr(pack_fast, "cut_padded", lambda rows, space=None: None)
 
 
 @pytest.mark.parametrize("rule", ["v3.1", "v1.1"])
@@ -243,7 +243,7 @@ def _padded(n: int, w: int = 32, pw: int = 6, seed: int = 0) -> dict[str, np.nda
 def test_the_c_cut_equals_numpy_and_refuses_what_the_checks_refuse(monkeypatch):
     rows = _padded(300)
     cut = pack_fast.cut_padded(rows)
-    monkeypatch.setattr(pack_fast, "cut_padded", lambda r: None)
+    monkeypatch.setattr(pack_fast, "cut_padded", lambda r, space=None: None)
     want = varlength.compact_padded(rows, Path("x"), 0, 32)
     seq, pred, ids, seg, pos, mlm, nsl = cut
     assert np.array_equal(seq, want.seq) and np.array_equal(pred, want.pred) and np.array_equal(nsl, want.nsl)
@@ -261,3 +261,20 @@ def test_the_c_cut_equals_numpy_and_refuses_what_the_checks_refuse(monkeypatch):
     bad["masked_lm_positions"][0, 0] = 1  # row 0 has one token: position 1 is outside it
     assert pack_fast.cut_padded(bad) is False
     assert pack_fast.cut_padded({**rows, "input_ids": rows["input_ids"].astype(np.int64)}) is None  # NumPy's path
+
+
+@NATIVE
+def test_a_space_used_again_gives_what_fresh_arrays_give():
+    """pack_fast.Space: the cut's and the gather's buffers used chunk after chunk (larger chunks grow them): every
+    result equals a cut into fresh arrays, and is a view of the space's buffer."""
+    space = pack_fast.Space()
+    for rows in (_padded(300, seed=1), _padded(500, seed=2), _padded(40, seed=3)):
+        got, want = pack_fast.cut_padded(rows, space), pack_fast.cut_padded(rows)
+        assert [(g.dtype, g.tolist()) for g in got] == [(w.dtype, w.tolist()) for w in want]
+        assert np.shares_memory(got[2], space.get("cut_ids", 1, np.int16))
+        order = np.random.default_rng(len(got[0])).permutation(len(got[0]))
+        ends = np.cumsum(want[0])
+        g = pack_fast.gather_runs([got[2]], None, (ends - want[0])[order], got[0][order], np.int16, space=space,
+                                  name="g")
+        assert g.tolist() == [v for i in order for v in want[2][ends[i] - want[0][i]:ends[i]].tolist()]
+        assert np.shares_memory(g, space.get("g", 1, np.int16))
