@@ -330,7 +330,7 @@ class DataDag:
                     continue
                 lost_since = lost_since or time.monotonic()
                 if time.monotonic() - lost_since >= GONE_AFTER_S:
-                    raise scheduler_gone(None, client, self.p.dask_address) or RuntimeError("scheduler gone")
+                    raise scheduler_gone(None, client, self.p.dask_address) or RuntimeError("scheduler gone") from None
                 continue
             if fut in self._pending:
                 return fut

@@ -103,7 +103,7 @@ def _check(events: list[tuple[str, str]], data_names: set[str], groups: int = 1)
     hdf5 = {n for n in data_names if not n.endswith(".lst")}  # the index lists are small text files: fsynced only
     assert hdf5 <= started, sorted(hdf5 - started)[:3]
     assert data_names <= synced, sorted(data_names - synced)[:3]
-    waits = sum(1 for (k, _), (k2, _) in zip(before, before[1:]) if k == "fsync" and k2 == "writeback") + 1
+    waits = sum(1 for (k, _), (k2, _) in zip(before, before[1:], strict=False) if k == "fsync" and k2 == "writeback") + 1
     assert waits <= groups, f"the disk waited for {waits} times in {groups} group(s)"
 
 

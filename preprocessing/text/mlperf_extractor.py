@@ -140,6 +140,7 @@ def hoist_global_flags(pattern: Any) -> Any:
     if not isinstance(pattern, str) or "(?" not in pattern:
         return pattern
     out, flags, i, n, in_class, moved = [], [], 0, len(pattern), False, False
+    class_start = False  # just after a class's '[' (or '[^'): a ']' there is a literal
     while i < n:
         c = pattern[i]
         if c == "\\":

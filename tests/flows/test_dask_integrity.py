@@ -468,7 +468,7 @@ def test_a_lost_scheduler_stops_the_run_in_one_line_within_a_minute(cluster: Clu
                             "--dask-address", cluster.address], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     out: dict[str, str] = {}
-    reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), run.communicate())))
+    reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), run.communicate(), strict=True)))
     reader.start()
     wait_for(lambda: (work / "tfrecord").exists(), 600, "the first calls")
     cluster.stop("scheduler", signal.SIGKILL)

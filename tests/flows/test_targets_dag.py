@@ -33,7 +33,6 @@ from tests.loader_rules import (
     HabanaPackedDataset,
     NvidiaPackedDataset,
     NvidiaVarlenDataset,
-    PretrainingDataset,
     flat_training_files,
     habana_avg_seq_per_sample,
     habana_packed_files,
@@ -73,7 +72,8 @@ Seq = tuple  # (ids, segment ids, masked positions, masked ids, NSP label) of on
 
 
 def _seq(ids, seg, pos, lm, nsp) -> Seq:
-    cast = (lambda a: np.asarray(a, np.int64).tobytes())
+    def cast(a) -> bytes:
+        return np.asarray(a, np.int64).tobytes()
     return cast(ids), cast(seg), cast(pos), cast(lm), int(nsp)
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/preprocessing: the shared helpers
 import vendor_scripts as vs  # noqa: E402

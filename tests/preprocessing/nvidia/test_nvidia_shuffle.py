@@ -5,7 +5,6 @@ convert_fixed2variable.py, re-enacted too), and the permutation with the interpr
 from __future__ import annotations
 
 import random
-import shutil
 import sys
 from pathlib import Path
 

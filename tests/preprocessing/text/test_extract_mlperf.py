@@ -164,7 +164,7 @@ def _para(rng: random.Random, k: int) -> str:
 
 def _page(title: str, ns: int, pid: int, text: str | None, redirect: str | None = None) -> str:
     red = f'    <redirect title="{escape(redirect, {chr(34): "&quot;"})}" />\n' if redirect else ""
-    body = (f'      <text bytes="0" xml:space="preserve" />\n' if text is None else
+    body = ('      <text bytes="0" xml:space="preserve" />\n' if text is None else
             f'      <text bytes="{len(text.encode())}" xml:space="preserve">{escape(text)}</text>\n')
     return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{pid}</id>\n{red}"
             f"    <revision>\n      <id>{pid * 10 + 1}</id>\n      <timestamp>2019-12-01T00:00:00Z</timestamp>\n"
