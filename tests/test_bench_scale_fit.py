@@ -53,3 +53,19 @@ def test_fit_with_equal_mean_lengths_falls_back_to_the_rows_scale(bench_scale) -
     f = _fig(1.0, 1000, 256_000)
     out = bench_scale.fit_projection({"nvidia_4320": f}, {"nvidia_4320": dict(f)})
     assert out["nvidia-varlength"] == pytest.approx(1.0 * bench_scale.FULL_ROWS / 1000 / 3600)
+
+
+def test_the_2048_shuffles_md5s_count_at_the_4320_shuffles_speed(bench_scale, capsys) -> None:
+    """One part cut into v1.1's 2,048 shards is ~2 files, hashed in 2 lanes; a full-size gather hashes ~7 side by
+    side. Its md5s are counted at the 4,320 shuffle's speed where that is faster, and never made slower."""
+    def fig(cpu: float, md5: float, nbytes: int) -> dict:
+        return {"cpu": cpu, "costs": {"md5_cpu": md5, "md5_bytes": nbytes}}
+
+    figures = {"nvidia_4320_shuffled": fig(1.2, 0.15, 300_000_000), "nvidia_2048_shuffled": fig(1.6, 0.30, 300_000_000)}
+    bench_scale._md5_at_full_size(figures)
+    assert figures["nvidia_2048_shuffled"]["cpu"] == pytest.approx(1.6 - 0.15)
+    assert "counted at nvidia_4320_shuffled's 2,000 MB/s" in capsys.readouterr().out
+    figures = {"nvidia_4320_shuffled": fig(1.2, 0.30, 300_000_000), "nvidia_2048_shuffled": fig(1.6, 0.15, 300_000_000)}
+    bench_scale._md5_at_full_size(figures)
+    assert figures["nvidia_2048_shuffled"]["cpu"] == 1.6  # already the faster: left as measured
+    bench_scale._md5_at_full_size({"nvidia_2048_shuffled": fig(1.6, 0.3, 1)})  # no 4,320 figure: nothing to do
