@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -94,7 +95,14 @@ if which == "nvidia":
     shards = max(1, round(4320 * rows / 156_725_653))
     mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
     c0 = cpu()
+    if profile:
+        import cProfile, pstats
+        pr = cProfile.Profile()
+        pr.enable()
     m = run_pack_nvidia([part], out, PackNvidiaConfig(shards_num=shards))
+    if profile:
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 else:
     import preprocessing.habana.pack as mod
     from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
@@ -137,6 +145,9 @@ def md5_tree(d: Path) -> dict[str, str]:
 def run_child(tree: Path, part: Path, out: Path, which: str, cache: Path, profile: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), DS_ACCELERATOR="cpu", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     cmd = [sys.executable, "-c", CHILD, str(part), str(out), which, str(cache)] + (["profile"] if profile else [])
+    # a fresh folder each run: renaming a new file over the last run's (ext4's auto_da_alloc) allocates and starts
+    # writing its blocks inside rename(2), ~0.3 s a part that a run into an empty folder never pays
+    shutil.rmtree(out, ignore_errors=True)
     p = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"{tree} {which} failed:\n{p.stderr[-4000:]}")
@@ -185,7 +196,7 @@ def main() -> None:
     ap.add_argument("--which", nargs="+", default=["nvidia", "habana"],
                     choices=["nvidia", "habana", "habana-raw"])
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--profile", action="store_true", help="cProfile this tree's pack-habana run")
+    ap.add_argument("--profile", action="store_true", help="cProfile this tree's packer runs")
     ap.add_argument("--gzip-share", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
