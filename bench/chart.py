@@ -1,9 +1,10 @@
 """Draw docs/benchmarks.svg: CPU core-hours for the full MLPerf set, by target.
 
-The figures are those of docs/benchmarks.md ("2026-11-28, 10:10-11:20: the writeback that held the calls", its 10:59
-run: `bench/bench_scale.py --real-part-only`, its steps timed with the memory full of page cache as in a full-size run;
-one real-size part projected to the full set by tokens, a lower bound, and by rows, an upper bound; the 4-bin set from
-CPU time, and from the DAG's stage seconds). The SVG is plain
+The figures are those of docs/benchmarks.md: the 4-bin set from "2026-11-28, 10:10-11:20: the writeback that held
+the calls" (its 10:59 run of `bench/bench_scale.py --real-part-only`: from CPU time, and from the DAG's stage seconds),
+the other targets from "2026-11-28, 12:30-13:40: nvidia-2048 from the padded parts, the shuffle's buffers" (its 13:10
+run of `--targets-only`); each step timed with the memory full of page cache as in a full-size run, one real-size part
+projected to the full set by tokens, a lower bound, and by rows, an upper bound. The SVG is plain
 text written here, with no plotting library, so the same figures always give the same bytes;
 tests/test_docs.py checks that the committed file is what this script writes.
 
@@ -23,16 +24,16 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.svg"
 #: each target adds on top of it.
 FIGURES: tuple[tuple[str, float, float], ...] = (
     ("samsung-4bins (the default set)", 0.46, 0.50),
-    ("+ nvidia-varlength", 0.14, 0.23),
+    ("+ nvidia-2048", 0.14, 0.23),
+    ("+ nvidia-varlength", 0.15, 0.24),
     ("+ nvidia-4320", 0.17, 0.27),
-    ("+ nvidia-packed", 0.23, 0.36),
-    ("+ nvidia-2048", 0.29, 0.46),
-    ("+ habana-packed-raw", 0.45, 0.70),
-    ("+ habana-packed", 2.11, 3.32),
+    ("+ nvidia-packed", 0.26, 0.39),
+    ("+ habana-packed-raw", 0.41, 0.63),
+    ("+ habana-packed", 2.82, 4.44),
 )
 TITLE = "CPU core-hours for the full MLPerf set, by target"
-SUBTITLE = ("bench_scale.py --memory full, 2026-11-28 10:59, 2 cores, load 0.9-1.0; bar: by tokens, whisker: by rows "
-            "(4-bin set: CPU time to DAG seconds)")
+SUBTITLE = ("bench_scale.py --memory full, 2026-11-28, 2 cores; 4-bin set 10:59 (CPU time to DAG seconds), targets "
+            "13:10; bar: by tokens, whisker: by rows")
 
 WIDTH, LEFT, RIGHT, TOP, ROW = 720, 230, 40, 70, 34
 SCALE_MAX = 5.0  # core-hours at the right end of the axis
