@@ -2,7 +2,7 @@
 
 The figures are those of docs/benchmarks.md: the 4-bin set from "2026-11-28, 10:10-11:20: the writeback that held
 the calls" (its 10:59 run of `bench/bench_scale.py --real-part-only`: from CPU time, and from the DAG's stage seconds),
-the other targets from "2026-11-28, 12:30-13:20: nvidia-2048 from the padded parts, the shuffle's buffers" (its 13:10
+the other targets from "2026-11-28, 12:30-14:00: nvidia-2048 from the padded parts, the shuffle's buffers" (its 13:10
 run of `--targets-only`); each step timed with the memory full of page cache as in a full-size run, one real-size part
 projected to the full set by tokens, a lower bound, and by rows, an upper bound. The SVG is plain
 text written here, with no plotting library, so the same figures always give the same bytes;
