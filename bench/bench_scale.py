@@ -46,6 +46,10 @@
    lower bound), added to the full set's 4-bin figure, and against it for a run of the target alone (no bins).
    ``--targets-only --target-short-seq-prob 1.0`` makes the part with rows of about the full set's mean length
    (~256 tokens; MLPerf's 0.1 gives the sample text ~400), where the two projections nearly agree.
+   Each stage's **floor** beside it: the CPU of moving its bytes and nothing else, in a child timed as the stage
+   (its inputs read into one buffer, files of its output files' sizes written and hashed all at once by
+   core.manifest's md5), printed as the stage's multiple of it and projected per target as the stage is: what no
+   code that reads the same inputs and writes and hashes the same files goes under.
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
@@ -537,8 +541,52 @@ else:
 c1 = cpu()
 (out / f"{dest.name}.json").write_text(json.dumps({"cpu": c1 - c0, "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
                                               "recipe_cpu": recipe[0], "recipe_wall": recipe[1], "rows": rows, "tokens": tokens,
-                                              "bytes": sum(f.bytes for f in m.files),
+                                              "bytes": sum(f.bytes for f in m.files), "sizes": [f.bytes for f in m.files],
+                                              "inputs": [str(p) for p in parts],
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0}}))
+"""
+
+#: A stage's floor: the CPU of moving its bytes and nothing else, in one process, in the memory state its run had
+#: (argv: the stage's json from TARGET_CALL, a scratch folder). Its inputs read once each into one reused buffer
+#: (read(2) from the page cache), files of its output files' sizes written from one reused buffer in 1 MiB writes
+#: (no fsync: its CPU is the copy into the page cache), and their md5s by core.manifest's md5_files all at once
+#: (every file in one call, mapped as a stage's just-written outputs are: the most lanes side by side). Writes
+#: <scratch>/floor.json: {"read": s, "write": s, "md5": s, "cpu": s} (user + system CPU seconds).
+FLOOR_CALL = """
+import core
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from core.manifest.format import md5_files
+fig, scratch = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+scratch.mkdir(parents=True, exist_ok=True)
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+buf = bytearray(1 << 22)
+view = memoryview(buf)
+c0 = cpu()
+for p in fig["inputs"]:
+    with open(p, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+c1 = cpu()
+block = memoryview(os.urandom(1 << 20))
+paths = [scratch / f"floor-{i:05d}" for i in range(len(fig["sizes"]))]
+for p, size in zip(paths, fig["sizes"]):
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    left = size
+    while left:
+        left -= os.write(fd, block[:min(left, len(block))])
+    os.close(fd)
+c2 = cpu()
+md5_files(paths, written=True)
+c3 = cpu()
+for p in paths:
+    p.unlink()
+(scratch / "floor.json").write_text(json.dumps({"read": c1 - c0, "write": c2 - c1, "md5": c3 - c2, "cpu": c3 - c0}))
 """
 #: Stage -> what it is, for the table; and which targets need which stages (preprocessing/registry.for_target).
 TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards",
@@ -595,6 +643,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   f"recipe's {serial_w:.1f} / {serial1:.1f} s taken off): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}; the "
                   f"disk alone takes {floor:.2f} s for its {f['bytes'] / 1e6:,.0f} MB of output (at most "
                   f"{(f['costs']['wall'] - serial1) / max(floor, 1e-9):.2f}x on this disk)")
+        if "sizes" in f:
+            f["floor"] = stage_floor(out / f"{what}.json", out / "floor", env)
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
               f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
               "rows/CPU-s "
@@ -603,8 +653,27 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}"
                   + (f"; kswapd beside it {f['kswapd']:.2f} s (counted in the cpu figure above)"
                      if MEMORY["fill"] is not None else ""))
+        if "floor" in f:
+            fl = f["floor"]
+            print(f"    its floor, moving its bytes and nothing else: {fl['cpu']:.2f} CPU-s = read its "
+                  f"{sum(os.path.getsize(p) for p in f['inputs']) / 1e6:,.0f} MB {fl['read']:.2f} + write its "
+                  f"{f['bytes'] / 1e6:,.0f} MB {fl['write']:.2f} + their md5s {fl['md5']:.2f}"
+                  + (f" + kswapd {fl['kswapd']:.2f}" if fl.get("kswapd") else "")
+                  + f"; the stage {(f['cpu'] - _once(f)) / max(fl['cpu'], 1e-9):.2f}x its floor"
+                  + (" (besides the recipe)" if _once(f) else ""))
     _md5_at_full_size(figures)
     return figures
+
+
+def stage_floor(fig_json: Path, scratch: Path, env: dict[str, str]) -> dict[str, float]:
+    """The CPU of moving a stage's bytes and nothing else (:data:`FLOOR_CALL`): its inputs read, its output files'
+    sizes written and hashed, in a child timed as the stage was (the same memory state; kswapd beside it counted)."""
+    timed_child([sys.executable, "-c", FLOOR_CALL, str(fig_json), str(scratch)], env)
+    fl = json.loads((scratch / "floor.json").read_text())
+    fl["kswapd"] = KSWAPD["last"]
+    fl["cpu"] += fl["kswapd"]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return fl
 
 
 def _md5_at_full_size(figures: dict[str, dict[str, float]]) -> None:
@@ -617,6 +686,11 @@ def _md5_at_full_size(figures: dict[str, dict[str, float]]) -> None:
         return
     md5, nbytes = f["costs"].get("md5_cpu", 0.0), f["costs"].get("md5_bytes", 0)
     rate = ref["costs"].get("md5_bytes", 0) / max(ref["costs"].get("md5_cpu", 0.0), 1e-9)
+    if "floor" in f and "floor" in ref and ref["floor"]["md5"] > 0:  # its floor's md5s likewise (all at once: 2 lanes)
+        fast = ref["bytes"] / ref["floor"]["md5"]
+        if f["floor"]["md5"] > f["bytes"] / fast:
+            f["floor"]["cpu"] -= f["floor"]["md5"] - f["bytes"] / fast
+            f["floor"]["md5"] = f["bytes"] / fast
     if nbytes and md5 > nbytes / rate:
         f["cpu"] -= md5 - nbytes / rate
         print(f"    (nvidia_2048_shuffled: its md5s counted at nvidia_4320_shuffled's {rate / 1e6:,.0f} MB/s, "
@@ -656,7 +730,7 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
         if target == "samsung-4bins":
             continue
         for basis, scale in scales.items():
-            extra = 0.0
+            extra = floor = 0.0
             parts = []
             for stage in for_target(target, DataParams()):
                 f = fig.get(stage) or fig.get(stage.replace("2048", "4320").replace("_v11", ""))
@@ -665,6 +739,10 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
                 per_rows = f["cpu"] - _once(f)
                 cost = (per_rows if stage == "nvidia_eval" else per_rows * scale) + _once(f)
                 extra += cost
+                if f.get("floor") and floor is not None:
+                    floor += f["floor"]["cpu"] * (1 if stage == "nvidia_eval" else scale)
+                else:
+                    floor = None
                 parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))
             total = f"; today's 4-bin set and it: {(today + extra / 3600):.2f} core-hours" if today else ""
             if today and bins is not None:
@@ -673,6 +751,8 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
                 alone = extra / 3600 - bins_here
                 total += (f"; the full set with --target {target} (no 4 bins): {alone:+.2f} against today (bins "
                           f"{bins_here:.2f} not built)")
+            if floor is not None and parts:  # what moving the target's bytes alone costs: no code goes under it
+                total += f"; its floor (reading, writing and hashing its bytes alone) +{floor / 3600:.2f}"
             print(f"  --target {target:<17} by {basis:<6} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 

@@ -27,3 +27,20 @@ def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data:
     assert "bytes identical" in text
     assert "from CPU time:" in text and "from the DAG's stage seconds" in text
     assert (tmp_path / "w" / "real" / "fused" / "hdf5" / "part-00001-of-00500").is_dir()
+
+
+@pytest.mark.slow
+def test_bench_scale_prints_a_target_stages_floor(shared_data: Path, tmp_path: Path) -> None:
+    """--targets-only: the chop's figures and its floor (its input read, its files' sizes written and hashed, in
+    a child of its own), less than the stage's own CPU, and the floor projected per target."""
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
+                          "--only-stages", "nvidia_4320", "--memory", "free", "--vocab", str(shared_data / "vocab.txt"),
+                          "--keep-work", str(tmp_path / "w")],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    line = next(ln for ln in text.splitlines() if "its floor, moving its bytes and nothing else" in ln)
+    assert " + write its " in line and " + their md5s " in line and "x its floor" in line
+    assert "its floor (reading, writing and hashing its bytes alone) +" in text
+    assert not list((tmp_path / "w").rglob("floor-*"))  # the floor's files removed

@@ -69,3 +69,34 @@ def test_the_2048_shuffles_md5s_count_at_the_4320_shuffles_speed(bench_scale, ca
     bench_scale._md5_at_full_size(figures)
     assert figures["nvidia_2048_shuffled"]["cpu"] == 1.6  # already the faster: left as measured
     bench_scale._md5_at_full_size({"nvidia_2048_shuffled": fig(1.6, 0.3, 1)})  # no 4,320 figure: nothing to do
+
+
+def test_the_2048_shuffles_floor_hashes_at_the_4320_floors_speed(bench_scale, capsys) -> None:
+    """The floors' md5s (every output file in one call) get the same correction: ~2 files hash in 2 lanes."""
+    def fig(md5: float) -> dict:
+        return {"cpu": 1.0, "bytes": 300_000_000, "costs": {"md5_cpu": 0.1, "md5_bytes": 300_000_000},
+                "floor": {"read": 0.1, "write": 0.1, "md5": md5, "cpu": 0.2 + md5}}
+
+    figures = {"nvidia_4320_shuffled": fig(0.15), "nvidia_2048_shuffled": fig(0.40)}
+    bench_scale._md5_at_full_size(figures)
+    assert figures["nvidia_2048_shuffled"]["floor"]["md5"] == pytest.approx(0.15)
+    assert figures["nvidia_2048_shuffled"]["floor"]["cpu"] == pytest.approx(0.35)
+    figures = {"nvidia_4320_shuffled": fig(0.40), "nvidia_2048_shuffled": fig(0.15)}
+    bench_scale._md5_at_full_size(figures)
+    assert figures["nvidia_2048_shuffled"]["floor"]["cpu"] == pytest.approx(0.35)  # never made slower
+
+
+def test_the_projection_prints_each_targets_floor(bench_scale, capsys) -> None:
+    """Per target, what reading, writing and hashing its bytes alone costs at full size: the floor's CPU scaled
+    as the stage's (the eval pick once); no floor where a stage of the target has none."""
+    rows = 185_595
+    f = {"cpu": 2.0, "rows": rows, "tokens": rows * 256, "nnls_cpu": 0.0, "recipe_cpu": 0.0, "bytes": 1,
+         "floor": {"read": 0.1, "write": 0.2, "md5": 0.2, "cpu": 0.5}}
+    bench_scale.target_projection({"nvidia_4320_shuffled": f, "nvidia_packed": {**f, "floor": None}}, None)
+    out = capsys.readouterr().out
+    want = 0.5 * bench_scale.FULL_ROWS / rows / 3600
+    line = next(ln for ln in out.splitlines() if "--target nvidia-4320 " in ln and "by rows" in ln)
+    assert f"+{2.0 * bench_scale.FULL_ROWS / rows / 3600:.2f} core-hours" in line
+    assert line.endswith(f"its floor (reading, writing and hashing its bytes alone) +{want:.2f}")
+    packed = next(ln for ln in out.splitlines() if "--target nvidia-packed " in ln and "by rows" in ln)
+    assert "floor" not in packed
