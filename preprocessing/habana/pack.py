@@ -845,12 +845,15 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
 
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
-                cfg: HabanaPackConfig, where: str) -> dict[str, np.ndarray]:
+                cfg: HabanaPackConfig, where: str, space: pack_fast.Space | None = None) -> dict[str, np.ndarray]:
     """The nine packed arrays (the values the script's int32 arrays hold, in the dtypes it stores) of packs
     ``slots``; ``seq``, ``pred`` and ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's
     first ``seq`` tokens and segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real
     slots, in row-major order. The C loop (pack_fast.gather_runs) writes each pack's row once where it runs: its
-    sequences' values, then zeros to the row's end; NumPy's masked assignments otherwise (the same arrays)."""
+    sequences' values, then zeros to the row's end; NumPy's masked assignments otherwise (the same arrays). With
+    ``space`` the C loop's arrays are views of its buffers, valid until the next call with it (a file's arrays are
+    written before the next file's are built: the pages of fresh 30 MB arrays, zeroed by the kernel on first touch
+    for every file, are touched once per group)."""
     n, depth = slots.shape
     length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
     real = slots >= 0
@@ -883,11 +886,14 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
         tok = tok.astype(np.int64)
         dts = {name: np.dtype(dt) for name, dt, _ in PACKED_DATASETS}
         cnt = real.sum(axis=1)
-        return {**{name: _padded_rows(rows[name], tok, length, dts[name]) for name in ("input_ids", "segment_ids")},
-                "input_mask": _padded_seqs(j + 1, seq, cnt, length, dts["input_mask"]),
-                "positions": _padded_seqs(np.zeros_like(j), seq, cnt, length, dts["positions"]),
-                "masked_lm_positions": _padded_rows(mpos, total, width, dts["masked_lm_positions"]),
-                "masked_lm_ids": _padded_rows(rows["masked_lm_ids"], total, width, dts["masked_lm_ids"]), **small}
+        return {**{name: _padded_rows(rows[name], tok, length, dts[name], space, name)
+                   for name in ("input_ids", "segment_ids")},
+                "input_mask": _padded_seqs(j + 1, seq, cnt, length, dts["input_mask"], space, "input_mask"),
+                "positions": _padded_seqs(np.zeros_like(j), seq, cnt, length, dts["positions"], space, "positions"),
+                "masked_lm_positions": _padded_rows(mpos, total, width, dts["masked_lm_positions"], space,
+                                                    "masked_lm_positions"),
+                "masked_lm_ids": _padded_rows(rows["masked_lm_ids"], total, width, dts["masked_lm_ids"], space,
+                                              "masked_lm_ids"), **small}
     out = {name: np.zeros((n, cols[w]), np.dtype(dt)) for name, dt, w in PACKED_DATASETS if w != "S"}
     out.update(small)
     # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
@@ -903,9 +909,10 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     return {name: out[name] for name, _, _ in PACKED_DATASETS}
 
 
-def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtype) -> np.ndarray:
+def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtype,
+                 space: pack_fast.Space | None = None, name: str = "gather") -> np.ndarray:
     """``(len(counts), width)``: row i = the next ``counts[i]`` of ``values`` (back to back), then zeros; each value
-    copied once (the C loop), converted to ``dt``."""
+    copied once (the C loop), converted to ``dt`` (into ``space``'s buffer ``name`` where given)."""
     n = len(counts)
     values = np.ascontiguousarray(values)
     zeros = np.zeros(width, values.dtype)
@@ -915,10 +922,11 @@ def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtyp
     lens = np.empty(2 * n, np.int64)
     lens[0::2] = counts
     lens[1::2] = width - counts
-    return pack_fast.gather_runs([values, zeros], which, starts, lens, dt).reshape(n, width)
+    return pack_fast.gather_runs([values, zeros], which, starts, lens, dt, space=space, name=name).reshape(n, width)
 
 
-def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int, dt: np.dtype) -> np.ndarray:
+def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int, dt: np.dtype,
+                 space: pack_fast.Space | None = None, name: str = "gather") -> np.ndarray:
     """``(len(cnt), width)``: pack i holds the next ``cnt[i]`` sequences; sequence r's cells are ``level[r]``
     (``level`` > 0: input_mask) or 0, 1, ... (``level`` 0: positions), then zeros to ``width``."""
     n = len(cnt)
@@ -938,7 +946,7 @@ def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int
     pad = end + np.arange(n)  # each pack's zeros, after its sequences
     starts[pad] = width
     lens[pad] = width - tok
-    return pack_fast.gather_runs([src], None, starts, lens, dt).reshape(n, width)
+    return pack_fast.gather_runs([src], None, starts, lens, dt, space=space, name=name).reshape(n, width)
 
 
 def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip") -> None:
@@ -997,6 +1005,7 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     names, tmps = [], []
     final = Path(data)
     final.mkdir(parents=True, exist_ok=True)
+    space = pack_fast.Space()  # one file's big arrays, used again for the next (each file written before it)
     try:
         with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
             for i, (p0, p1) in enumerate(bounds, start=first):
@@ -1008,7 +1017,8 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
                                      {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
                                       "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
                                       "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
-                                      "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name)
+                                      "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name,
+                                     space)
                 done += k
                 final = Path(data) / name
                 tmps.append(tmp_path(final))

@@ -660,3 +660,43 @@ def test_every_length_to_512_as_the_script(tmp_path, nnls_once):
     ours, info, m = pack_both(d, tmp_path, L=512, P=76, keep_partial_last=True)
     assert_same_packs(ours, tmp_path / "theirs", info["files"])
     check_packs(ours, d, 512, 3, P=76)
+
+
+def test_build_packs_into_a_space_used_again_gives_what_fresh_arrays_give():
+    """write_group builds file after file into one pack_fast.Space: the second file's arrays (fewer packs, other
+    lengths) are what a fresh call gives, whatever the first left in the buffers."""
+    from preprocessing import pack_fast
+    from preprocessing.habana.pack import build_packs
+
+    if not pack_fast.available():
+        pytest.skip("the C loop is not built")
+    rng = np.random.default_rng(3)
+    cfg = HabanaPackConfig(max_sequence_length=64, max_predictions_per_sequence=10)
+
+    def packs(n: int) -> tuple:
+        slots = np.full((n, 3), -1, np.int64)
+        seq_l, k = [], 0
+        for i in range(n):
+            lens = rng.integers(4, 22, rng.integers(1, 4))
+            for j, ln in enumerate(lens):
+                slots[i, j] = k
+                k += 1
+                seq_l.append(ln)
+        seq = np.array(seq_l, np.int64)
+        pred = np.minimum(rng.integers(1, 4, len(seq)), seq)
+        rows = {"input_ids": rng.integers(5, 30000, int(seq.sum())).astype(np.int32),
+                "segment_ids": rng.integers(0, 2, int(seq.sum())).astype(np.int8),
+                "masked_lm_positions": np.concatenate([np.sort(rng.choice(int(s), int(p), replace=False))
+                                                       for s, p in zip(seq, pred, strict=True)]).astype(np.int32),
+                "masked_lm_ids": rng.integers(5, 30000, int(pred.sum())).astype(np.int32),
+                "next_sentence_labels": rng.integers(0, 2, len(seq)).astype(np.int8)}
+        return slots, seq, pred, rows
+
+    space = pack_fast.Space()
+    first, second = packs(40), packs(25)
+    build_packs(*first, cfg, "a", space)
+    got = build_packs(*second, cfg, "b", space)
+    want = build_packs(*second, cfg, "b")
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
