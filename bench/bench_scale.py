@@ -245,7 +245,7 @@ def run_watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, 
     return time.perf_counter() - t0, rc, watch
 
 
-def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+def timed_child(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float, float]:
     """(seconds, peak RSS MB, CPU seconds) of one subprocess (RSS: its own and its children's largest, wait4's
     ru_maxrss; CPU: user + system, so waits for the disk or for other jobs' cores do not count). The disk is
     synced first: the previous step's written bytes (gigabytes, for the target stages) would otherwise be written
@@ -254,7 +254,7 @@ def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, floa
     _memory_ready()
     k0 = kswapd_cpu()
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -464,7 +464,10 @@ import scipy.optimize
 part, out, what = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 nparts = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+tag = sys.argv[6] if len(sys.argv) > 6 else ""  # "base": the baseline tree's run (its code: the cwd)
 dest = out / (what if workers == 1 else f"{what}.w{workers}")
+if tag:
+    dest = dest.with_name(f"{dest.name}.{tag}")
 parts = [part]
 if nparts > 1:  # the part's HDF5 under nparts names (hard links): a stage's work split over more shards
     import os
@@ -645,6 +648,13 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   f"{(f['costs']['wall'] - serial1) / max(floor, 1e-9):.2f}x on this disk)")
         if "sizes" in f:
             f["floor"] = stage_floor(out / f"{what}.json", out / "floor", env)
+        if args.base:  # the same stage with the baseline tree's code (its folder the cwd): CPU and every file
+            timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1", str(args.target_parts),
+                         "base"], env, cwd=args.base)
+            fb = json.loads((out / f"{what}.base.json").read_text())
+            fb["cpu"] += KSWAPD["last"]
+            f["base_cpu"], f["base_once"] = fb["cpu"], _once(fb)
+            f["base_same"] = _same_files(out / what, out / f"{what}.base", data_only=True)
         print(f"{what:<22}{title:<44} cpu {f['cpu']:6.2f} s (NNLS {f['nnls_cpu']:5.1f} s in {f['nnls_rounds']} "
               f"round(s); the recipe in all {once:5.1f} s) {f['rows'] / max(f['cpu'] - once, 1e-9) / 1e3:7.1f} k "
               "rows/CPU-s "
@@ -653,6 +663,12 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}"
                   + (f"; kswapd beside it {f['kswapd']:.2f} s (counted in the cpu figure above)"
                      if MEMORY["fill"] is not None else ""))
+        if "base_cpu" in f:
+            n_files = sum(1 for p in (out / what).rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
+            print(f"    against the baseline tree ({args.base}), the same stage just after: {f['base_cpu']:.2f} CPU-s; "
+                  f"this tree {(f['cpu'] - _once(f)) / max(f['base_cpu'] - f['base_once'], 1e-9):.2f}x it"
+                  + (" (besides the recipe)" if _once(f) else "")
+                  + f"; its {n_files} files {'IDENTICAL' if f['base_same'] else 'DIFFER'} (every byte)")
         if "floor" in f:
             fl = f["floor"]
             print(f"    its floor, moving its bytes and nothing else: {fl['cpu']:.2f} CPU-s = read its "
@@ -1059,6 +1075,10 @@ def main(argv: list[str] | None = None) -> int:
                     "bench/memory_state.py)")
     ap.add_argument("--leave-mb", type=int, default=1024, help="with --memory full: MB of memory left free "
                     "(default 1024)")
+    ap.add_argument("--base", type=Path, help="a baseline tree (e.g. `git worktree add DIR <commit>`, its C "
+                    "extensions built: `python setup.py build_ext --inplace`): each target stage also runs with its "
+                    "code just after this tree's, and prints its CPU against it and whether every output file is "
+                    "the same, byte for byte")
     args = ap.parse_args(argv)
     if not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")

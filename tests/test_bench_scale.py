@@ -30,13 +30,14 @@ def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data:
 
 
 @pytest.mark.slow
-def test_bench_scale_prints_a_target_stages_floor(shared_data: Path, tmp_path: Path) -> None:
+def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path, tmp_path: Path) -> None:
     """--targets-only: the chop's figures and its floor (its input read, its files' sizes written and hashed, in
-    a child of its own), less than the stage's own CPU, and the floor projected per target."""
+    a child of its own), the floor projected per target, and with --base the same stage run with that tree's code
+    (here this tree: every file the same)."""
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
                           "--only-stages", "nvidia_4320", "--memory", "free", "--vocab", str(shared_data / "vocab.txt"),
-                          "--keep-work", str(tmp_path / "w")],
+                          "--keep-work", str(tmp_path / "w"), "--base", str(ROOT)],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
@@ -44,3 +45,6 @@ def test_bench_scale_prints_a_target_stages_floor(shared_data: Path, tmp_path: P
     assert " + write its " in line and " + their md5s " in line and "x its floor" in line
     assert "its floor (reading, writing and hashing its bytes alone) +" in text
     assert not list((tmp_path / "w").rglob("floor-*"))  # the floor's files removed
+    base = next(ln for ln in text.splitlines() if "against the baseline tree" in ln)
+    assert "files IDENTICAL (every byte)" in base and "x it" in base
+    assert (tmp_path / "w" / "targets" / "nvidia_4320.base").is_dir()
