@@ -49,7 +49,9 @@
    Each stage's **floor** beside it: the CPU of moving its bytes and nothing else, in a child timed as the stage
    (its inputs read into one buffer, files of its output files' sizes written and hashed all at once by
    core.manifest's md5), printed as the stage's multiple of it and projected per target as the stage is: what no
-   code that reads the same inputs and writes and hashes the same files goes under.
+   code that reads the same inputs and writes and hashes the same files goes under. ``--base TREE`` (an earlier
+   commit's worktree, its C extensions built) runs each stage again with that tree's code just after this tree's:
+   its CPU against this tree's, and every output file compared byte for byte.
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
