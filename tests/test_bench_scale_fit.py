@@ -100,3 +100,12 @@ def test_the_projection_prints_each_targets_floor(bench_scale, capsys) -> None:
     assert line.endswith(f"its floor (reading, writing and hashing its bytes alone) +{want:.2f}")
     packed = next(ln for ln in out.splitlines() if "--target nvidia-packed " in ln and "by rows" in ln)
     assert "floor" not in packed
+
+
+def test_the_gzip_share_leaves_out_each_runs_recipe_and_md5s(bench_scale) -> None:
+    """The gzip's CPU is the gzip run less the uncompressed run, each without its own recipe (whose NNLS CPU moves
+    by seconds between runs) and its md5s."""
+    gz = {"cpu": 55.0 + 17.5, "recipe_cpu": 55.0, "nnls_cpu": 54.6, "costs": {"md5_cpu": 0.05}}
+    raw = {"cpu": 66.2 + 2.3, "recipe_cpu": 66.2, "nnls_cpu": 65.8, "costs": {"md5_cpu": 0.25}}
+    assert bench_scale.gzip_share(gz, raw) == pytest.approx((17.5 - 0.05) - (2.3 - 0.25))
+    assert bench_scale.gzip_share(raw, gz) == 0.0  # never negative
