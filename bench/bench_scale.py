@@ -1091,7 +1091,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")
     tmp = args.keep_work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    fill = FullPageCache(tmp / "memory-fill", leave_mb=args.leave_mb) if args.memory == "full" else None
+    # 20 GB of disk kept free beside the fill: the DAG's run of the real part writes ~8 GB (4 parts' TFRecords,
+    # HDF5s and bins) after the fill's last top-up; 8 GB spare ran it out of disk (15:52, 34 GB free at the start)
+    fill = FullPageCache(tmp / "memory-fill", leave_mb=args.leave_mb, disk_spare_mb=20480) \
+        if args.memory == "full" else None
     try:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
         rep = balloon_reporting()
