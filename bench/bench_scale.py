@@ -809,11 +809,17 @@ def fit_projection(fig_a: dict[str, dict[str, float]], fig_b: dict[str, dict[str
     print(f"\n## the other targets at full size, fitted: CPU = a x rows + b x tokens through two parts ({any_a['rows']:,} "
           f"rows of {any_a['tokens'] / any_a['rows']:.0f} tokens on average, {any_b['rows']:,} of "
           f"{any_b['tokens'] / any_b['rows']:.0f}; the full set: {FULL_ROWS:,} of ~{FULL_TOKENS / FULL_ROWS:.0f})")
-    stages = {}
+    stages, floors = {}, {}
     for stage in fig_a:
         if stage in fig_b:
             full, a, b = point(fig_a[stage], fig_b[stage], stage == "nvidia_eval")
             stages[stage] = full
+            fa, fb = fig_a[stage].get("floor"), fig_b[stage].get("floor")
+            if fa and fb:  # the floor fitted the same way (it has no recipe)
+                floors[stage] = point(*({"cpu": f["cpu"], "rows": g["rows"], "tokens": g.get("tokens") or g["rows"],
+                                         "nnls_cpu": 0.0, "recipe_cpu": 0.0}
+                                        for f, g in ((fa, fig_a[stage]), (fb, fig_b[stage]))),
+                                      stage == "nvidia_eval")[0]
             if stage != "nvidia_eval":
                 print(f"  {stage:<22} a = {a * 1e6:6.3f} us a row, b = {b * 1e9:6.3f} ns a token: {full / 3600:.3f} "
                       "core-hours")
@@ -821,16 +827,18 @@ def fit_projection(fig_a: dict[str, dict[str, float]], fig_b: dict[str, dict[str
     for target in names():
         if target == "samsung-4bins":
             continue
-        extra, parts = 0.0, []
+        extra, floor, parts = 0.0, 0.0, []
         for stage in for_target(target, DataParams()):
             key = stage if stage in stages else stage.replace("2048", "4320").replace("_v11", "")
             if key not in stages:
                 continue
             extra += stages[key]
+            floor = floor + floors[key] if floor is not None and key in floors else None
             parts.append(f"{stage} {stages[key] / 3600:.3f}")
         if parts:
             out[target] = extra / 3600
-            print(f"  --target {target:<17} fitted +{extra / 3600:.2f} core-hours ({', '.join(parts)})")
+            print(f"  --target {target:<17} fitted +{extra / 3600:.2f} core-hours ({', '.join(parts)})"
+                  + (f"; its floor, fitted alike, +{floor / 3600:.2f}" if floor is not None else ""))
     return out
 
 

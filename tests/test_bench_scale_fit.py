@@ -109,3 +109,18 @@ def test_the_gzip_share_leaves_out_each_runs_recipe_and_md5s(bench_scale) -> Non
     raw = {"cpu": 66.2 + 2.3, "recipe_cpu": 66.2, "nnls_cpu": 65.8, "costs": {"md5_cpu": 0.25}}
     assert bench_scale.gzip_share(gz, raw) == pytest.approx((17.5 - 0.05) - (2.3 - 0.25))
     assert bench_scale.gzip_share(raw, gz) == 0.0  # never negative
+
+
+def test_the_fit_prints_each_targets_floor_fitted_alike(bench_scale, capsys) -> None:
+    """With floors in both parts' figures, each target's floor is fitted as its cost is (a x rows + b x tokens)."""
+    a, b = 0.5e-6, 2e-9
+    ra, ta, rb, tb = 185_595, 185_595 * 404, 469_883, 469_883 * 170
+
+    def fig(rows: int, tokens: int) -> dict:
+        return {**_fig(3 * (a * rows + b * tokens), rows, tokens), "floor": {"cpu": a * rows + b * tokens}}
+
+    bench_scale.fit_projection({"nvidia_4320": fig(ra, ta)}, {"nvidia_4320": fig(rb, tb)})
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "--target nvidia-varlength" in ln)
+    floor = (a * bench_scale.FULL_ROWS + b * bench_scale.FULL_TOKENS) / 3600
+    assert line.endswith(f"; its floor, fitted alike, +{floor:.2f}")
+    assert f"fitted +{3 * floor:.2f} core-hours" in line
