@@ -98,8 +98,15 @@ class DataParams:
                                + "; ".join(f"{t.name}: {t.help}" for t in TARGETS) + f" (default {DEFAULT_TARGET})",
                                flags=("--target", "--targets"), group="target", metavar="TARGET",
                                factory=lambda: [DEFAULT_TARGET])
+    nvidia_shards: int | None = param(None, f"shards of every chopped, shuffled or packed NVIDIA set, whatever its "
+                                      f"name (prepare_data.sh --shards; default: {NVIDIA_SHARDS} for the 4,320-shard "
+                                      f"targets and nvidia-packed, {MLPERF_SHARDS} for the 2,048 ones; sample: its "
+                                      "shards per bin). The same rows in that many files, which no published list "
+                                      "checks",
+                                      flags=("--nvidia-shards",), ge=1, le=1 << 20, group="target")
     nvidia_packed_shards: int | None = param(None, f"shards of the nvidia-packed set (generate_packing_strategy.py "
-                                             f"--shards_num; default {NVIDIA_SHARDS}; sample: its shards per bin)",
+                                             f"--shards_num; default --nvidia-shards, else {NVIDIA_SHARDS}; sample: its "
+                                             "shards per bin)",
                                              flags=("--nvidia-packed-shards", "--nvidia_packed_shards", "--shards_num"),
                                              ge=1, le=1 << 20, group="target")
     max_sequences_per_pack: int = param(3, "sequences a pack holds at most (nvidia-packed: --max_seq_per_sample; "
@@ -193,8 +200,11 @@ class DataParams:
         return self.extractor or default_extractor(self.source)
 
     def resolved_nvidia_shards(self, n: int = NVIDIA_SHARDS) -> int:
-        """Shards of an NVIDIA set of ``n`` shards: ``n``, or on the built-in sample its shards per bin (NVIDIA's
-        4,320 shards of a few thousand rows would be nearly all empty, and chop_hdf5_files.py refuses that)."""
+        """Shards of an NVIDIA set of ``n`` shards: ``--nvidia-shards`` if given, else ``n``, or on the built-in
+        sample its shards per bin (NVIDIA's 4,320 shards of a few thousand rows would be nearly all empty, and
+        chop_hdf5_files.py refuses that)."""
+        if self.nvidia_shards:
+            return self.nvidia_shards
         return self.resolved_shards() if self.is_sample else n
 
     def resolved_nvidia_packed_shards(self) -> int:

@@ -168,3 +168,27 @@ def test_the_shuffled_targets_shuffle_from_the_padded_parts_without_the_chop_sta
     assert decl["nvidia_4320_shuffled"].reads == ("hdf5",) and decl["nvidia_2048_shuffled"].reads == ("hdf5",)
     assert (decl["nvidia_4320_shuffled"].configure(p).rule, decl["nvidia_2048_shuffled"].configure(p).rule) == \
         ("v3.1", "v1.1")
+
+
+def test_nvidia_shards_sets_every_nvidia_sets_shard_count_and_its_stage_key() -> None:
+    """By default the 4,320-shard sets get 4,320 shards and the 2,048 ones 2,048 (the sample: its shards per bin);
+    --nvidia-shards N (prepare_data.sh --shards) gives every chopped, shuffled and (unless --nvidia-packed-shards)
+    packed NVIDIA set N shards, and another stage key, so no cached set of another count is taken for it."""
+    decl = {s.name: s for s in registry.STAGES}
+    nv = ("nvidia_4320", "nvidia_2048", "nvidia_4320_v11", "nvidia_4320_shuffled", "nvidia_2048_shuffled")
+
+    def counts(p: DataParams) -> list[int]:
+        return [decl[n].configure(p).num_shards for n in nv] + [decl["nvidia_packed"].configure(p).shards_num]
+
+    assert counts(DataParams(text_dir="/t")) == [4320, 2048, 4320, 4320, 2048, 4320]
+    assert counts(DataParams()) == [8] * 6  # the built-in sample
+    given = DataParams(text_dir="/t", nvidia_shards=20)
+    assert counts(given) == [20] * 6
+    assert counts(DataParams(text_dir="/t", nvidia_shards=20, nvidia_packed_shards=7)) == [20] * 5 + [7]
+    for n in nv:
+        assert decl[n].key_params(decl[n].configure(given)) != \
+            decl[n].key_params(decl[n].configure(DataParams(text_dir="/t")))
+    from core.errors import InputError
+
+    with pytest.raises(InputError, match="^nvidia_shards must be >= 1"):
+        DataParams(nvidia_shards=0)

@@ -514,8 +514,11 @@ def _targets(p: Any) -> tuple[str, ...]:
 
 
 def dag_shards(p: Any, n: int) -> int:
-    """Shards for a DAG run: ``n`` (4320 / 2048), or the sample's shard count on the built-in sample (NVIDIA's
-    4320 would crash the reference there)."""
+    """Shards for a DAG run: ``--nvidia-shards`` if given, else ``n`` (4320 / 2048), or the sample's shard count on
+    the built-in sample (NVIDIA's 4320 would crash the reference there)."""
+    resolved = getattr(p, "resolved_nvidia_shards", None)
+    if resolved is not None:
+        return resolved(n)
     return (getattr(p, "n_output_shards", None) or 8) if getattr(p, "is_sample", False) else n
 
 
