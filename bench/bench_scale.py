@@ -52,6 +52,11 @@
    code that reads the same inputs and writes and hashes the same files goes under. ``--base TREE`` (an earlier
    commit's worktree, its C extensions built) runs each stage again with that tree's code just after this tree's:
    its CPU against this tree's, and every output file compared byte for byte.
+   With the real part (not ``--targets-only``), the DAG's run of its copies goes again with every other target added
+   (``--target ... --nvidia-shards N``: their share of the full set's 4,320 shards, so shards of about the full
+   set's rows): only the target stages run (the rest is taken from its manifests), and each prints its seconds as
+   the DAG took them (CPU, waits for a core, blocked), the packers' recipe apart (from their log), projected per
+   target beside the CPU figures ("from the DAG's stage seconds").
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
@@ -69,6 +74,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -728,7 +734,8 @@ def _once(f: dict[str, float]) -> float:
     return max(f.get("recipe_cpu", 0.0), f["nnls_cpu"])
 
 
-def target_projection(fig: dict[str, dict[str, float]], today: float | None, bins: float | None = None) -> None:
+def target_projection(fig: dict[str, dict[str, float]], today: float | None, bins: float | None = None,
+                      dag: dict[str, dict[str, float]] | None = None) -> None:
     """Each target's extra core-hours at full size: its stages' per-row CPU scaled to the full set (the eval pick:
     once), plus the packers' recipe once (the strategies and the NNLS rounds come from the lengths' histogram and
     do not grow with the rows). The chops into v1.1's 2,048 and 4,320 shards are counted at the 4,320 chop's
@@ -738,7 +745,9 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
     bound, this part's sequences being longer than the full set's ~256 tokens, so more tokens and packs a row) and
     by tokens (x the full set's estimated tokens / this part's: a lower bound for the per-row work). With today's
     figures: the full set with the target added to today's run, and a run of the target alone (``--target X``:
-    no 4-bin stage; the bins' core-hours, today per text part, rescaled to the same rows or tokens)."""
+    no 4-bin stage; the bins' core-hours, today per text part, rescaled to the same rows or tokens). With ``dag``
+    (:func:`dag_targets`): the same from the DAG's stage seconds, a part's seconds scaled alike plus the recipe and
+    the eval pick once."""
     sys.path.insert(0, str(ROOT))
     from preprocessing.params import DataParams
     from preprocessing.registry import for_target
@@ -777,6 +786,15 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
                           f"{bins_here:.2f} not built)")
             if floor is not None and parts:  # what moving the target's bytes alone costs: no code goes under it
                 total += f"; its floor (reading, writing and hashing its bytes alone) +{floor / 3600:.2f}"
+            if dag:  # the DAG's stage seconds (wall), scaled the same way
+                secs, n = 0.0, 0
+                for stage in for_target(target, DataParams()):
+                    d = dag.get(stage) or dag.get(stage.replace("2048", "4320").replace("_v11", ""))
+                    if d is not None:
+                        secs += d["per_part"] * scale + d["once"]
+                        n += 1
+                if n:
+                    total += f"; from the DAG's stage seconds +{secs / 3600:.2f}"
             print(f"  --target {target:<17} by {basis:<6} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 
@@ -991,6 +1009,73 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         out[f"dag cpu {label}"], out[f"dag run_wait {label}"] = cpu_s, wait
         print(f"    {label} a part: {secs:.2f} s = CPU {cpu_s:.2f} + waiting for a core {wait:.2f} + blocked "
               f"{max(0.0, secs - cpu_s - wait):.2f} (the disk, locks)")
+    if not args.no_target_stages:
+        rows = json.loads((work / "last_run.json").read_text())["stages"]["bins"]["rows"]
+        out["dag targets"] = dag_targets(args, cmd, env, work, tmp, rows)
+    return out
+
+
+#: Target stage -> the target whose run builds it in the DAG's target pass (the chops into v1.1's 2,048 and 4,320
+#: shards are the 4,320 chop's work in other files: nvidia_4320 stands for them, as in the projection).
+DAG_TARGET_OF = {"nvidia_4320": "nvidia-varlength", "nvidia_4320_shuffled": "nvidia-4320",
+                 "nvidia_2048_shuffled": "nvidia-2048", "nvidia_eval": "nvidia-varlength",
+                 "nvidia_packed": "nvidia-packed", "habana_packed": "habana-packed",
+                 "habana_packed_raw": "habana-packed-raw"}
+#: The packers' log line of their recipe (its wall: once a run, whatever the rows), per stage.
+RECIPE_LOG = {"nvidia_packed": re.compile(r"pack-nvidia: .*recipe: \d+ NNLS round\(s\) in ([\d.]+) s"),
+              "habana_packed": re.compile(r"pack-habana \(--compression gzip\): .*recipe: \d+ NNLS round\(s\) in "
+                                          r"([\d.]+) s"),
+              "habana_packed_raw": re.compile(r"pack-habana \(--compression none\): .*recipe: \d+ NNLS round\(s\) "
+                                              r"in ([\d.]+) s")}
+
+
+def dag_targets(args: argparse.Namespace, base_cmd: list[str], env: dict[str, str], work: Path, tmp: Path,
+                rows: int) -> dict[str, dict[str, float]]:
+    """The other targets' stages through the DAG: the same ``bertpipe run`` again in the same work dir with every
+    other target added (its finished stages are taken from their manifests: only the target stages run), their
+    NVIDIA sets cut into these parts' share of the full set's 4,320 shards (``--nvidia-shards``: shards of about the
+    full set's rows, not 4,320 files of a few dozen rows). Per stage, a part's seconds as the DAG took them (its
+    calls' wall: md5s, manifests, input checks, fsync waits; kswapd's reclaim beside them added in proportion), of
+    them CPU and waits for a core, the packers' recipe (from their log: once a run) apart."""
+    wanted = [s for s in DAG_TARGET_OF if not args.only_stages or s in args.only_stages.split(",")]
+    targets = list(dict.fromkeys(["samsung-4bins"] + [DAG_TARGET_OF[s] for s in wanted]))
+    shards = max(1, round(4320 * rows / FULL_ROWS))
+    cmd = [c for c in base_cmd if c != "-q"]
+    for t in targets:
+        cmd += ["--target", t]
+    cmd += ["--nvidia-shards", str(shards)]
+    log = tmp / "real-run-targets.log"
+    k0 = kswapd_cpu()
+    wall, rc, watch = run_watched(cmd, env, log)
+    ksw = kswapd_cpu() - k0
+    text = log.read_text(errors="replace")
+    if rc != 0:
+        raise SystemExit(f"bertpipe run of the real part with the targets failed ({rc}):\n{text[-3000:]}")
+    stages = json.loads((work / "last_run.json").read_text())["stages"]
+    out: dict[str, dict[str, float]] = {}
+    for s in wanted:
+        st = stages.get(s)
+        if not st or st.get("cached") == st.get("calls"):
+            continue
+        m = RECIPE_LOG.get(s) and RECIPE_LOG[s].search(text)
+        recipe = float(m.group(1)) if m else 0.0
+        out[s] = {"seconds": st["seconds"], "cpu": st.get("cpu_seconds", 0.0), "wait": st.get("run_wait_seconds", 0.0),
+                  "recipe": recipe, "bytes": st["bytes"], "files": st["files"]}
+    total = sum(f["seconds"] for f in out.values())
+    n = args.group
+    print(f"\nthe same {n} parts through `bertpipe run` again with --target {' --target '.join(targets[1:])} "
+          f"--nvidia-shards {shards} ({wall:.1f} s; {rows:,} rows: their share of the full set's 4,320 shards); "
+          f"kswapd beside the calls {ksw:.2f} s (added to the stages' seconds in proportion)")
+    for s, f in out.items():
+        f["kswapd"] = ksw * f["seconds"] / max(total, 1e-9)
+        once = f["recipe"] if s != "nvidia_eval" else f["seconds"] + f["kswapd"]  # the eval pick: once a run
+        f["per_part"] = (f["seconds"] + f["kswapd"] - once) / n if s != "nvidia_eval" else 0.0
+        f["once"] = once
+        blocked = max(0.0, f["seconds"] - f["cpu"] - f["wait"])
+        print(f"  {s:<22} {f['seconds']:7.2f} s = CPU {f['cpu']:.2f} + waiting for a core {f['wait']:.2f} + blocked "
+              f"{blocked:.2f}" + (f"; the recipe {f['recipe']:.1f} s (once)" if f["recipe"] else "")
+              + (f"; a part: {f['per_part']:.2f} s" if s != "nvidia_eval" else "; once a run")
+              + f" -> {f['files']} files, {f['bytes'] / 1e6:,.0f} MB")
     return out
 
 
@@ -1132,9 +1217,11 @@ def main(argv: list[str] | None = None) -> int:
             h5 = real_part_hdf5(args, tmp)
             target_projection(target_stages(args, h5, tmp), None)
         elif not args.no_real_part:
-            today, bins = projection(real_part(args, tmp))
+            fig = real_part(args, tmp)
+            today, bins = projection(fig)
             if not args.no_target_stages:
-                target_projection(target_stages(args, tmp / "real" / "h5", tmp), today, bins)
+                target_projection(target_stages(args, tmp / "real" / "h5", tmp), today, bins,
+                                  fig.get("dag targets"))
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         if fill is not None:

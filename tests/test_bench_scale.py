@@ -1,5 +1,6 @@
 """bench/bench_scale.py end to end on a small part (slow): every step prints its breakdown (compute, md5, system
-time, fsync waits), the split's 2 workers give the 1 worker's bytes, and the projection is printed."""
+time, fsync waits), the split's 2 workers give the 1 worker's bytes, the projection is printed, and a target's stage
+is timed through the DAG too."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data: Path, tmp_path: Path) -> None:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--real-part-only", "--real-mb",
-                          "0.4", "--group", "2", "--shards", "16", "--no-target-stages", "--memory", "free", "--vocab",
+                          "0.4", "--group", "2", "--shards", "16", "--only-stages", "nvidia_4320", "--memory", "free",
+                          "--vocab",
                           str(shared_data / "vocab.txt"), "--keep-work", str(tmp_path / "w")],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -27,6 +29,14 @@ def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data:
     assert "bytes identical" in text
     assert "from CPU time:" in text and "from the DAG's stage seconds" in text
     assert (tmp_path / "w" / "real" / "fused" / "hdf5" / "part-00001-of-00500").is_dir()
+    # the target pass through the DAG: the same run again with nvidia-varlength, its chop's seconds, projected
+    assert "--target nvidia-varlength --nvidia-shards 1 (" in text
+    chop = next(ln for ln in text.splitlines() if ln.startswith("  nvidia_4320 ") and "a part:" in ln)
+    assert "= CPU " in chop and "1 files" in chop
+    line = next(ln for ln in text.splitlines() if "--target nvidia-varlength " in ln and "by rows" in ln)
+    assert "from the DAG's stage seconds +" in line
+    summary = (tmp_path / "w" / "real-work" / "last_run.json").read_text()
+    assert '"nvidia_4320"' in summary and '"bins"' in summary
 
 
 @pytest.mark.slow

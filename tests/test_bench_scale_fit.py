@@ -102,6 +102,32 @@ def test_the_projection_prints_each_targets_floor(bench_scale, capsys) -> None:
     assert "floor" not in packed
 
 
+def test_the_projection_from_the_dags_stage_seconds_scales_a_part_and_adds_the_once_costs(bench_scale,
+                                                                                         capsys) -> None:
+    """From the DAG's target pass: a part's seconds scaled as the CPU is (by rows, by tokens), plus what runs once
+    a run (the packers' recipe, the eval pick); the 2,048 chop counted at the 4,320 chop's seconds."""
+    rows, tokens = 185_595, 185_595 * 400
+    f = {"cpu": 2.0, "rows": rows, "tokens": tokens, "nnls_cpu": 0.0, "recipe_cpu": 0.0, "bytes": 1}
+    dag = {"nvidia_4320_shuffled": {"per_part": 1.5, "once": 0.0}, "nvidia_eval": {"per_part": 0.0, "once": 0.4},
+           "nvidia_packed": {"per_part": 2.0, "once": 70.0}, "nvidia_4320": {"per_part": 1.0, "once": 0.0}}
+    bench_scale.target_projection({"nvidia_4320_shuffled": f, "nvidia_eval": f, "nvidia_packed": f,
+                                   "nvidia_4320": f}, None, dag=dag)
+    out = capsys.readouterr().out
+
+    def line(target: str, basis: str) -> str:
+        return next(ln for ln in out.splitlines() if f"--target {target} " in ln and f"by {basis}" in ln)
+
+    by_rows, by_tokens = bench_scale.FULL_ROWS / rows, bench_scale.FULL_TOKENS / tokens
+    assert line("nvidia-4320", "rows").endswith(f"from the DAG's stage seconds +{(1.5 * by_rows + 0.4) / 3600:.2f}")
+    assert line("nvidia-4320", "tokens").endswith(
+        f"from the DAG's stage seconds +{(1.5 * by_tokens + 0.4) / 3600:.2f}")
+    assert line("nvidia-packed", "rows").endswith(
+        f"from the DAG's stage seconds +{(2.0 * by_rows + 70.4) / 3600:.2f}")
+    assert line("nvidia-2048-varlength", "rows").endswith(
+        f"from the DAG's stage seconds +{(1.0 * by_rows + 0.4) / 3600:.2f}")
+    assert "DAG" not in line("habana-packed", "rows")  # no stage of it in the DAG's pass: nothing said
+
+
 def test_the_gzip_share_leaves_out_each_runs_recipe_and_md5s(bench_scale) -> None:
     """The gzip's CPU is the gzip run less the uncompressed run, each without its own recipe (whose NNLS CPU moves
     by seconds between runs) and its md5s."""

@@ -1070,8 +1070,8 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     recipe = packing_recipe(inputs.seq, cfg.max_sequence_length, cfg.max_sequences_per_pack)
     st = recipe.stats
     t2 = time.perf_counter()
-    log.info("pack-habana: %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies used); recipe: "
-             "%d NNLS round(s) in %.1f s", st["new_number_of_samples"], st["expected_speed_up"],
+    log.info("pack-habana (--compression %s): %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies "
+             "used); recipe: %d NNLS round(s) in %.1f s", cfg.compression, st["new_number_of_samples"], st["expected_speed_up"],
              st["avg_seq_per_sample"], st["number_of_strategies_utilized"], len(recipe.rounds), t2 - t1)
     sd = scratch_dir(data)
     shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed

@@ -744,7 +744,10 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
     hist = hists.sum(axis=0)
     if not hist.sum():
         raise InputError("pack-nvidia: the inputs hold no rows; nothing to pack")
+    t0 = time.perf_counter()
     recipe = packing_recipe(hist, cfg.max_seq_length, cfg.max_seq_per_sample, say=log.info)
+    log.info("pack-nvidia: %d packs of %d sequences; recipe: %d NNLS round(s) in %.1f s", recipe.stats["packs"],
+             recipe.stats["sequences"], recipe.stats["nnls_rounds"], time.perf_counter() - t0)
     asg = assign_packs(hist, recipe, cfg.seed, out=sd)  # seq_len, seq_idx, pack_off and dest: written there
     check_shards(cfg.shards_num, len(asg.pack_off) - 1)
     empty = asg.empty_packs
