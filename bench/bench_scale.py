@@ -84,7 +84,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_state import FullPageCache, balloon_reporting, kswapd_cpu, meminfo  # noqa: E402
+from memory_state import FullPageCache, balloon_reporting, kswapd_cpu, machine_busy, meminfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -233,6 +233,9 @@ def _short(cmd: str, parent_cmd: str) -> str:
 MEMORY: dict[str, FullPageCache | None] = {"fill": None}
 #: kswapd's CPU seconds during the last timed child (the kernel's reclaim for it, beside its own CPU).
 KSWAPD = {"last": 0.0}
+#: The whole machine's busy core-seconds during the last timed child (memory_state.machine_busy): its own CPU, the
+#: kernel's threads beside it (writeback, reclaim), and anything else running.
+BUSY = {"last": 0.0}
 
 
 def _memory_ready() -> None:
@@ -260,14 +263,14 @@ def timed_child(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[
     back while this one runs, and a 2-worker run timed right after its 1-worker run paid for both."""
     os.sync()
     _memory_ready()
-    k0 = kswapd_cpu()
+    k0, b0 = kswapd_cpu(), machine_busy()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     dt = time.perf_counter() - t0
-    KSWAPD["last"] = kswapd_cpu() - k0
+    KSWAPD["last"], BUSY["last"] = kswapd_cpu() - k0, machine_busy() - b0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out.decode(errors='replace')[-3000:]}")
     return dt, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime
@@ -623,8 +626,9 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     for what, title in TARGET_STAGES.items():
         if args.only_stages and what not in args.only_stages.split(","):
             continue
-        dt, rss, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1",
-                                  str(args.target_parts)], env)
+        dt, rss, own = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1",
+                                    str(args.target_parts)], env)
+        busy1 = BUSY["last"]
         f = json.loads((out / f"{what}.json").read_text())
         f["wall"], f["rss"] = dt, rss
         f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
@@ -642,6 +646,7 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             w = args.target_workers
             dt_w, _, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, str(w),
                                       str(args.target_parts)], env)
+            busy_w = BUSY["last"]
             fw = json.loads((out / f"{what}.w{w}.json").read_text())
             serial1, serial_w = f.get("recipe_wall", 0.0), fw.get("recipe_wall", 0.0)  # the recipe: once, serial
             ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
@@ -653,6 +658,17 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   f"recipe's {serial_w:.1f} / {serial1:.1f} s taken off): {ratio:.2f}x, bytes {'identical' if same else 'DIFFER'}; the "
                   f"disk alone takes {floor:.2f} s for its {f['bytes'] / 1e6:,.0f} MB of output (at most "
                   f"{(f['costs']['wall'] - serial1) / max(floor, 1e-9):.2f}x on this disk)")
+            # what the machine did beside each run (its whole life, start-up included): the 1-worker run's
+            # process is one core, but the kernel's writeback and reclaim for its writes run on the other. With
+            # w workers on as many cores that work competes with them: the busy cores of the 1-worker run bound
+            # the speed-up to (cores) / (busy cores)
+            cores = os.cpu_count() or 1
+            r1, rw = busy1 / max(dt, 1e-9), busy_w / max(dt_w, 1e-9)
+            f["busy_cores_1"], f["busy_cores_w"] = r1, rw
+            print(f"    the machine's busy cores (/proc/stat): {r1:.2f} during the 1-worker run (its own CPU "
+                  f"{own:.2f} s of {busy1:.2f} core-s in {dt:.2f} s; the rest the kernel's threads and anything "
+                  f"else), {rw:.2f} of {cores} during the {w}-worker run: at most {min(w, cores) / max(r1, 1e-9):.2f}x "
+                  f"if all that work scales")
         if "sizes" in f:
             f["floor"] = stage_floor(out / f"{what}.json", out / "floor", env)
         if args.base:  # the same stage with the baseline tree's code (its folder the cwd): CPU and every file

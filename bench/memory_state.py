@@ -62,6 +62,18 @@ def kswapd_cpu() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy() -> float:
+    """Core-seconds every CPU of the machine has been busy so far (/proc/stat: user, nice, system, irq, softirq and
+    steal; not idle or iowait): a step's own CPU plus what the kernel's threads (writeback, reclaim, interrupts) and
+    other processes did beside it. 0.0 where /proc/stat is absent."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def meminfo(key: str) -> int:
     """A /proc/meminfo figure in MB."""
     for line in Path("/proc/meminfo").read_text().splitlines():

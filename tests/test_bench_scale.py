@@ -43,11 +43,11 @@ def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data:
 def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path, tmp_path: Path) -> None:
     """--targets-only: the chop's figures and its floor (its input read, its files' sizes written and hashed, in
     a child of its own), the floor projected per target, and with --base the same stage run with that tree's code
-    (here this tree: every file the same)."""
+    (here this tree: every file the same); with --target-workers 2, its speed-up and the machine's busy cores."""
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
                           "--only-stages", "nvidia_4320", "--memory", "free", "--vocab", str(shared_data / "vocab.txt"),
-                          "--keep-work", str(tmp_path / "w"), "--base", str(ROOT)],
+                          "--keep-work", str(tmp_path / "w"), "--base", str(ROOT), "--target-workers", "2"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
@@ -58,3 +58,7 @@ def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path
     base = next(ln for ln in text.splitlines() if "against the baseline tree" in ln)
     assert "files IDENTICAL (every byte)" in base and "x it" in base
     assert (tmp_path / "w" / "targets" / "nvidia_4320.base").is_dir()
+    # 2 workers against 1: the same bytes, and what the machine's cores did during each run
+    assert "2 workers: " in text and "bytes identical" in text
+    busy = next(ln for ln in text.splitlines() if "the machine's busy cores (/proc/stat)" in ln)
+    assert "during the 1-worker run" in busy and "during the 2-worker run: at most" in busy

@@ -43,6 +43,36 @@ def test_meminfo_and_kswapd_cpu_read_proc() -> None:
     assert a >= 0.0 and ms.kswapd_cpu() >= a  # a counter: never goes back
 
 
+def test_machine_busy_counts_this_processs_cpu_work() -> None:
+    """/proc/stat's busy core-seconds grow at least by the CPU seconds a loop here spends (the rest of the
+    machine only adds to them), and do not count the time asleep."""
+    import time
+
+    b0, c0 = ms.machine_busy(), time.process_time()
+    while time.process_time() - c0 < 0.5:
+        pass
+    spent = time.process_time() - c0
+    b1 = ms.machine_busy()
+    assert b1 - b0 >= spent - 0.05  # clock ticks: 10 ms each
+    b2 = ms.machine_busy()
+    time.sleep(0.3)
+    assert ms.machine_busy() - b2 < 0.3 * 2  # asleep: at most what the other core did
+
+
+def test_machine_scaling_bench_runs_each_kind_and_prints_its_ratio() -> None:
+    """bench/bench_machine_scaling.py on tiny sizes: every kind in 1 and 2 processes, a ratio a kind."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_machine_scaling.py"), "--mb", "8", "--pairs",
+                          "1", "--seconds", "0.05"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if "2 processes:" in ln]
+    assert [ln.split(" 2 processes")[0].strip() for ln in lines] == \
+        ["compute", "stream", "gather", "gather (mapped file)", "page cache write"]
+    assert all("x the throughput of 1" in ln for ln in lines)
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_machine_scaling.py"), "--kinds", "nope",
+                          "--mb", "8"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "unknown kind 'nope'" in bad.stderr
+
+
 def test_full_page_cache_writes_clean_fill_within_its_cap_and_removes_it(tmp_path: Path) -> None:
     # leave_mb 0: it would fill all free memory; max_mb caps it at 3 MB here
     with ms.FullPageCache(tmp_path / "fill", leave_mb=0, max_mb=3, min_mb=1) as fill:
