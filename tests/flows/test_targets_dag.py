@@ -287,6 +287,27 @@ def test_each_target_alone_runs_nothing_on_a_built_work_dir(target: str, copy_of
     assert s["targets"][target]["train"]  # its trainer's folder, found done
 
 
+def test_nvidia_shards_recuts_the_nvidia_sets_and_their_trainer_reads_the_same_rows(copy_of, tmp_path: Path) -> None:
+    """--nvidia-shards 3 on a built work dir: only the NVIDIA sets' stages run again (their key names the count; the
+    padded parts and the eval are taken as they are), each set in 3 shards, and NVIDIA's MLPerf trainer reads the
+    padded parts' rows from them as from the 8-shard sets (in order unshuffled, the same rows shuffled, each
+    sequence once packed)."""
+    work = copy_of("dag_128")
+    before = {n: st["key"] for n, st in last_run(work)["stages"].items()}
+    nv = ("nvidia-4320", "nvidia-varlength", "nvidia-packed")
+    _run(work, nv, *SHORT, "--nvidia-shards", "3")
+    s = last_run(work)
+    ran = {n for n, st in s["stages"].items() if st["cached"] != st["calls"]}
+    assert ran == {"nvidia_4320", "nvidia_4320_shuffled", "nvidia_packed"}, ran
+    assert all(s["stages"][n]["key"] != before[n] for n in ran)
+    assert s["stages"]["hdf5"]["key"] == before["hdf5"] and s["stages"]["nvidia_eval"]["key"] == before["nvidia_eval"]
+    for target in ("nvidia-4320", "nvidia-varlength"):
+        check_nvidia_layout(work, tmp_path / target, target, 128)
+        assert len(os.listdir(tmp_path / target / "train")) == 3
+    check_nvidia_packed(work, tmp_path / "nvp", 128)
+    assert len(nvidia_mlperf_training_files(tmp_path / "nvp" / "train")) == 3
+
+
 # -- slow ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_target_in_one_run_at_mlperf_shape(prefect_harness, tmp_path: Path) -> None:
