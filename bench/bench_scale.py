@@ -51,7 +51,10 @@
    core.manifest's md5), printed as the stage's multiple of it and projected per target as the stage is: what no
    code that reads the same inputs and writes and hashes the same files goes under. ``--base TREE`` (an earlier
    commit's worktree, its C extensions built) runs each stage again with that tree's code just after this tree's:
-   its CPU against this tree's, and every output file compared byte for byte.
+   its CPU against this tree's, and every output file compared byte for byte. ``--repeat N`` runs each stage N
+   times, the stages in turn (run 1 of each, then run 2 of each, ...): every run's CPU is printed, their bytes
+   compared, and the run of median CPU is the one reported and projected (a single run moves by up to a third
+   with the machine's memory state).
    With the real part (not ``--targets-only``), the DAG's run of its copies goes again with every other target added
    (``--target ... --nvidia-shards N``: their share of the full set's 4,320 shards, so shards of about the full
    set's rows): only the target stages run (the rest is taken from its manifests), and each prints its seconds as
@@ -623,16 +626,25 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     if args.target_workers > 1:  # what a stage's fsyncs wait for: at some worker count its writes outrun the disk
         disk = disk_speed(out, 2048)
         print(f"  the disk: {disk:,.0f} MB/s (2 GB written and fdatasync'd)")
-    for what, title in TARGET_STAGES.items():
-        if args.only_stages and what not in args.only_stages.split(","):
-            continue
-        dt, rss, own = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1",
-                                    str(args.target_parts)], env)
-        busy1 = BUSY["last"]
-        f = json.loads((out / f"{what}.json").read_text())
-        f["wall"], f["rss"] = dt, rss
-        f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
-        f["cpu"] += f["kswapd"]
+    stages = [w for w in TARGET_STAGES if not args.only_stages or w in args.only_stages.split(",")]
+    # every stage's runs first, the stages taken in turn (run i of each stage, then run i + 1): each stage's runs
+    # spread over the same phases of the machine as the others'
+    every: dict[str, list[dict]] = {w: [] for w in stages}
+    for i in range(max(1, args.repeat)):
+        for what in stages:
+            every[what].append(target_run(part, out, what, args.target_parts, env, tag=f"r{i}" if i else ""))
+    for what in stages:
+        title = TARGET_STAGES[what]
+        runs = every[what]
+        f = median_run(runs)
+        dt, rss, own, busy1 = f["wall"], f["rss"], f["own"], f["busy"]
+        if len(runs) > 1:
+            same = all(_same_files(out / what, out / f"{what}.r{i}", data_only=True) for i in range(1, len(runs)))
+            for i in range(1, len(runs)):
+                shutil.rmtree(out / f"{what}.r{i}", ignore_errors=True)
+            print(f"    {len(runs)} runs, each stage's in turn with the others': "
+                  + ", ".join(f"{c:.2f}" for c in f["runs"]) + " CPU-s" + (" besides the recipe" if _once(f) else "")
+                  + f"; the median run's figures below; bytes {'identical' if same else 'DIFFER'} in every run")
         if what == "habana_packed_raw" and "habana_packed" in figures:
             # the gzip at level 4 (zlib's deflate, which the script's bytes depend on): the gzip run's CPU less the
             # same packs' run without it, besides the md5s (the uncompressed files are ~5.7x the bytes to hash)
@@ -702,6 +714,30 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   + (" (besides the recipe)" if _once(f) else ""))
     _md5_at_full_size(figures)
     return figures
+
+
+def target_run(part: Path, out: Path, what: str, nparts: int, env: dict[str, str], tag: str = "") -> dict:
+    """One 1-worker run of target stage ``what`` (:data:`TARGET_CALL`; ``tag``: its output folder and figures
+    ``<what>.<tag>``): its figures, with the wall, peak RSS, its own CPU, the machine's busy core-seconds and
+    kswapd's CPU beside it (counted in ``cpu``)."""
+    dt, rss, own = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, "1", str(nparts)]
+                               + ([tag] if tag else []), env)
+    f = json.loads((out / f"{what}{'.' + tag if tag else ''}.json").read_text())
+    f["wall"], f["rss"], f["own"], f["busy"] = dt, rss, own, BUSY["last"]
+    f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
+    f["cpu"] += f["kswapd"]
+    return f
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of runs of one stage, the run whose CPU besides the recipe is the median (of an even count, the lower of
+    the middle two), with ``runs``: every run's CPU besides the recipe, in run order."""
+    if not runs:
+        raise ValueError("median_run: no runs")
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["cpu"] - _once(runs[i]))
+    pick = dict(runs[order[(len(runs) - 1) // 2]])
+    pick["runs"] = [r["cpu"] - _once(r) for r in runs]
+    return pick
 
 
 def stage_floor(fig_json: Path, scratch: Path, env: dict[str, str]) -> dict[str, float]:
@@ -1192,6 +1228,9 @@ def main(argv: list[str] | None = None) -> int:
                     "bench/memory_state.py)")
     ap.add_argument("--leave-mb", type=int, default=1024, help="with --memory full: MB of memory left free "
                     "(default 1024)")
+    ap.add_argument("--repeat", type=int, default=1, help="run each target stage (1 worker) this many times, the "
+                    "stages in turn, and report and project the run of median CPU (every run's CPU printed, "
+                    "their bytes compared); the machine's speed moves single runs by a third")
     ap.add_argument("--base", type=Path, help="a baseline tree (e.g. `git worktree add DIR <commit>`, its C "
                     "extensions built: `python setup.py build_ext --inplace`): each target stage also runs with its "
                     "code just after this tree's, and prints its CPU against it and whether every output file is "

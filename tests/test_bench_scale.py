@@ -43,11 +43,13 @@ def test_bench_scale_prints_each_steps_breakdown_and_the_projection(shared_data:
 def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path, tmp_path: Path) -> None:
     """--targets-only: the chop's figures and its floor (its input read, its files' sizes written and hashed, in
     a child of its own), the floor projected per target, and with --base the same stage run with that tree's code
-    (here this tree: every file the same); with --target-workers 2, its speed-up and the machine's busy cores."""
+    (here this tree: every file the same); with --target-workers 2, its speed-up and the machine's busy cores;
+    with --repeat 3, every run's CPU, their bytes compared, the median run reported."""
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
                           "--only-stages", "nvidia_4320", "--memory", "free", "--vocab", str(shared_data / "vocab.txt"),
-                          "--keep-work", str(tmp_path / "w"), "--base", str(ROOT), "--target-workers", "2"],
+                          "--keep-work", str(tmp_path / "w"), "--base", str(ROOT), "--target-workers", "2",
+                          "--repeat", "3"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
@@ -62,3 +64,11 @@ def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path
     assert "2 workers: " in text and "bytes identical" in text
     busy = next(ln for ln in text.splitlines() if "the machine's busy cores (/proc/stat)" in ln)
     assert "during the 1-worker run" in busy and "during the 2-worker run: at most" in busy
+    # --repeat 3: three runs' CPU, the same bytes each time, the extra runs' outputs removed
+    runs = next(ln for ln in text.splitlines() if "3 runs, each stage's in turn" in ln)
+    cpus = [float(x) for x in runs.split(": ", 1)[1].split(" CPU-s")[0].split(", ")]
+    assert len(cpus) == 3 and all(c > 0 for c in cpus)
+    assert "bytes identical in every run" in runs and "the median run's figures below" in runs
+    reported = next(ln for ln in text.splitlines() if ln.startswith("nvidia_4320 "))
+    assert float(reported.split(" cpu ", 1)[1].split(" s", 1)[0]) == pytest.approx(sorted(cpus)[1], abs=0.006)
+    assert not (tmp_path / "w" / "targets" / "nvidia_4320.r1").exists()

@@ -150,3 +150,18 @@ def test_the_fit_prints_each_targets_floor_fitted_alike(bench_scale, capsys) -> 
     floor = (a * bench_scale.FULL_ROWS + b * bench_scale.FULL_TOKENS) / 3600
     assert line.endswith(f"; its floor, fitted alike, +{floor:.2f}")
     assert f"fitted +{3 * floor:.2f} core-hours" in line
+
+
+def test_median_run_reports_the_middle_run_besides_the_recipe_and_lists_every_run(bench_scale) -> None:
+    # the packers' recipe (once at full size) is left out when runs are ranked: the run with the largest CPU in
+    # all (a slow recipe) is not the slowest run besides it
+    runs = [_fig(1.40, 10, 100, recipe=60.0), _fig(1.10, 10, 100, recipe=75.0), _fig(1.90, 10, 100, recipe=58.0)]
+    pick = bench_scale.median_run(runs)
+    assert pick["cpu"] == pytest.approx(61.40)
+    assert pick["runs"] == pytest.approx([1.40, 1.10, 1.90])
+    assert "runs" not in runs[0]  # the runs' own figures are left as they were
+    # an even count: the lower of the middle two; one run: itself
+    assert bench_scale.median_run(runs[:2])["cpu"] == pytest.approx(76.10)
+    assert bench_scale.median_run(runs[2:])["runs"] == pytest.approx([1.90])
+    with pytest.raises(ValueError):
+        bench_scale.median_run([])
