@@ -25,10 +25,13 @@ set in memory:
    global heap collections memory-mapped, every object's header checked against the element naming it; h5py
    where a file is laid out otherwise), its rows sorted by the bucket of their destination (a bucket: consecutive
    output shards, about :attr:`ShuffleConfig.bucket_rows` rows), their values gathered in that order (one C copy
-   a row) and appended to the buckets' scratch files;
-3. gather (parallel over buckets): a bucket's scratch memory-mapped, its rows put in destination order by their
-   addresses alone, and its shards written (each via a temporary name, closed for good, renamed): HDF5 copies
-   each row's values from the scratch map (no gather before); the index lists when ``index_lists`` is set; the
+   a row) and appended to the buckets' scratch files past the page cache (:mod:`preprocessing.scratch`:
+   ``O_DIRECT``, each batch padded to a block; the copy into cache pages cost 0.25-1.7 system seconds a GB here,
+   and a full-size scratch goes to the disk anyway);
+3. gather (parallel over buckets): a bucket's scratch read whole (past the page cache too), its rows put in
+   destination order by their addresses alone, and its shards written (each via a temporary name, closed for
+   good, renamed): HDF5 copies each row's values from the scratch buffer (no gather before); the index lists when
+   ``index_lists`` is set; the
    shards of a bucket hashed side by side in one md5_files call;
 4. the manifest, last; the scratch folder is removed.
 
@@ -240,7 +243,7 @@ def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row:
     ``plan`` (the permutation, then its inverse, and a piece), ``scatter`` (a shard's rows and their values, the
     pending records; ``inv`` mapped for its rows only), ``scatter_padded`` (the padded route's: a piece of
     :data:`PADDED_ROWS` padded rows cut at full width, their values gathered by bucket, the pending records),
-    ``gather`` (a bucket: its scratch, mapped, and the per-row arrays). Rows of ``tokens_per_row`` tokens and
+    ``gather`` (a bucket: its scratch, read into memory, and the per-row arrays). Rows of ``tokens_per_row`` tokens and
     ``preds_per_row`` masked positions on average."""
     idx = 4 if n < 2**31 else 8
     row = 8 + 4 + 4 + 1 + 3 * tokens_per_row + 4 * preds_per_row  # a scratch record's bytes a row
@@ -454,12 +457,17 @@ def _check_rows(path: Path, rows: Rows, cols: dict[str, np.ndarray], order: np.n
 
 class _Buckets:
     """Records per bucket, kept in memory (the arrays themselves) and appended to ``<scratch>/b<bucket>.t<task>``
-    when large (one vectored write a bucket file)."""
+    when large: each bucket's pending records copied into aligned buffers, padded to a block boundary and
+    written past the page cache by a thread while the call goes on (:class:`preprocessing.scratch.RecordWriter`;
+    leaving the ``with`` block waits for the writes)."""
 
     def __init__(self, scratch: Path, task: int) -> None:
+        from preprocessing.scratch import RecordWriter
+
         self.scratch, self.task = scratch, task
         self.pending: dict[int, list[np.ndarray]] = {}
         self.size = 0
+        self.writer = RecordWriter()
 
     def add(self, bucket: int, parts: Sequence[np.ndarray]) -> None:
         arrs = [np.ascontiguousarray(p) for p in parts]
@@ -469,21 +477,16 @@ class _Buckets:
             self.flush()
 
     def flush(self) -> None:
+        """Hand every pending record to the writer (copied: the arrays may be reused as soon as this returns)."""
         for b, arrs in self.pending.items():
-            fd = os.open(self.scratch / f"b{b:05d}.t{self.task:05d}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                bufs = [memoryview(x).cast("B") for x in arrs if x.nbytes]
-                for k in range(0, len(bufs), 512):
-                    part = bufs[k:k + 512]
-                    want = sum(len(x) for x in part)
-                    done = os.writev(fd, part)
-                    if done != want:  # a short write (a full disk, a signal): the rest one by one
-                        rest = b"".join(part)[done:]
-                        while rest:
-                            rest = rest[os.write(fd, rest):]
-            finally:
-                os.close(fd)
+            self.writer.append(self.scratch / f"b{b:05d}.t{self.task:05d}", arrs)
         self.pending, self.size = {}, 0
+
+    def __enter__(self) -> _Buckets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.close()
 
 
 def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, Any]:
@@ -494,11 +497,16 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
     scratch = Path(plan.scratch)
     inv = np.load(scratch / "inv.npy", mmap_mode="r")
     bstart = plan.bucket_rows()
-    out = _Buckets(scratch, task)
-    if plan.sources:
-        rows_done = _scatter_padded(plan, file_ids, inv, bstart, out)
+    with _Buckets(scratch, task) as out:  # every write done (or its error raised) before the call returns
+        rows_done = _scatter_padded(plan, file_ids, inv, bstart, out) if plan.sources else \
+            _scatter_varlength(plan, file_ids, inv, bstart, out)
         out.flush()
-        return {"kind": "scatter", "task": task, "rows": rows_done}
+    return {"kind": "scatter", "task": task, "rows": rows_done}
+
+
+def _scatter_varlength(plan: ShufflePlan, file_ids: Sequence[int], inv: np.ndarray, bstart: np.ndarray,
+                       out: _Buckets) -> int:
+    """The scatter of variable-length shards ``file_ids`` (their rows read in place where they can be)."""
     from preprocessing import pack_fast
 
     firsts = plan.starts
@@ -519,8 +527,7 @@ def scatter(plan: ShufflePlan, task: int, file_ids: Sequence[int]) -> dict[str, 
         _send(out, rows, cols, order, bucket, dst, len(bstart) - 1)
         out.flush()  # the records are views of the space's buffers, which the next file writes
         rows_done += n
-    out.flush()
-    return {"kind": "scatter", "task": task, "rows": rows_done}
+    return rows_done
 
 
 def _by_bucket(dst: np.ndarray, bstart: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -594,19 +601,26 @@ _FIELDS = (("dst", np.int64, "r"), ("seq", np.int32, "r"), ("pred", np.int32, "r
 
 def _read_bucket(scratch: Path, bucket: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any]]:
     """A bucket's records, in place: the per-row fields concatenated (dst, seq, pred, nsl) and, per row, the
-    address of its values in the files' buffers (ids, seg, pos, mlm); and the buffers, to keep alive."""
+    address of its values in the files' buffers (ids, seg, pos, mlm); and the buffers, to keep alive. Each file is
+    read whole, past the page cache (:func:`preprocessing.scratch.read_whole`); a zero header is a batch's padding
+    (records resume at the next block)."""
+    from preprocessing.scratch import next_block, read_whole
+
     rows: dict[str, list[np.ndarray]] = {"dst": [], "seq": [], "pred": [], "nsl": []}
     addrs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
     bufs = []
     for p in sorted(scratch.glob(f"b{bucket:05d}.t*")):
         if not p.stat().st_size:
             continue
-        buf = np.memmap(p, dtype=np.uint8, mode="r")  # read in place when HDF5 copies the values
+        buf = read_whole(p)  # HDF5 then copies the values from here: no gather before
         bufs.append(buf)
         base = buf.ctypes.data
         at = 0
-        while at < len(buf):
+        while at + 32 <= len(buf):
             r, t, q, _ = np.frombuffer(buf, dtype=np.int64, count=4, offset=at).tolist()
+            if r == 0:  # a batch's padding: a record never holds 0 rows
+                at = next_block(at)
+                continue
             at += 32
             fields = {}
             for name, dt, kind in _FIELDS:

@@ -97,6 +97,23 @@ def test_buckets_and_workers_do_not_change_the_bytes(varlength, reference, tmp_p
     _compare(tmp_path / "many", reference, 7, lists=False)
 
 
+def test_scratch_batches_and_the_page_cache_path_do_not_change_the_bytes(varlength, reference, tmp_path,
+                                                                          monkeypatch):
+    """The scratch is appended past the page cache in batches, each padded to a block: many small batches (a
+    flush every ~1 kB: records that end anywhere in a block, padding between them) and the page-cache path
+    (BERTPIPE_DIRECT_IO=0) write the same shards as one batch a bucket."""
+    import preprocessing.nvidia.shuffle as shuffle
+
+    one = run_nvidia_shuffle(input_files(varlength), tmp_path / "one", ShuffleConfig(bucket_rows=200))
+    monkeypatch.setattr(shuffle, "FLUSH_BYTES", 1000)
+    small = run_nvidia_shuffle(input_files(varlength), tmp_path / "small", ShuffleConfig(bucket_rows=200))
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
+    cached = run_nvidia_shuffle(input_files(varlength), tmp_path / "cached", ShuffleConfig(bucket_rows=200))
+    assert [(f.name, f.md5) for f in one.files] == [(f.name, f.md5) for f in small.files] == \
+        [(f.name, f.md5) for f in cached.files]
+    _compare(tmp_path / "small", reference, 7, lists=False)
+
+
 def test_another_seed_another_order(varlength, tmp_path):
     a = run_nvidia_shuffle(input_files(varlength), tmp_path / "a", ShuffleConfig())
     b = run_nvidia_shuffle(input_files(varlength), tmp_path / "b", ShuffleConfig(seed=25))

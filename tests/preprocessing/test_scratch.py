@@ -1,0 +1,135 @@
+"""preprocessing/scratch.py: record batches appended past the page cache (O_DIRECT), padded to a block, read back
+whole; the same bytes through the page cache where the file system refuses O_DIRECT or it is turned off."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from preprocessing import scratch
+from preprocessing.scratch import ALIGN, MIN_PAD, RecordWriter, next_block, padded_size, read_whole
+
+
+@pytest.mark.parametrize(("n", "size"), [(0, 0), (1, ALIGN), (ALIGN - MIN_PAD, ALIGN), (ALIGN - MIN_PAD + 1, 2 * ALIGN),
+                                         (ALIGN - 1, 2 * ALIGN), (ALIGN, ALIGN), (ALIGN + 1, 2 * ALIGN)])
+def test_padding_is_none_or_room_for_a_header(n, size):
+    assert padded_size(n) == size
+    assert next_block(0) == ALIGN and next_block(ALIGN - 1) == ALIGN and next_block(ALIGN) == 2 * ALIGN
+
+
+def _batches():
+    rng = np.random.default_rng(3)
+    # sizes that end a batch on a boundary, just short of one (padding < MIN_PAD: a block more) and anywhere
+    for n in (ALIGN, ALIGN - 5, 10_000, 1, 3 * ALIGN - MIN_PAD, 70_001):
+        a = rng.integers(1, 2**15, size=n // 2, dtype=np.int16)
+        yield [np.array([len(a), 0, 0, 0], dtype=np.int64)[:1], a, np.ones(n % 2, dtype=np.int8)]
+
+
+def _expected(batches):
+    out = b""
+    for arrays in batches:
+        data = b"".join(np.ascontiguousarray(x).tobytes() for x in arrays)
+        out += data + b"\0" * (padded_size(len(data)) - len(data))
+    return out
+
+
+def test_batches_round_trip_aligned_and_padded(tmp_path):
+    batches = list(_batches())
+    p = tmp_path / "b00000.t00000"
+    with RecordWriter() as w:
+        w.PIECE = 2 * ALIGN  # batches cut into pieces of two blocks, written while the next is copied
+        sizes = [w.append(p, arrays) for arrays in batches]
+    assert all(s % ALIGN == 0 for s in sizes) and p.stat().st_size == sum(sizes)
+    got = read_whole(p)
+    assert got.ctypes.data % ALIGN == 0
+    assert got.tobytes() == _expected(batches)
+    with RecordWriter() as w:
+        assert w.append(p, [np.zeros(0, np.int8)]) == 0  # nothing to write
+    assert p.stat().st_size == sum(sizes)
+
+
+def test_the_page_cache_path_writes_the_same_bytes(tmp_path, monkeypatch):
+    batches = list(_batches())
+    direct = tmp_path / "direct"
+    with RecordWriter() as w:
+        for arrays in batches:
+            w.append(direct, arrays)
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
+    assert not scratch.direct_io_enabled()
+    cached = tmp_path / "cached"
+    with RecordWriter() as w:
+        for arrays in batches:
+            w.append(cached, arrays)
+    assert cached.read_bytes() == direct.read_bytes() == read_whole(cached).tobytes()
+
+
+def test_a_file_system_that_refuses_o_direct_gets_the_same_bytes(tmp_path, monkeypatch):
+    """tmpfs refuses O_DIRECT at open (EINVAL); some file systems take the flag and refuse the write: both fall
+    back to the page cache, and both are read back through it."""
+    if not scratch._O_DIRECT:
+        pytest.skip("no O_DIRECT on this platform")
+    batches = list(_batches())
+    want = _expected(batches)
+    real_open, real_write, real_preadv, real_close = os.open, os.write, os.preadv, os.close
+    direct_fds: set[int] = set()
+
+    def refuse_open(path, flags, mode=0o777):
+        if flags & scratch._O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", refuse_open)
+    p = tmp_path / "refused-at-open"
+    with RecordWriter() as w:
+        for arrays in batches:
+            w.append(p, arrays)
+    assert p.read_bytes() == want and read_whole(p).tobytes() == want
+
+    def track_open(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if flags & scratch._O_DIRECT:
+            direct_fds.add(fd)
+            tried.append(fd)
+        return fd
+
+    def refuse_write(fd, data):
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    def refuse_read(fd, bufs, offset):
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, offset)
+
+    def track_close(fd):
+        direct_fds.discard(fd)  # the number may come back for the page-cache open
+        return real_close(fd)
+
+    tried: list[int] = []
+    monkeypatch.setattr(os, "open", track_open)
+    monkeypatch.setattr(os, "close", track_close)
+    monkeypatch.setattr(os, "write", refuse_write)
+    monkeypatch.setattr(os, "preadv", refuse_read)
+    q = tmp_path / "refused-at-write"
+    with RecordWriter() as w:
+        for arrays in batches:
+            w.append(q, arrays)
+    assert q.read_bytes() == want and read_whole(q).tobytes() == want
+    assert len(tried) == len(batches) + 1 and not direct_fds  # tried by each append and the read, closed
+
+
+def test_other_errors_are_raised(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    w = RecordWriter()
+    w.append(tmp_path / "x", [np.ones(10, np.int8)])  # on its way: the error comes with the wait
+    with pytest.raises(OSError) as exc:
+        w.close()
+    assert exc.value.errno == errno.ENOSPC
+    w.close()  # closed: nothing left to raise
