@@ -54,7 +54,10 @@
    its CPU against this tree's, and every output file compared byte for byte. ``--repeat N`` runs each stage N
    times, the stages in turn (run 1 of each, then run 2 of each, ...): every run's CPU is printed, their bytes
    compared, and the run of median CPU is the one reported and projected (a single run moves by up to a third
-   with the machine's memory state).
+   with the machine's memory state). The shuffles' scratch is as a full-size run has it (``--scratch full-size``,
+   the default): past the page cache where the full set's (~160 GB: 40 G tokens of 3 bytes and 157 M rows of ~40
+   masked positions of 4) exceeds half the memory; ``--scratch auto`` lets this part's own size decide (through
+   the page cache).
    With the real part (not ``--targets-only``), the DAG's run of its copies goes again with every other target added
    (``--target ... --nvidia-shards N``: their share of the full set's 4,320 shards, so shards of about the full
    set's rows): only the target stages run (the rest is taken from its manifests), and each prints its seconds as
@@ -621,6 +624,17 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     print(f"\n## the other targets' stages on one part's padded HDF5 ({part.stat().st_size / 1e6:,.0f} MB), one process "
           "each, one core")
+    if args.scratch == "full-size":
+        # the shuffles' scratch is about half the padded parts: the full set's goes past the page cache wherever
+        # it exceeds half the memory (preprocessing.scratch.use_direct); this part's alone would not
+        sys.path.insert(0, str(ROOT))
+        from preprocessing.scratch import MEMORY_SHARE, memory_available
+
+        full = part.stat().st_size // 2 * FULL_ROWS / max(1, _rows(part))
+        direct = full > MEMORY_SHARE * memory_available()
+        env["BERTPIPE_DIRECT_IO"] = "1" if direct else "0"
+        print(f"  scratch as at full size (--scratch full-size): the full set's ~{full / 1e9:,.0f} GB "
+              + ("past the page cache (O_DIRECT)" if direct else "through the page cache"))
     figures = {}
     disk = 0.0
     if args.target_workers > 1:  # what a stage's fsyncs wait for: at some worker count its writes outrun the disk
@@ -714,6 +728,13 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   + (" (besides the recipe)" if _once(f) else ""))
     _md5_at_full_size(figures)
     return figures
+
+
+def _rows(part: Path) -> int:
+    import h5py
+
+    with h5py.File(part, "r") as f:
+        return int(f["next_sentence_labels"].shape[0])
 
 
 def target_run(part: Path, out: Path, what: str, nparts: int, env: dict[str, str], tag: str = "") -> dict:
@@ -1231,6 +1252,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run each target stage (1 worker) this many times, the "
                     "stages in turn, and report and project the run of median CPU (every run's CPU printed, "
                     "their bytes compared); the machine's speed moves single runs by a third")
+    ap.add_argument("--scratch", choices=("full-size", "auto"), default="full-size",
+                    help="the shuffles' scratch: 'full-size' (default) as a full-size run has it (past the page "
+                    "cache where the full set's exceeds half the memory), 'auto' as this part's own size decides "
+                    "(through the page cache)")
     ap.add_argument("--base", type=Path, help="a baseline tree (e.g. `git worktree add DIR <commit>`, its C "
                     "extensions built: `python setup.py build_ext --inplace`): each target stage also runs with its "
                     "code just after this tree's, and prints its CPU against it and whether every output file is "

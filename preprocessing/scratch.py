@@ -1,17 +1,20 @@
-"""Scratch files that bypass the page cache: record streams appended with ``O_DIRECT`` and read back whole.
+"""Scratch files past the page cache, for scratch larger than memory: record streams appended with ``O_DIRECT``
+and read back whole.
 
-An external shuffle writes every row to scratch once and reads it back once. Written through the page cache,
-each byte is first copied into a cache page the kernel must find (reclaim, or a free page the host took back),
-which costs 0.25 to 1.7 system seconds a GB on the 2-core VM, moving by 4x from run to run. At full size the
-scratch (about the size of the input) does not fit in memory anyway, so it goes to the disk and comes back from it.
-With ``O_DIRECT`` the disk reads and writes the process's own buffers: the copy and the page hunt are gone.
+An external shuffle writes every row to scratch once and reads it back once. Written through the page cache, each
+byte is first copied into a cache page the kernel must find (reclaim, or a free page the host took back), which
+costs 0.25 to 1.7 system seconds a GB on the 2-core VM, moving by 4x from run to run. Scratch that fits in memory
+is best left there (it is read back from the cache, and removed before it is written back). Scratch that does not
+(the full set's: the cut rows, ~160 GB for the shuffles) goes to the disk and comes back from it
+anyway; with ``O_DIRECT`` the disk reads and writes the process's own buffers, and the copies and the page hunt are
+gone. :func:`use_direct` decides, once per stage, from the scratch's size against the memory available
+(``BERTPIPE_DIRECT_IO=1`` always, ``0`` never).
 
-The price is alignment: a direct write takes whole blocks from an aligned buffer. :func:`append_records`
-therefore copies a batch of records into one aligned buffer and pads it with zeros to the next :data:`ALIGN`
-boundary. The padding is 0 bytes or at least :data:`MIN_PAD` bytes, so a reader that meets 8 zero bytes where a
-record's header starts (a record never begins with a zero count) skips to the next boundary
-(:func:`next_block`). Where the file system refuses ``O_DIRECT`` (tmpfs, some overlays; ``EINVAL``), or
-``BERTPIPE_DIRECT_IO=0`` is set, the same bytes go through the page cache.
+The price is alignment: a direct write takes whole blocks from an aligned buffer. :class:`RecordWriter` therefore
+copies a batch of records into aligned buffers and pads it with zeros to the next :data:`ALIGN` boundary. The
+padding is 0 bytes or at least :data:`MIN_PAD` bytes, so a reader that meets 8 zero bytes where a record's header
+starts (a record never begins with a zero count) skips to the next boundary (:func:`next_block`). Where the file
+system refuses ``O_DIRECT`` (tmpfs, some overlays; ``EINVAL``), the same bytes go through the page cache.
 """
 
 from __future__ import annotations
@@ -33,9 +36,46 @@ READ_STEP = 64 << 20
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
+#: Direct scratch when it would fill more than this share of the memory available.
+MEMORY_SHARE = 0.5
+
+
 def direct_io_enabled() -> bool:
-    """Whether scratch I/O tries ``O_DIRECT`` (``BERTPIPE_DIRECT_IO=0`` turns it off; Linux only)."""
-    return bool(_O_DIRECT) and os.environ.get("BERTPIPE_DIRECT_IO", "1") != "0"
+    """Whether scratch I/O may use ``O_DIRECT`` (Linux; not with ``BERTPIPE_DIRECT_IO=0``)."""
+    return bool(_O_DIRECT) and os.environ.get("BERTPIPE_DIRECT_IO", "auto") != "0"
+
+
+def memory_available() -> int:
+    """Bytes of memory available (``MemAvailable`` of /proc/meminfo), or 0 where it is not known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def use_direct(folder: Path | str, scratch_bytes: int) -> bool:
+    """Whether a stage's scratch of about ``scratch_bytes`` goes past the page cache: ``BERTPIPE_DIRECT_IO=1``
+    always and ``0`` never; otherwise when it exceeds :data:`MEMORY_SHARE` of the memory available (it would be
+    written back to the disk and read from it anyway). Only where ``folder``'s file system takes ``O_DIRECT``."""
+    mode = os.environ.get("BERTPIPE_DIRECT_IO", "auto")
+    if not direct_io_enabled():
+        return False
+    if mode != "1":
+        avail = memory_available()
+        if not avail or scratch_bytes <= MEMORY_SHARE * avail:
+            return False
+    probe = Path(folder) / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | _O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+    return True
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -78,7 +118,8 @@ class RecordWriter:
     #: Bytes of one buffer (two of them: 32 MB in all).
     PIECE = 16 << 20
 
-    def __init__(self) -> None:
+    def __init__(self, direct: bool = True) -> None:
+        self.direct = direct
         self._bufs: list[np.ndarray] = []
         self._jobs: list[Any] = [None, None]
         self._turn = 0
@@ -100,7 +141,7 @@ class RecordWriter:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scratch-writer")
-        self._jobs[i] = self._pool.submit(_append_block, path, view)
+        self._jobs[i] = self._pool.submit(_append_block, path, view, self.direct)
 
     def append(self, path: Path | str, arrays: Sequence[np.ndarray]) -> int:
         """Append the bytes of ``arrays`` (C-contiguous), back to back, then the padding, to ``path`` (created if
@@ -109,6 +150,9 @@ class RecordWriter:
         total = sum(int(a.nbytes) for a in arrays)
         if not total:
             return 0
+        if not self.direct:  # through the page cache: the arrays themselves, one vectored write, no padding
+            _append_cached(path, arrays)
+            return total
         size = padded_size(total)
         sources = [np.frombuffer(memoryview(a).cast("B"), dtype=np.uint8) for a in arrays if a.nbytes]
         src, src_at = 0, 0  # the next byte to copy: sources[src][src_at]
@@ -152,9 +196,25 @@ class RecordWriter:
         self.close()
 
 
-def _append_block(path: Path | str, view: memoryview) -> None:
+def _append_cached(path: Path | str, arrays: Sequence[np.ndarray]) -> None:
+    """Append the bytes of ``arrays`` to ``path`` through the page cache, in vectored writes (of 512 arrays)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        bufs = [memoryview(x).cast("B") for x in arrays if x.nbytes]
+        for k in range(0, len(bufs), 512):
+            part = bufs[k:k + 512]
+            done = os.writev(fd, part)
+            if done != sum(len(x) for x in part):  # a short write (a full disk, a signal): the rest one by one
+                rest = b"".join(part)[done:]
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+    finally:
+        os.close(fd)
+
+
+def _append_block(path: Path | str, view: memoryview, direct: bool = True) -> None:
     """Append ``view`` (aligned, whole blocks) to ``path``: past the page cache where the file system allows."""
-    fd, direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, direct=True)
+    fd, direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, direct=direct)
     done = 0
     try:
         while done < len(view):

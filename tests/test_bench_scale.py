@@ -64,6 +64,7 @@ def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path
     assert "2 workers: " in text and "bytes identical" in text
     busy = next(ln for ln in text.splitlines() if "the machine's busy cores (/proc/stat)" in ln)
     assert "during the 1-worker run" in busy and "during the 2-worker run: at most" in busy
+    assert "scratch as at full size (--scratch full-size): the full set's ~" in text
     # --repeat 3: three runs' CPU, the same bytes each time, the extra runs' outputs removed
     runs = next(ln for ln in text.splitlines() if "3 runs, each stage's in turn" in ln)
     cpus = [float(x) for x in runs.split(": ", 1)[1].split(" CPU-s")[0].split(", ")]

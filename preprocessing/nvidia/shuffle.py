@@ -25,12 +25,13 @@ set in memory:
    global heap collections memory-mapped, every object's header checked against the element naming it; h5py
    where a file is laid out otherwise), its rows sorted by the bucket of their destination (a bucket: consecutive
    output shards, about :attr:`ShuffleConfig.bucket_rows` rows), their values gathered in that order (one C copy
-   a row) and appended to the buckets' scratch files past the page cache (:mod:`preprocessing.scratch`:
-   ``O_DIRECT``, each batch padded to a block; the copy into cache pages cost 0.25-1.7 system seconds a GB here,
-   and a full-size scratch goes to the disk anyway);
-3. gather (parallel over buckets): a bucket's scratch read whole (past the page cache too), its rows put in
-   destination order by their addresses alone, and its shards written (each via a temporary name, closed for
-   good, renamed): HDF5 copies each row's values from the scratch buffer (no gather before); the index lists when
+   a row) and appended to the buckets' scratch files; scratch larger than half the memory available (the full
+   set's, ~160 GB) goes past the page cache (:mod:`preprocessing.scratch`: ``O_DIRECT``, each batch padded to a
+   block; the copy into cache pages costs 0.25-1.7 system seconds a GB here, and such scratch goes to the disk
+   and comes back from it anyway);
+3. gather (parallel over buckets): a bucket's scratch memory-mapped (or read whole, past the page cache), its rows
+   put in destination order by their addresses alone, and its shards written (each via a temporary name, closed
+   for good, renamed): HDF5 copies each row's values from the scratch (no gather before); the index lists when
    ``index_lists`` is set; the
    shards of a bucket hashed side by side in one md5_files call;
 4. the manifest, last; the scratch folder is removed.
@@ -75,6 +76,7 @@ from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
 from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs, vlen_write
+from preprocessing.scratch import RecordWriter, use_direct
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +236,25 @@ def make_plan(files: Sequence[tuple[str, int]], scratch: str | Path, cfg: Shuffl
             inv[piece] = np.arange(a, a + len(piece), dtype=dtype)
     np.save(scratch / "inv.npy", inv)
     del inv
+    if use_direct(scratch, scratch_estimate(files, sources)):
+        (scratch / DIRECT_MARK).touch()
     return _rebuild(files, scratch, cfg, workers, sources)
+
+
+#: In the scratch folder when its buckets go past the page cache (the scatter's and the gather's calls all read it).
+DIRECT_MARK = "direct"
+
+
+def scratch_estimate(files: Sequence[tuple[str, int]], sources: Sequence[tuple[str, int, int]] = ()) -> int:
+    """About the bytes the buckets will hold: the variable-length inputs' sizes, or half the padded parts' (a
+    padded row of ~256 tokens keeps ~40 % of its bytes when cut)."""
+    if sources:
+        return sum(os.path.getsize(p) for p, _, _ in sources) // 2
+    return sum(os.path.getsize(p) for p, _ in files if os.path.exists(p))
+
+
+def _direct(scratch: Path) -> bool:
+    return (scratch / DIRECT_MARK).exists()
 
 
 def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row: float = 256.0,
@@ -243,7 +263,7 @@ def plan_memory(n: int, cfg: ShuffleConfig = ShuffleConfig(), *, tokens_per_row:
     ``plan`` (the permutation, then its inverse, and a piece), ``scatter`` (a shard's rows and their values, the
     pending records; ``inv`` mapped for its rows only), ``scatter_padded`` (the padded route's: a piece of
     :data:`PADDED_ROWS` padded rows cut at full width, their values gathered by bucket, the pending records),
-    ``gather`` (a bucket: its scratch, read into memory, and the per-row arrays). Rows of ``tokens_per_row`` tokens and
+    ``gather`` (a bucket: its scratch, mapped or read into memory, and the per-row arrays). Rows of ``tokens_per_row`` tokens and
     ``preds_per_row`` masked positions on average."""
     idx = 4 if n < 2**31 else 8
     row = 8 + 4 + 4 + 1 + 3 * tokens_per_row + 4 * preds_per_row  # a scratch record's bytes a row
@@ -457,17 +477,16 @@ def _check_rows(path: Path, rows: Rows, cols: dict[str, np.ndarray], order: np.n
 
 class _Buckets:
     """Records per bucket, kept in memory (the arrays themselves) and appended to ``<scratch>/b<bucket>.t<task>``
-    when large: each bucket's pending records copied into aligned buffers, padded to a block boundary and
-    written past the page cache by a thread while the call goes on (:class:`preprocessing.scratch.RecordWriter`;
-    leaving the ``with`` block waits for the writes)."""
+    when large: one vectored write a bucket file through the page cache, or, for scratch larger than memory
+    (:data:`DIRECT_MARK`), each bucket's records copied into aligned buffers, padded to a block boundary and written
+    past the page cache by a thread while the call goes on (:class:`preprocessing.scratch.RecordWriter`; leaving
+    the ``with`` block waits for the writes)."""
 
     def __init__(self, scratch: Path, task: int) -> None:
-        from preprocessing.scratch import RecordWriter
-
         self.scratch, self.task = scratch, task
         self.pending: dict[int, list[np.ndarray]] = {}
         self.size = 0
-        self.writer = RecordWriter()
+        self.writer = RecordWriter(direct=_direct(scratch))
 
     def add(self, bucket: int, parts: Sequence[np.ndarray]) -> None:
         arrs = [np.ascontiguousarray(p) for p in parts]
@@ -602,17 +621,20 @@ _FIELDS = (("dst", np.int64, "r"), ("seq", np.int32, "r"), ("pred", np.int32, "r
 def _read_bucket(scratch: Path, bucket: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any]]:
     """A bucket's records, in place: the per-row fields concatenated (dst, seq, pred, nsl) and, per row, the
     address of its values in the files' buffers (ids, seg, pos, mlm); and the buffers, to keep alive. Each file is
-    read whole, past the page cache (:func:`preprocessing.scratch.read_whole`); a zero header is a batch's padding
-    (records resume at the next block)."""
+    memory-mapped, or, where the scratch went past the page cache, read whole past it too
+    (:func:`preprocessing.scratch.read_whole`); there a zero header is a batch's padding (records resume at the
+    next block)."""
     from preprocessing.scratch import next_block, read_whole
 
     rows: dict[str, list[np.ndarray]] = {"dst": [], "seq": [], "pred": [], "nsl": []}
     addrs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
     bufs = []
+    direct = _direct(scratch)
     for p in sorted(scratch.glob(f"b{bucket:05d}.t*")):
         if not p.stat().st_size:
             continue
-        buf = read_whole(p)  # HDF5 then copies the values from here: no gather before
+        # HDF5 then copies the values from here: no gather before
+        buf = read_whole(p) if direct else np.memmap(p, dtype=np.uint8, mode="r")
         bufs.append(buf)
         base = buf.ctypes.data
         at = 0

@@ -133,3 +133,27 @@ def test_other_errors_are_raised(tmp_path, monkeypatch):
         w.close()
     assert exc.value.errno == errno.ENOSPC
     w.close()  # closed: nothing left to raise
+
+
+def test_direct_scratch_only_when_larger_than_memory_or_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("BERTPIPE_DIRECT_IO", raising=False)
+    monkeypatch.setattr(scratch, "memory_available", lambda: 8 << 30)
+    assert not scratch.use_direct(tmp_path, 1 << 30)  # fits: left to the page cache
+    assert scratch.use_direct(tmp_path, 5 << 30) == bool(scratch._O_DIRECT)  # over half the memory
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
+    assert not scratch.use_direct(tmp_path, 100 << 30)
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "1")
+    assert scratch.use_direct(tmp_path, 1) == bool(scratch._O_DIRECT)
+    assert not list(tmp_path.iterdir())  # the probe removed
+    monkeypatch.setattr(scratch, "memory_available", lambda: 0)
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "auto")
+    assert not scratch.use_direct(tmp_path, 100 << 30)  # memory unknown: the page cache
+
+
+def test_a_page_cache_writer_appends_the_arrays_as_they_are(tmp_path):
+    batches = list(_batches())
+    p = tmp_path / "cached"
+    with RecordWriter(direct=False) as w:
+        for arrays in batches:
+            w.append(p, arrays)
+    assert p.read_bytes() == b"".join(np.ascontiguousarray(x).tobytes() for arrays in batches for x in arrays)

@@ -97,20 +97,32 @@ def test_buckets_and_workers_do_not_change_the_bytes(varlength, reference, tmp_p
     _compare(tmp_path / "many", reference, 7, lists=False)
 
 
-def test_scratch_batches_and_the_page_cache_path_do_not_change_the_bytes(varlength, reference, tmp_path,
-                                                                          monkeypatch):
-    """The scratch is appended past the page cache in batches, each padded to a block: many small batches (a
-    flush every ~1 kB: records that end anywhere in a block, padding between them) and the page-cache path
-    (BERTPIPE_DIRECT_IO=0) write the same shards as one batch a bucket."""
+def test_scratch_past_the_page_cache_and_its_batches_do_not_change_the_bytes(varlength, reference, tmp_path,
+                                                                             monkeypatch):
+    """Scratch larger than memory goes past the page cache (BERTPIPE_DIRECT_IO=1 forces it here), appended in
+    batches padded to a block: with many small batches (a flush every ~1 kB: records that end anywhere in a block,
+    padding between them) and with the default batches, the same shards as through the page cache."""
     import preprocessing.nvidia.shuffle as shuffle
+    from preprocessing import scratch
 
-    one = run_nvidia_shuffle(input_files(varlength), tmp_path / "one", ShuffleConfig(bucket_rows=200))
+    seen = []
+    real = shuffle._read_bucket
+
+    def spy(folder, bucket):
+        seen.append(shuffle._direct(folder))
+        return real(folder, bucket)
+
+    monkeypatch.setattr(shuffle, "_read_bucket", spy)
+    cached = run_nvidia_shuffle(input_files(varlength), tmp_path / "cached", ShuffleConfig(bucket_rows=200))
+    assert seen and not any(seen)  # 560 rows: far less than half the memory
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "1")
+    seen.clear()
+    direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct", ShuffleConfig(bucket_rows=200))
+    assert seen and all(seen) == bool(scratch._O_DIRECT)
     monkeypatch.setattr(shuffle, "FLUSH_BYTES", 1000)
     small = run_nvidia_shuffle(input_files(varlength), tmp_path / "small", ShuffleConfig(bucket_rows=200))
-    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
-    cached = run_nvidia_shuffle(input_files(varlength), tmp_path / "cached", ShuffleConfig(bucket_rows=200))
-    assert [(f.name, f.md5) for f in one.files] == [(f.name, f.md5) for f in small.files] == \
-        [(f.name, f.md5) for f in cached.files]
+    assert [(f.name, f.md5) for f in cached.files] == [(f.name, f.md5) for f in direct.files] == \
+        [(f.name, f.md5) for f in small.files]
     _compare(tmp_path / "small", reference, 7, lists=False)
 
 
