@@ -177,15 +177,18 @@ def _parts(varlength: Path) -> list[Path]:
     return sorted((varlength.parent / "in").glob("part-*-of-00500.hdf5"))
 
 
-@pytest.mark.parametrize("workers,bucket_rows,padded_rows", [(1, 524288, 65536), (1, 90, 37), (2, 150, 65536)])
+@pytest.mark.parametrize("workers,bucket_rows,padded_rows,direct_io", [
+    (1, 524288, 65536, "auto"), (1, 90, 37, "auto"), (2, 150, 65536, "auto"), (1, 90, 37, "1"), (2, 150, 65536, "1")])
 def test_padded_route_equals_the_scripts_on_the_chopped_shards(varlength, reference, tmp_path, monkeypatch,
-                                                              workers, bucket_rows, padded_rows):
+                                                              workers, bucket_rows, padded_rows, direct_io):
     """The padded route (nvidia-4320's stage): the padded parts' rows shuffled into the shards the chop would cut,
     without them: the scripts' shards and index lists (the fixture's chain: v1.1's chop_hdf5_files.py, which
     keeps 560 of the 563 rows, convert_fixed2variable.py, shuffle_samples.py), whatever the buckets, workers and
-    the parts' pieces."""
+    the parts' pieces, and with the scratch past the page cache (BERTPIPE_DIRECT_IO=1: the scatter's and the
+    gather's calls, in this process and in a pool's, take it from the plan's mark)."""
     import preprocessing.nvidia.shuffle as shuffle
 
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", direct_io)
     monkeypatch.setattr(shuffle, "PADDED_ROWS", padded_rows)  # one worker: read in this process
     m = run_nvidia_shuffle_padded(_parts(varlength), tmp_path / "ours", PaddedShuffleConfig(
         num_shards=7, rule="v1.1", index_lists=True, bucket_rows=bucket_rows, chunk_rows=33), workers=workers)
