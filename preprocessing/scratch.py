@@ -255,3 +255,73 @@ def read_whole(path: Path | str) -> np.ndarray:
         return buf
     finally:
         os.close(fd)
+
+
+# -- whole arrays (.npy) past the page cache, read back a range at a time ---------------------------------------
+def save_npy(path: Path | str, arr: np.ndarray, direct: bool) -> None:
+    """``np.save``'s bytes of ``arr`` to a temporary name, then zeros to a block boundary (a reader of the .npy
+    ignores them), renamed to ``path``: past the page cache when ``direct``, else through it."""
+    import io
+
+    arr = np.ascontiguousarray(arr)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(arr))
+    header = np.frombuffer(head.getvalue(), dtype=np.uint8)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with RecordWriter(direct=direct) as w:
+            w.append(tmp, [header, arr.reshape(-1)])
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _npy_layout(fd: int, path: Path | str) -> tuple[np.dtype, int, int]:
+    """(dtype, element count, data offset) of the 1-D .npy open as ``fd`` (its first block read)."""
+    import io
+
+    first = os.pread(fd, ALIGN, 0)
+    f = io.BytesIO(first)
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    if len(shape) != 1 or fortran:
+        raise OSError(errno.EINVAL, f"{path}: not a 1-D C-order .npy scratch array")
+    return np.dtype(dtype), int(shape[0]), f.tell()
+
+
+def read_npy_range(path: Path | str, a: int, b: int, direct: bool) -> np.ndarray:
+    """Elements ``a..b-1`` of the 1-D .npy at ``path``: read past the page cache (the aligned blocks holding them)
+    when ``direct`` and the file system allows, else through it."""
+    with open(path, "rb", buffering=0) as f:
+        dtype, n, off = _npy_layout(f.fileno(), path)
+    if not 0 <= a <= b <= n:
+        raise IndexError(f"{path}: elements {a}..{b - 1} of {n}")
+    start, stop = off + a * dtype.itemsize, off + b * dtype.itemsize
+    if stop == start:
+        return np.zeros(0, dtype)
+    lo, hi = start // ALIGN * ALIGN, -(-stop // ALIGN) * ALIGN
+    fd, direct = _open(path, os.O_RDONLY, direct=direct)
+    try:
+        buf = aligned_empty(hi - lo)
+        view = memoryview(buf)
+        got = 0
+        while got < hi - lo:
+            try:
+                k = os.preadv(fd, [view[got:]], lo + got)
+            except OSError as exc:
+                if not direct or exc.errno != errno.EINVAL:
+                    raise
+                os.close(fd)
+                fd, direct = _open(path, os.O_RDONLY, direct=False)
+                continue
+            if k <= 0:
+                break  # the file's end (a file written through the page cache need not fill its last block)
+            got += k
+        if got < stop - lo:
+            raise OSError(errno.EIO, f"{path}: the file ended at byte {lo + got}, before byte {stop}")
+        return buf[start - lo:stop - lo].view(dtype)
+    finally:
+        os.close(fd)
