@@ -54,10 +54,10 @@
    its CPU against this tree's, and every output file compared byte for byte. ``--repeat N`` runs each stage N
    times, the stages in turn (run 1 of each, then run 2 of each, ...): every run's CPU is printed, their bytes
    compared, and the run of median CPU is the one reported and projected (a single run moves by up to a third
-   with the machine's memory state). The shuffles' and pack-nvidia's scratch is as a full-size run has it
-   (``--scratch full-size``, the default): past the page cache where the full set's (~160 GB: 40 G tokens of 3
-   bytes and 157 M rows of ~40 masked positions of 4) exceeds half the memory; ``--scratch auto`` lets this
-   part's own size decide (through the page cache).
+   with the machine's memory state). The shuffles' scratch is as a full-size run has it (``--scratch full-size``,
+   the default): past the page cache where the full set's (~160 GB: 40 G tokens of 3 bytes and 157 M rows of ~40
+   masked positions of 4) exceeds half the memory; ``--scratch auto`` lets this part's own size decide (through
+   the page cache).
    With the real part (not ``--targets-only``), the DAG's run of its copies goes again with every other target added
    (``--target ... --nvidia-shards N``: their share of the full set's 4,320 shards, so shards of about the full
    set's rows): only the target stages run (the rest is taken from its manifests), and each prints its seconds as
@@ -625,8 +625,7 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     print(f"\n## the other targets' stages on one part's padded HDF5 ({part.stat().st_size / 1e6:,.0f} MB), one process "
           "each, one core")
     if args.scratch == "full-size":
-        # the shuffles' and pack-nvidia's scratch is under half the padded parts: the full set's goes past the page
-        # cache wherever
+        # the shuffles' scratch is about half the padded parts: the full set's goes past the page cache wherever
         # it exceeds half the memory (preprocessing.scratch.use_direct); this part's alone would not
         sys.path.insert(0, str(ROOT))
         from preprocessing.scratch import MEMORY_SHARE, memory_available
@@ -1254,7 +1253,7 @@ def main(argv: list[str] | None = None) -> int:
                     "stages in turn, and report and project the run of median CPU (every run's CPU printed, "
                     "their bytes compared); the machine's speed moves single runs by a third")
     ap.add_argument("--scratch", choices=("full-size", "auto"), default="full-size",
-                    help="the shuffles' and pack-nvidia's scratch: 'full-size' (default) as a full-size run has it (past the page "
+                    help="the shuffles' scratch: 'full-size' (default) as a full-size run has it (past the page "
                     "cache where the full set's exceeds half the memory), 'auto' as this part's own size decides "
                     "(through the page cache)")
     ap.add_argument("--base", type=Path, help="a baseline tree (e.g. `git worktree add DIR <commit>`, its C "

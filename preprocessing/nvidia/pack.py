@@ -133,7 +133,6 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     strategy_count,
     take_runs,
 )
-from preprocessing.scratch import read_npy_range, save_npy, use_direct
 
 log = logging.getLogger(__name__)
 
@@ -758,54 +757,8 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
     base = np.vstack([np.zeros((1, cfg.max_seq_length), np.int64), np.cumsum(hists, axis=0)])[:-1]
     for name, arr in (("len_off", asg.len_off), ("base", base)):
         _save(sd / f"{name}.npy", arr)
-    if use_direct(sd, scratch_estimate(hist, cfg)):
-        (sd / DIRECT_MARK).touch()
     return {"kind": "plan", "stats": {**recipe.stats, "empty_packs": empty}, "report": recipe.report,
             "inputs": len(counts)}
-
-
-#: In the scratch folder when the rows' values (``_VALUES``) go past the page cache: every scatter and group call
-#: reads it.
-DIRECT_MARK = "direct"
-#: The scratch arrays of a row's values (the bulk of the scratch); the per-row ones stay in the page cache (read
-#: as maps, a few pages for each binary search and prefix sum).
-_VALUES = ("ids", "seg", "pos", "mlm")
-
-
-def scratch_estimate(hist: np.ndarray, cfg: PackNvidiaConfig) -> int:
-    """About the bytes of the rows' values in scratch: 3 a token (ids, segment ids) and 4 a masked position, at
-    most ``max_predictions_per_seq``, ~15 % of the tokens."""
-    tokens = int((np.arange(1, len(hist) + 1, dtype=np.int64) * np.asarray(hist, dtype=np.int64)).sum())
-    preds = min(tokens * 0.15 + 1, int(np.asarray(hist).sum()) * getattr(cfg, "max_predictions_per_seq", 76))
-    return int(3 * tokens + 4 * preds)
-
-
-def _direct(sd: Path) -> bool:
-    return (sd / DIRECT_MARK).exists()
-
-
-def _save_scratch(sd: Path, k: int, arrays: dict[str, np.ndarray]) -> None:
-    """Input ``k``'s scratch arrays: the values past the page cache where the plan marked it."""
-    direct = _direct(sd)
-    for name in _SCATTER:
-        path = sd / f"in_{k:05d}_{name}.npy"
-        if direct and name in _VALUES:
-            try:
-                save_npy(path, arrays[name], direct=True)
-            except BaseException as exc:
-                raise_if_disk_full(exc, path)
-                raise
-        else:
-            _save(path, arrays[name])
-
-
-def _values(sd: Path, k: int, name: str, a: int, b: int) -> np.ndarray:
-    """Elements ``a..b-1`` of input ``k``'s scratch array ``name`` (read past the page cache where it was
-    written so, else a view of its map)."""
-    path = sd / f"in_{k:05d}_{name}.npy"
-    if name in _VALUES and _direct(sd):
-        return read_npy_range(path, a, b, direct=True)
-    return _load(path, mmap=True)[a:b]
 
 
 # -- step c: each input's rows, in pack order ---------------------------------------------------------------------------
@@ -835,7 +788,8 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
             known = _load(pred_file).astype(np.int64) if pred_file.exists() else None
             arrays = _scatter_mapped(maps, lengths, keys, p, known if known is not None and len(known) == f.n
                                      else None)
-            _save_scratch(sd, k, arrays)
+            for name in _SCATTER:
+                _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
             return {"kind": "scatter", "k": k, "rows": len(keys)}
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
@@ -848,7 +802,8 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     rows = rows.take(perm)
     arrays = {"keys": keys[perm], "seq": rows.seq.astype(np.int16), "pred": rows.pred.astype(np.int16),
               "nsl": rows.nsl, "ids": rows.ids, "seg": rows.seg, "pos": rows.pos, "mlm": rows.mlm}
-    _save_scratch(sd, k, arrays)
+    for name in _SCATTER:
+        _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
     return {"kind": "scatter", "k": k, "rows": len(keys)}
 
 
@@ -970,16 +925,18 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
         keys.append(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b])
         # views of the scratch files: Rows.concat reads each once, into one array per field
         parts.append(Rows(seq=seq[a:b], pred=pred[a:b], nsl=_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b],
-                          ids=_values(sd, k, "ids", t0, t1), seg=_values(sd, k, "seg", t0, t1),
-                          pos=_values(sd, k, "pos", m0, m1), mlm=_values(sd, k, "mlm", m0, m1)))
+                          ids=_load(sd / f"in_{k:05d}_ids.npy", mmap=True)[t0:t1],
+                          seg=_load(sd / f"in_{k:05d}_seg.npy", mmap=True)[t0:t1],
+                          pos=_load(sd / f"in_{k:05d}_pos.npy", mmap=True)[m0:m1],
+                          mlm=_load(sd / f"in_{k:05d}_mlm.npy", mmap=True)[m0:m1]))
     rows = Rows.concat(parts)
     rows.seq, rows.pred = rows.seq.astype(np.int64), rows.pred.astype(np.int64)
     return rows.take(_place_order(keys, q0, q1)[1])
 
 
 def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
-    """:func:`_gather` with the C loop: each row's tokens copied once, from each input's slice of the scratch (a
-    view of its map, or read past the page cache) straight into place order (no concatenated copy first)."""
+    """:func:`_gather` with the C loop: each row's tokens copied once, from the scratch files' memory maps straight
+    into place order (no concatenated copy first)."""
     small: dict[str, list[np.ndarray]] = {"seq": [], "pred": [], "nsl": [], "which": [], "tok": [], "prd": []}
     keys: list[np.ndarray] = []
     srcs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
@@ -990,11 +947,10 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
         small["pred"].append(p_k)
         small["nsl"].append(np.asarray(_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b]))
         small["which"].append(np.full(b - a, len(srcs["ids"]), dtype=np.int64))
-        small["tok"].append(np.cumsum(s_k) - s_k)  # within the input's slice of values
-        small["prd"].append(np.cumsum(p_k) - p_k)
-        t1, m1 = t0 + int(s_k.sum()), m0 + int(p_k.sum())
+        small["tok"].append(t0 + np.cumsum(s_k) - s_k)
+        small["prd"].append(m0 + np.cumsum(p_k) - p_k)
         for name in srcs:
-            srcs[name].append(_values(sd, k, name, *((t0, t1) if name in ("ids", "seg") else (m0, m1))))
+            srcs[name].append(_load(sd / f"in_{k:05d}_{name}.npy", mmap=True))
     order = _place_order(keys, q0, q1)[1]
     cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64))[order] for name, v in small.items()}
     seq, pred, which = cat["seq"], cat["pred"], cat["which"]

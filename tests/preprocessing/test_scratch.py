@@ -157,20 +157,3 @@ def test_a_page_cache_writer_appends_the_arrays_as_they_are(tmp_path):
         for arrays in batches:
             w.append(p, arrays)
     assert p.read_bytes() == b"".join(np.ascontiguousarray(x).tobytes() for arrays in batches for x in arrays)
-
-
-@pytest.mark.parametrize("direct", [True, False])
-@pytest.mark.parametrize("dtype", ["int16", "int8", "int64"])
-def test_npy_past_the_page_cache_reads_back_any_range(tmp_path, direct, dtype):
-    arr = np.random.default_rng(5).integers(-100, 100, size=10_007).astype(dtype)
-    p = tmp_path / "a.npy"
-    scratch.save_npy(p, arr, direct=direct)
-    assert np.array_equal(np.load(p), arr) and np.array_equal(np.load(p, mmap_mode="r"), arr)  # still an .npy
-    if direct:
-        assert p.stat().st_size % ALIGN == 0
-    assert not list(tmp_path.glob(".*tmp"))
-    for a, b in ((0, 10_007), (0, 0), (5, 6), (2047, 2049), (3000, 9000), (10_006, 10_007), (10_007, 10_007)):
-        got = scratch.read_npy_range(p, a, b, direct=direct)
-        assert got.dtype == arr.dtype and np.array_equal(got, arr[a:b])
-    with pytest.raises(IndexError):
-        scratch.read_npy_range(p, 5, 10_008, direct=direct)

@@ -25,7 +25,6 @@ from preprocessing.nvidia.pack import (
     packing_recipe,
     packing_strategies,
     run_pack_nvidia,
-    scratch_estimate,
 )
 from tests.loader_rules import NvidiaPackedDataset, nvidia_mlperf_training_files, nvidia_packed_batch
 from tests.preprocessing import nvidia_packed_reference as ref
@@ -277,42 +276,6 @@ def test_golden_varlength_shards_in_two_workers_equal_the_reference(golden_parts
     run_pack_nvidia(golden_parts, one, cfg, workers=1)
     md5 = {p.name: json.loads(p.joinpath("_manifest.json").read_text())["files"] for p in (out, one)}
     assert md5[out.name] == md5[one.name]
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_scratch_values_past_the_page_cache_give_the_same_shards(golden_parts, golden_reference, tmp_path,
-                                                                  monkeypatch, workers):
-    """Scratch larger than half the memory (BERTPIPE_DIRECT_IO=1 forces it here): the rows' values written past
-    the page cache and each group's slices read back so (the plan's mark, seen by every call, in a pool too); the
-    reference's shards, the same bytes as through the page cache."""
-    import preprocessing.nvidia.pack as pack
-
-    monkeypatch.delenv("BERTPIPE_DIRECT_IO", raising=False)
-    cached = tmp_path / "cached"
-    run_pack_nvidia(golden_parts, cached, GOLDEN_CFG, workers=workers)
-    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "1")
-    marks = []
-    real = pack.plan_packing
-
-    def spy(counts, scratch, cfg):
-        out = real(counts, scratch, cfg)
-        marks.append(pack._direct(Path(scratch)))
-        return out
-
-    monkeypatch.setattr(pack, "plan_packing", spy)
-    out, _ = run_both(golden_parts, tmp_path, GOLDEN_CFG, reference=golden_reference, workers=workers)
-    from preprocessing import scratch
-
-    assert marks == [bool(scratch._O_DIRECT)]
-    md5 = {p.name: json.loads(p.joinpath("_manifest.json").read_text())["files"] for p in (out, cached)}
-    assert md5[out.name] == md5[cached.name]
-
-
-def test_scratch_estimate_counts_the_values_bytes():
-    hist = np.zeros(512, np.int64)
-    hist[255] = 1000  # 1,000 rows of 256 tokens
-    est = scratch_estimate(hist, PackNvidiaConfig())
-    assert est == 3 * 256_000 + 4 * int(256_000 * 0.15 + 1)
 
 
 def test_made_up_every_length_several_inputs(tmp_path):
