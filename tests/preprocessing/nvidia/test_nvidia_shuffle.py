@@ -105,6 +105,7 @@ def test_scratch_past_the_page_cache_and_its_batches_do_not_change_the_bytes(var
     import preprocessing.nvidia.shuffle as shuffle
     from preprocessing import scratch
 
+    monkeypatch.delenv("BERTPIPE_DIRECT_IO", raising=False)
     seen = []
     real = shuffle._read_bucket
 
