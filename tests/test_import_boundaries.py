@@ -167,7 +167,7 @@ def test_preprocessing_is_one_folder_per_family_each_with_its_docstring() -> Non
         assert "Equals" in ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), family
     top = sorted(p.stem for p in (ROOT / "preprocessing").glob("*.py"))
     assert top == ["__init__", "hdf5_check", "hdf5_io", "pack_fast", "packing", "params", "pyrandom", "registry",
-                   "targets"], top
+                   "scratch", "targets"], top
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
