@@ -20,6 +20,7 @@ and whether those bytes equal the stored chunks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_ROWS = 156_725_653  # sequences of the full set (bench_scale's figure)
@@ -37,6 +39,10 @@ import hashlib, json, os, pickle, resource, sys, time
 from pathlib import Path
 part, out, which, cache = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 profile = len(sys.argv) > 5 and sys.argv[5] == "profile"
+nparts = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+# --parts N: the part under N names (hard links beside it, made by the parent): the stage's calls as at full size,
+# N scatters and its own groups of shards, in this one process
+parts = [part] + [part.with_name(f"{part.stem}.link{i}{part.suffix}") for i in range(1, nparts)]
 
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -92,14 +98,15 @@ if which == "nvidia":
     import preprocessing.hdf5_io as hio
     with h5py.File(part, "r") as f:
         rows = int(f["next_sentence_labels"].shape[0])
-    shards = max(1, round(4320 * rows / 156_725_653))
-    mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
-    c0 = cpu()
+    shards = max(1, round(4320 * rows * nparts / 156_725_653))
+    if nparts == 1:  # one part: one call for its ~5 shards, as bench_scale has it (at full size ~29 a call)
+        mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
+    c0, r0 = cpu(), resource.getrusage(resource.RUSAGE_SELF)
     if profile:
         import cProfile, pstats
         pr = cProfile.Profile()
         pr.enable()
-    m = run_pack_nvidia([part], out, PackNvidiaConfig(shards_num=shards))
+    m = run_pack_nvidia(parts, out, PackNvidiaConfig(shards_num=shards))
     if profile:
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
@@ -117,18 +124,19 @@ else:
     cfg = HabanaPackConfig(max_predictions_per_sequence=76, **kw)
     with h5py.File(part, "r") as f:
         rows = int(f["next_sentence_labels"].shape[0])
-    c0 = cpu()
+    c0, r0 = cpu(), resource.getrusage(resource.RUSAGE_SELF)
     if profile:
         import cProfile, pstats
         pr = cProfile.Profile()
         pr.enable()
-    m = run_pack_habana([part], out, cfg, data_dir="packed")
+    m = run_pack_habana(parts, out, cfg, data_dir="packed")
     if profile:
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 c1 = cpu()
 r = resource.getrusage(resource.RUSAGE_SELF)
-print("RESULT " + json.dumps({"cpu": c1 - c0, "recipe_cpu": recipe_cpu[0], "rows": rows,
+print("RESULT " + json.dumps({"cpu": c1 - c0, "recipe_cpu": recipe_cpu[0], "rows": rows * nparts,
+                              "sys": r.ru_stime - r0.ru_stime, "minflt": r.ru_minflt - r0.ru_minflt,
                               "rss_mb": r.ru_maxrss / 1024, "steps": steps,
                               "bytes": sum(f.bytes for f in m.files)}))
 '''
@@ -142,12 +150,20 @@ def md5_tree(d: Path) -> dict[str, str]:
     return out
 
 
-def run_child(tree: Path, part: Path, out: Path, which: str, cache: Path, profile: bool = False) -> dict:
+def run_child(tree: Path, part: Path, out: Path, which: str, cache: Path, profile: bool = False, parts: int = 1,
+              fill: Any = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), DS_ACCELERATOR="cpu", PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    cmd = [sys.executable, "-c", CHILD, str(part), str(out), which, str(cache)] + (["profile"] if profile else [])
+    for i in range(1, parts):  # the part under more names (hard links): the child packs them all
+        link = part.with_name(f"{part.stem}.link{i}{part.suffix}")
+        if not link.exists():
+            os.link(part, link)
+    cmd = [sys.executable, "-c", CHILD, str(part), str(out), which, str(cache), "profile" if profile else "-",
+           str(parts)]
     # a fresh folder each run: renaming a new file over the last run's (ext4's auto_da_alloc) allocates and starts
     # writing its blocks inside rename(2), ~0.3 s a part that a run into an empty folder never pays
     shutil.rmtree(out, ignore_errors=True)
+    if fill is not None:
+        fill.top_up()
     p = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"{tree} {which} failed:\n{p.stderr[-4000:]}")
@@ -198,8 +214,31 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="cProfile this tree's packer runs")
     ap.add_argument("--gzip-share", action="store_true")
+    ap.add_argument("--parts", type=int, default=1, help="pack the part under this many names (hard links beside "
+                    "it), in one process: the stage's calls as at full size (N scatters, its own shard groups), "
+                    "the buffers' first touches spread over N parts")
+    ap.add_argument("--memory", choices=("free", "full"), default="free",
+                    help="'full': the free memory filled with clean page cache before each run (down to "
+                    "--leave-mb), as a full-size run's state after its first parts (bench/memory_state.py)")
+    ap.add_argument("--leave-mb", type=int, default=1024)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        fill = None
+        if args.memory == "full":
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from memory_state import FullPageCache
+
+            fill = stack.enter_context(FullPageCache(args.work / "memory-fill", leave_mb=args.leave_mb,
+                                                     disk_spare_mb=20480))
+        try:
+            run_all(args, fill)
+        finally:
+            for i in range(1, args.parts):
+                args.part.with_name(f"{args.part.stem}.link{i}{args.part.suffix}").unlink(missing_ok=True)
+
+
+def run_all(args: argparse.Namespace, fill: Any) -> None:
     trees = [("new", ROOT)] + ([("base", args.base)] if args.base else [])
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.2f}, "
           f"{args.part} ({args.part.stat().st_size / 1e6:,.0f} MB)")
@@ -213,16 +252,17 @@ def main() -> None:
                 cache = args.work / "cache"  # the recipe code is the same in both trees: one cache
                 cache.mkdir(exist_ok=True)
                 if r == 0 and not any(cache.glob(f"recipe_{which}_*")):  # fill the recipe cache first
-                    run_child(tree, args.part, args.work / f"{label}_{which}", which, cache)
+                    run_child(tree, args.part, args.work / f"{label}_{which}", which, cache, parts=args.parts)
                 load = os.getloadavg()[0]
                 f = run_child(tree, args.part, args.work / f"{label}_{which}", which, cache,
-                              profile=args.profile and label == "new")
+                              profile=args.profile and label == "new", parts=args.parts, fill=fill)
                 f["load"] = load
                 figs.setdefault(label, []).append(f)
                 steps = ", ".join(f"{k} {v[0]:.2f}" for k, v in f["steps"].items())
                 print(f"{which:<11} {label:<5} run {r}: {f['cpu'] - f['recipe_cpu']:6.2f} CPU-s besides the recipe "
                       f"(x{FULL_ROWS / f['rows']:.0f} = {(f['cpu'] - f['recipe_cpu']) * FULL_ROWS / f['rows'] / 3600:.3f}"
-                      f" core-h), peak RSS {f['rss_mb']:.0f} MB, load {load:.2f}, {f['bytes'] / 1e6:,.0f} MB out; "
+                      f" core-h; system {f.get('sys', 0):.2f} s, {f.get('minflt', 0) / 1e3:,.0f} k minor faults), peak RSS "
+                      f"{f['rss_mb']:.0f} MB, load {load:.2f}, {f['bytes'] / 1e6:,.0f} MB out; "
                       f"steps: {steps}", flush=True)
         if "base" in figs:
             new = min(x["cpu"] - x["recipe_cpu"] for x in figs["new"])

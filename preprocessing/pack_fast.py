@@ -18,6 +18,7 @@ no C compiler: the fallbacks run.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -211,6 +212,28 @@ class Space:
             self._bufs.pop(name, None)  # the old one freed before the larger one is made
             buf = self._bufs[name] = np.empty(max(n, 1), dtype=dt)
         return buf[:n]
+
+    def clear(self) -> None:
+        """Every buffer freed."""
+        self._bufs.clear()
+
+
+_SPACES = threading.local()
+
+
+def process_space(owner: str) -> Space:
+    """This thread's :class:`Space` for ``owner``'s calls (a stage's step, e.g. ``"pack-nvidia"``), kept from one
+    call to the next: a worker that runs a step for part after part touches its big arrays' pages once, not once a
+    call (on this VM a fresh page costs 0.2-1.7 system seconds a GiB, and with the memory full of page cache each
+    fresh huge page may wait for compaction). One owner's buffers at a time: asking for another owner's frees them,
+    so a worker holds at most the largest call's arrays of the step it ran last. The arrays the caller takes from it
+    are valid until its next call with the same owner in the same thread."""
+    held = getattr(_SPACES, "held", None)
+    if held is None or held[0] != owner:
+        if held is not None:
+            held[1].clear()
+        held = _SPACES.held = (owner, Space())
+    return held[1]
 
 
 def cut_padded(rows: dict[str, np.ndarray], space: Space | None = None) -> tuple[np.ndarray, ...] | bool | None:

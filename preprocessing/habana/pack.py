@@ -1005,7 +1005,8 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     names, tmps = [], []
     final = Path(data)
     final.mkdir(parents=True, exist_ok=True)
-    space = pack_fast.Space()  # one file's big arrays, used again for the next (each file written before it)
+    # one file's big arrays, used again for the next (each file written before it) and by the worker's next call
+    space = pack_fast.process_space("pack-habana")
     try:
         with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
             for i, (p0, p1) in enumerate(bounds, start=first):

@@ -371,7 +371,8 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
     from preprocessing.hdf5_io import write_vlen
     from preprocessing.nvidia.varlength import VARLEN_DATASETS, compact_padded
 
-    space = pack_fast.Space()  # the cut's arrays, used again chunk after chunk (each chunk written before the next)
+    # the cut's arrays, used again chunk after chunk (each chunk written before the next), shard after shard
+    space = pack_fast.process_space("chop")
     out = {name: f.create_dataset(name, (size,), dtype=h5py.vlen_dtype(np.dtype(dt))) for name, dt, _ in VARLEN_DATASETS}
     nsl = f.create_dataset("next_sentence_labels", data=np.zeros(size, dtype="i1"), dtype="i1")
     o = 0

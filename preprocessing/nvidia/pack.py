@@ -149,6 +149,9 @@ PACKED_DATASETS = (("input_ids", "int16"), ("segment_ids", "int8"), ("packed_inp
 #: by side), and a call's peak memory under 1.5 GB (its compact rows, ~0.5 GB at the full set's ~256 tokens a
 #: sequence, plus as much of the scratch files mapped).
 SEQS_PER_GROUP = 1 << 19
+#: The scatter's and the groups' big arrays: one set of buffers per worker, kept from call to call
+#: (:func:`preprocessing.pack_fast.process_space`).
+SPACE_OWNER = "pack-nvidia"
 #: The reference's NNLS rounds and the residual below which it stops.
 NNLS_ROUNDS, NNLS_STOP = 20, 100
 #: Lengths below this get a small residual weight in the NNLS (the reference's ``padding_cutoff``).
@@ -837,18 +840,20 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
     # token ids >= 0 and segment ids 0 or 1 are checked as they are copied (check_compact's rules); a value that
     # breaks them: copied again unbounded and checked as before, for the same one-line refusal
     bounded = True
-    for name, dt, w, lens, lo, hi in (("input_ids", "int16", width, seq, 0, None),
-                                      ("segment_ids", "int8", width, seq, 0, 1),
-                                      ("masked_lm_positions", "int16", pwidth, pred, None, None),
-                                      ("masked_lm_ids", "int16", pwidth, pred, 0, None)):
+    space = pack_fast.process_space(SPACE_OWNER)  # the compact values: written to the scratch before the next call
+    for name, dt, w, lens, lo, hi, buf in (("input_ids", "int16", width, seq, 0, None, "ids"),
+                                           ("segment_ids", "int8", width, seq, 0, 1, "seg"),
+                                           ("masked_lm_positions", "int16", pwidth, pred, None, None, "pos"),
+                                           ("masked_lm_ids", "int16", pwidth, pred, 0, None, "mlm")):
         flat = maps[name].reshape(-1)
         try:
-            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt, lo=lo, hi=hi)
+            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt, lo=lo, hi=hi, space=space,
+                                              name=buf)
             continue
         except pack_fast.OutOfRange:
             bounded = False
         try:
-            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt)
+            out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt, space=space, name=buf)
         except pack_fast.OutOfRange:
             raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
     nsl = np.asarray(maps["next_sentence_labels"])
@@ -955,10 +960,12 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64))[order] for name, v in small.items()}
     seq, pred, which = cat["seq"], cat["pred"], cat["which"]
 
+    space = pack_fast.process_space(SPACE_OWNER)  # the group's values: its shards written before the next call
+
     def runs(name: str, starts: np.ndarray, lens: np.ndarray, dt: str) -> np.ndarray:
         if not srcs[name]:
             return np.zeros(0, dt)
-        return pack_fast.gather_runs(srcs[name], which, starts, lens, dt)
+        return pack_fast.gather_runs(srcs[name], which, starts, lens, dt, space=space, name=name)
 
     return Rows(seq=seq, pred=pred, nsl=cat["nsl"].astype(np.int8), ids=runs("ids", cat["tok"], seq, "int16"),
                 seg=runs("seg", cat["tok"], seq, "int8"), pos=runs("pos", cat["prd"], pred, "int16"),
@@ -994,7 +1001,9 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
     tok = np.concatenate([[0], np.cumsum(rows.seq)])  # first token of each row (and the end)
     pack_tok = tok[np.concatenate([[0], np.cumsum(pack_counts)])[:-1]]  # first token of each pack
     shift = tok[:-1] - pack_tok[row_pack]  # where each sequence starts in its pack
-    pos = (rows.pos.astype(np.int64) + np.repeat(shift, rows.pred)).astype(np.int16)
+    # in int16 from the start: the same values as the sum in int64 cast to int16 (both modulo 2**16), without
+    # the int64 arrays (8 bytes a masked position, twice)
+    pos = np.add(rows.pos, np.repeat(shift.astype(np.int16), rows.pred), dtype=np.int16)
     tok_counts = np.bincount(row_pack, weights=rows.seq, minlength=n).astype(np.int64)
     pred_counts = np.bincount(row_pack, weights=rows.pred, minlength=n).astype(np.int64)
     values = {"input_ids": (rows.ids, tok_counts), "segment_ids": (rows.seg, tok_counts),

@@ -530,7 +530,7 @@ def _scatter_varlength(plan: ShufflePlan, file_ids: Sequence[int], inv: np.ndarr
 
     firsts = plan.starts
     rows_done = 0
-    space = pack_fast.Space()  # the gathered arrays, used again file after file
+    space = pack_fast.process_space("shuffle-scatter")  # the gathered arrays, used again file after file, call after call
     for fid in file_ids:
         path, n = plan.files[fid]
         with open_varlength(path) as f:
@@ -585,7 +585,7 @@ def _scatter_padded(plan: ShufflePlan, source_ids: Sequence[int], inv: np.ndarra
     from preprocessing.nvidia.varlength import compact_padded
 
     cfg = plan.cfg
-    space = pack_fast.Space()  # the cut's and the gather's arrays, used again chunk after chunk
+    space = pack_fast.process_space("shuffle-scatter")  # the cut's and the gather's arrays, chunk after chunk
     width = getattr(cfg, "max_seq_length", 512)
     inputs = PaddedInputs(ChopConfig(max_seq_length=width,
                                      max_predictions_per_seq=getattr(cfg, "max_predictions_per_seq", 76)))

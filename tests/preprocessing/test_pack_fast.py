@@ -309,3 +309,57 @@ def test_a_value_outside_int16_names_the_same_row_in_both_modes(tmp_path, monkey
         messages.append(str(e.value))
         assert not any(p.name.startswith(".") for p in Path(tmp_path / m).iterdir())
     assert messages[0] == messages[1]
+
+
+# -- the workers' buffers, kept from call to call -------------------------------------------------------------------
+def test_process_space_keeps_one_owners_buffers_per_thread():
+    """One owner's buffers are the same memory call after call (larger requests grow them); asking for another
+    owner's frees them; each thread has its own."""
+    import threading
+
+    sp = pack_fast.process_space("test-a")
+    a = sp.get("x", 1000, np.int16)
+    again = pack_fast.process_space("test-a").get("x", 600, np.int16)
+    assert pack_fast.process_space("test-a") is sp and again.ctypes.data == a.ctypes.data and len(again) == 600
+    assert sp.get("x", 5000, np.int16).size == 5000  # grown
+    other = pack_fast.process_space("test-b")
+    assert other is not sp and not sp._bufs  # test-a's buffers freed (arrays the caller still holds stay valid)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(pack_fast.process_space("test-b")))
+    t.start()
+    t.join()
+    assert seen[0] is not other and pack_fast.process_space("test-b") is other
+
+
+def test_pack_nvidia_after_a_larger_call_in_the_same_process_writes_the_same_files(tmp_path):
+    """pack-nvidia's scatter and groups reuse the worker's buffers (process_space): a run whose buffers hold a
+    larger earlier run's values, overwritten with junk, writes the same bytes as a run from fresh buffers."""
+    from preprocessing.nvidia.pack import SPACE_OWNER, PackNvidiaConfig, run_pack_nvidia
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
+
+    require_native()
+    rng = np.random.default_rng(5)
+    t = 40
+
+    def parts(name: str, sizes: list[int]) -> list[Path]:
+        out = []
+        for i, n in enumerate(sizes):
+            lengths = rng.integers(1, t + 1, n).tolist()
+            out.append(write_padded(tmp_path / name / f"part-{i:05d}.hdf5", made_up_rows(lengths, rng, width=48,
+                                                                                        preds=10)))
+        return out
+
+    (tmp_path / "big").mkdir()
+    (tmp_path / "small").mkdir()
+    big, small = parts("big", [900, 700]), parts("small", [300, 120])
+    cfg = PackNvidiaConfig(max_seq_length=t, shards_num=4, seed=2)
+    pack_fast.process_space("another step")  # pack-nvidia's buffers freed: the next run starts fresh
+    run_pack_nvidia(small, tmp_path / "fresh", cfg)
+    run_pack_nvidia(big, tmp_path / "big_out", cfg)
+    space = pack_fast.process_space(SPACE_OWNER)
+    assert space._bufs  # the larger run's buffers are kept
+    for buf in space._bufs.values():
+        buf.fill(0x55)
+    run_pack_nvidia(small, tmp_path / "reused", cfg)
+    files = {m: json.loads((tmp_path / m / "_manifest.json").read_text())["files"] for m in ("fresh", "reused")}
+    assert files["fresh"] == files["reused"] and len(files["fresh"]) == 8
