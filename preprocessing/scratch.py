@@ -85,6 +85,13 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[off:off + int(nbytes)]
 
 
+def aligned_from(space: Any, name: str, nbytes: int) -> np.ndarray:
+    """:func:`aligned_empty` from a :class:`preprocessing.pack_fast.Space` buffer (used again call after call)."""
+    raw = space.get(name, int(nbytes) + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off:off + int(nbytes)]
+
+
 def padded_size(nbytes: int) -> int:
     """``nbytes`` rounded up to a boundary, with at least :data:`MIN_PAD` bytes of padding when there is any."""
     size = -(-int(nbytes) // ALIGN) * ALIGN
@@ -230,13 +237,16 @@ def _append_block(path: Path | str, view: memoryview, direct: bool = True) -> No
         os.close(fd)
 
 
-def read_whole(path: Path | str) -> np.ndarray:
+def read_whole(path: Path | str, into: np.ndarray | None = None) -> np.ndarray:
     """The bytes of ``path`` in an aligned uint8 array, read with ``O_DIRECT`` where the file system allows (in
-    :data:`READ_STEP` pieces), else through the page cache."""
+    :data:`READ_STEP` pieces), else through the page cache. ``into``: read into the start of this aligned uint8
+    array (at least the file's size) and return that view, instead of a new array."""
     fd, direct = _open(path, os.O_RDONLY, direct=True)
     try:
         size = os.fstat(fd).st_size
-        buf = aligned_empty(size)
+        if into is not None and (len(into) < size or into.ctypes.data % ALIGN or into.dtype != np.uint8):
+            raise ValueError(f"read_whole: {path} needs an aligned uint8 array of {size} bytes")
+        buf = aligned_empty(size) if into is None else into[:size]
         view = memoryview(buf)
         got = 0
         while got < size:

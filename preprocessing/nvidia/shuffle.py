@@ -624,17 +624,22 @@ def _read_bucket(scratch: Path, bucket: int) -> tuple[dict[str, np.ndarray], dic
     memory-mapped, or, where the scratch went past the page cache, read whole past it too
     (:func:`preprocessing.scratch.read_whole`); there a zero header is a batch's padding (records resume at the
     next block)."""
-    from preprocessing.scratch import next_block, read_whole
+    from preprocessing import pack_fast
+    from preprocessing.scratch import ALIGN, aligned_from, next_block, read_whole
 
     rows: dict[str, list[np.ndarray]] = {"dst": [], "seq": [], "pred": [], "nsl": []}
     addrs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
     bufs = []
     direct = _direct(scratch)
-    for p in sorted(scratch.glob(f"b{bucket:05d}.t*")):
-        if not p.stat().st_size:
-            continue
+    files = [(p, p.stat().st_size) for p in sorted(scratch.glob(f"b{bucket:05d}.t*"))]
+    files = [(p, size) for p, size in files if size]
+    if direct:  # the bucket's files side by side in one buffer, the worker's from one gather call to the next
+        at_file = np.cumsum([0] + [-(-size // ALIGN) * ALIGN for _, size in files])
+        whole = aligned_from(pack_fast.process_space("shuffle-gather"), "bucket", int(at_file[-1]))
+    for i, (p, _) in enumerate(files):
         # HDF5 then copies the values from here: no gather before
-        buf = read_whole(p) if direct else np.memmap(p, dtype=np.uint8, mode="r")
+        buf = read_whole(p, into=whole[at_file[i]:at_file[i + 1]]) if direct else \
+            np.memmap(p, dtype=np.uint8, mode="r")
         bufs.append(buf)
         base = buf.ctypes.data
         at = 0

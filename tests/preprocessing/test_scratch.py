@@ -157,3 +157,24 @@ def test_a_page_cache_writer_appends_the_arrays_as_they_are(tmp_path):
         for arrays in batches:
             w.append(p, arrays)
     assert p.read_bytes() == b"".join(np.ascontiguousarray(x).tobytes() for arrays in batches for x in arrays)
+
+
+def test_read_whole_into_a_given_aligned_buffer(tmp_path):
+    """read_whole(into=...) reads the file into the start of the caller's aligned array (a reused buffer) and
+    refuses one too small or off a block boundary."""
+    from preprocessing import pack_fast
+
+    data = np.random.default_rng(3).integers(0, 256, 3 * scratch.ALIGN + 100, dtype=np.uint8)
+    p = tmp_path / "f"
+    p.write_bytes(data.tobytes())
+    space = pack_fast.Space()
+    buf = scratch.aligned_from(space, "b", 5 * scratch.ALIGN)
+    assert buf.ctypes.data % scratch.ALIGN == 0 and len(buf) == 5 * scratch.ALIGN
+    got = scratch.read_whole(p, into=buf)
+    assert got.ctypes.data == buf.ctypes.data and got.tobytes() == data.tobytes()
+    again = scratch.aligned_from(space, "b", 4 * scratch.ALIGN)
+    assert again.ctypes.data == buf.ctypes.data  # the same memory, call after call
+    with pytest.raises(ValueError, match="needs an aligned uint8 array"):
+        scratch.read_whole(p, into=buf[:scratch.ALIGN])
+    with pytest.raises(ValueError, match="needs an aligned uint8 array"):
+        scratch.read_whole(p, into=buf[1:])

@@ -101,7 +101,8 @@ def test_scratch_past_the_page_cache_and_its_batches_do_not_change_the_bytes(var
                                                                              monkeypatch):
     """Scratch larger than memory goes past the page cache (BERTPIPE_DIRECT_IO=1 forces it here), appended in
     batches padded to a block: with many small batches (a flush every ~1 kB: records that end anywhere in a block,
-    padding between them) and with the default batches, the same shards as through the page cache."""
+    padding between them) and with the default batches, the same shards as through the page cache; the gathers'
+    buffer, kept from one call to the next and filled with junk between runs, changes nothing."""
     import preprocessing.nvidia.shuffle as shuffle
     from preprocessing import scratch
 
@@ -120,6 +121,13 @@ def test_scratch_past_the_page_cache_and_its_batches_do_not_change_the_bytes(var
     seen.clear()
     direct = run_nvidia_shuffle(input_files(varlength), tmp_path / "direct", ShuffleConfig(bucket_rows=200))
     assert seen and all(seen) == bool(scratch._O_DIRECT)
+    # the gathers read each bucket into the worker's buffer, kept from call to call: junk left there changes nothing
+    from preprocessing import pack_fast
+
+    held = pack_fast.process_space("shuffle-gather")._bufs
+    assert bool(held) == bool(scratch._O_DIRECT)
+    for buf in held.values():
+        buf.fill(0xFF)
     monkeypatch.setattr(shuffle, "FLUSH_BYTES", 1000)
     small = run_nvidia_shuffle(input_files(varlength), tmp_path / "small", ShuffleConfig(bucket_rows=200))
     assert [(f.name, f.md5) for f in cached.files] == [(f.name, f.md5) for f in direct.files] == \
