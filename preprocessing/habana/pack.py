@@ -787,6 +787,8 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     s, q = seq[rows_at].astype(np.int64), pred[rows_at].astype(np.int64)
     out: dict[str, np.ndarray] = {}
     checked = True  # token ids >= 0 and segment ids 0 or 1, checked as they are copied
+    # the compact values: saved to the scratch before the worker's next call, which takes the same buffers
+    space = pack_fast.process_space("pack-habana-scatter")
     for short, name, lens, narrow, lo, hi in (("ids", "input_ids", s, np.int16, 0, None),
                                               ("seg", "segment_ids", s, np.int8, 0, 1),
                                               ("pos", "masked_lm_positions", q, np.int16, None, None),
@@ -796,15 +798,17 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
         flat = m.reshape(-1)
         dt = np.dtype(narrow) if np.dtype(narrow).itemsize < src.itemsize or src.kind != "i" else src
         try:
-            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt, lo=lo, hi=hi)
+            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt, lo=lo, hi=hi,
+                                               space=space, name=short)
             continue
         except pack_fast.OutOfRange:
             checked = checked and lo is None and hi is None
         try:
-            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt)
+            out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt, space=space,
+                                               name=short)
         except pack_fast.OutOfRange:  # wider values: kept as the file has them (a bad one is refused below)
             out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens,
-                                               src if src.kind == "i" else np.int64)
+                                               src if src.kind == "i" else np.int64, space=space, name=short)
     nsl = np.asarray(maps["next_sentence_labels"]).reshape(len(keys))[rows_at]
     if checked:
         check_compact(p, 0, s, q, nsl=nsl, row_ids=rows_at)
