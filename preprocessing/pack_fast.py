@@ -236,6 +236,14 @@ def process_space(owner: str) -> Space:
     return held[1]
 
 
+def release_spaces() -> None:
+    """Free this thread's kept buffers (:func:`process_space`): a worker about to run another stage's calls."""
+    held = getattr(_SPACES, "held", None)
+    if held is not None:
+        held[1].clear()
+        _SPACES.held = None
+
+
 def cut_padded(rows: dict[str, np.ndarray], space: Space | None = None) -> tuple[np.ndarray, ...] | bool | None:
     """A chunk of padded rows (the six datasets; arrays or read-only maps) checked and cut in C: ``(seq, pred, ids,
     seg, pos, mlm, nsl)`` (lengths int64; values int16 / int8 / int16 / int16 back to back; labels int8); False when

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -400,10 +401,29 @@ def capture_records(sink: list[Record]) -> Iterator[None]:
             handler.by_thread[tid] = before
 
 
+#: The stages of the calls this pool worker ran last.
+_LAST_STAGES: frozenset[str] = frozenset()
+
+
+def release_if_new_stages(stages: frozenset[str]) -> bool:
+    """Before a pool worker runs calls of ``stages``: if they are not the stages it ran last, the big arrays the
+    last ones kept for their next call (``preprocessing.pack_fast.process_space``) are freed, so a worker never
+    holds one stage's buffers through another's calls. True when it freed (or had nothing to free)."""
+    global _LAST_STAGES
+    if stages == _LAST_STAGES:
+        return False
+    _LAST_STAGES = stages
+    mod = sys.modules.get("preprocessing.pack_fast")  # not imported: nothing kept
+    if mod is not None:
+        mod.release_spaces()
+    return True
+
+
 def _execute_captured(calls: Sequence[Call]) -> tuple[str, list[Record]]:
     """Pool worker entry: run the calls (one, or a group: :func:`execute_group`), return their results (JSON) and
     the records they logged. When a call fails, its records go with the exception (``bertpipe_records``), to be
     logged all the same."""
+    release_if_new_stages(frozenset(u.stage for c in calls for u in c.units))
     records: list[Record] = []
     try:
         with capture_records(records):

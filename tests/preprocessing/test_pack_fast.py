@@ -363,3 +363,19 @@ def test_pack_nvidia_after_a_larger_call_in_the_same_process_writes_the_same_fil
     run_pack_nvidia(small, tmp_path / "reused", cfg)
     files = {m: json.loads((tmp_path / m / "_manifest.json").read_text())["files"] for m in ("fresh", "reused")}
     assert files["fresh"] == files["reused"] and len(files["fresh"]) == 8
+
+
+def test_a_pool_worker_frees_the_kept_buffers_when_another_stage_comes():
+    """The DAG's pool workers run call after call: the buffers one stage's calls keep for its next call are freed
+    before a call of other stages (tasks.calls.release_if_new_stages), never held through them."""
+    from tasks import calls
+
+    calls.release_if_new_stages(frozenset({"pack_nvidia"}))
+    sp = pack_fast.process_space("pack-nvidia")
+    sp.get("ids", 1000, np.int16)
+    assert not calls.release_if_new_stages(frozenset({"pack_nvidia"}))  # the same stage: kept
+    assert pack_fast.process_space("pack-nvidia") is sp and sp._bufs
+    assert calls.release_if_new_stages(frozenset({"split_4bins"}))
+    assert not sp._bufs and pack_fast.process_space("pack-nvidia") is not sp
+    pack_fast.release_spaces()
+    pack_fast.release_spaces()  # nothing held: nothing to do
