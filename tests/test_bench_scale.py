@@ -73,3 +73,29 @@ def test_bench_scale_prints_a_target_stages_floor_and_baseline(shared_data: Path
     reported = next(ln for ln in text.splitlines() if ln.startswith("nvidia_4320 "))
     assert float(reported.split(" cpu ", 1)[1].split(" s", 1)[0]) == pytest.approx(sorted(cpus)[1], abs=0.006)
     assert not (tmp_path / "w" / "targets" / "nvidia_4320.r1").exists()
+
+
+@pytest.mark.slow
+def test_bench_scale_computes_a_packers_recipe_once_untimed(shared_data: Path, tmp_path: Path) -> None:
+    """A packer's recipe (NNLS, from the lengths alone: once at full size) is computed in a first untimed run;
+    the timed runs load it and count the CPU it took, so their own steps follow the memory fill directly."""
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
+                          "--only-stages", "nvidia_packed", "--memory", "free", "--vocab", str(shared_data / "vocab.txt"),
+                          "--keep-work", str(tmp_path / "w"), "--repeat", "2"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "nvidia_packed: its packing recipe computed first, in an untimed run" in text
+    targets = tmp_path / "w" / "targets"
+    assert len(list((targets / "recipe-cache").glob("recipe_preprocessing.nvidia.pack_*.pkl"))) == 1
+    assert not (targets / "nvidia_packed.warm").exists()
+    runs = next(ln for ln in text.splitlines() if "2 runs, each stage's in turn" in ln)
+    cpus = [float(x) for x in runs.split(": ", 1)[1].split(" CPU-s")[0].split(", ")]
+    assert len(cpus) == 2 and all(0 < c < 30 for c in cpus) and "besides the recipe" in runs
+    line = next(ln for ln in text.splitlines() if ln.startswith("nvidia_packed "))
+    nnls = float(line.split("NNLS", 1)[1].split(" s in", 1)[0])
+    rounds = int(line.split(" s in ", 1)[1].split(" round", 1)[0])
+    recipe = float(line.split("the recipe in all", 1)[1].split(" s)", 1)[0])
+    assert rounds >= 1 and 0 < nnls <= recipe  # the loaded run's figures, counted once
+    assert "--target nvidia-packed     by rows   +" in text and "(recipe 0.0" in text
