@@ -1,7 +1,7 @@
 """The packers (pack-nvidia, pack-habana) on one real part, step by step, against a baseline tree in the same session.
 
     .venv/bin/python bench/bench_packers.py --part /tmp/realpart/real/h5/part-00000-of-00500.hdf5 \\
-        --work /tmp/pk_work --base /tmp/pk_base --runs 2 [--which nvidia habana habana-raw] [--gzip-share]
+        --work /tmp/pk_work --base /tmp/pk_base --runs 2 [--which nvidia habana habana-raw habana-narrow] [--gzip-share]
 
 ``--base``: a copy of an earlier tree (``git archive <commit> | tar -x -C DIR`` and its built ``*.so``), run with the
 same interpreter; without it only this tree runs. Each run is a child process (one core, ``workers=1``) that packs the
@@ -119,8 +119,10 @@ else:
         timed(mod, n)
     timed(core.manifest, "md5_files")
     kw = {}
-    if which == "habana-raw":
+    if which in ("habana-raw", "habana-narrow"):
         kw["compression"] = "none"
+    if which == "habana-narrow":
+        kw["dtypes"] = "narrow"
     cfg = HabanaPackConfig(max_predictions_per_sequence=76, **kw)
     with h5py.File(part, "r") as f:
         rows = int(f["next_sentence_labels"].shape[0])
@@ -210,7 +212,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--base", type=Path, help="the baseline tree (run with this interpreter)")
     ap.add_argument("--which", nargs="+", default=["nvidia", "habana"],
-                    choices=["nvidia", "habana", "habana-raw"])
+                    choices=["nvidia", "habana", "habana-raw", "habana-narrow"])
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="cProfile this tree's packer runs")
     ap.add_argument("--gzip-share", action="store_true")
@@ -249,6 +251,9 @@ def run_all(args: argparse.Namespace, fill: Any) -> None:
                 if which == "habana-raw" and label == "base" and \
                         "configure_raw" not in (tree / "preprocessing" / "habana" / "pack.py").read_text():
                     continue  # a base from before pack-habana --compression none
+                if which == "habana-narrow" and label == "base" and \
+                        "configure_narrow" not in (tree / "preprocessing" / "habana" / "pack.py").read_text():
+                    continue  # a base from before pack-habana --dtypes narrow
                 cache = args.work / "cache"  # the recipe code is the same in both trees: one cache
                 cache.mkdir(exist_ok=True)
                 if r == 0 and not any(cache.glob(f"recipe_{which}_*")):  # fill the recipe cache first

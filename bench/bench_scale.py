@@ -579,12 +579,13 @@ elif what == "nvidia_packed":
     if workers == 1 and nparts == 1:
         mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
     m = run_pack_nvidia(parts, dest, PackNvidiaConfig(shards_num=shards), workers=workers)
-elif what in ("habana_packed", "habana_packed_raw"):
+elif what in ("habana_packed", "habana_packed_raw", "habana_packed_narrow"):
     import preprocessing.habana.pack as mod
     from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
     time_recipe(mod)
     m = run_pack_habana(parts, dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
-                        if what == "habana_packed" else "none"), data_dir="packed", workers=workers)
+                        if what == "habana_packed" else "none", dtypes="narrow" if what == "habana_packed_narrow"
+                        else "script"), data_dir="packed", workers=workers)
 else:
     raise SystemExit(f"unknown stage {what}")
 c1 = cpu()
@@ -642,7 +643,8 @@ TARGET_STAGES = {"nvidia_4320": "chop into variable-length shards",
                  "nvidia_4320_shuffled": "shuffle_samples from the padded parts",
                  "nvidia_2048_shuffled": "the same into v1.1's 2,048 shards",
                  "nvidia_eval": "pick_eval_samples_varlength (10,000 rows)", "nvidia_packed": "pack-nvidia",
-                 "habana_packed": "pack-habana", "habana_packed_raw": "pack-habana --compression none"}
+                 "habana_packed": "pack-habana", "habana_packed_raw": "pack-habana --compression none",
+                 "habana_packed_narrow": "pack-habana --compression none --dtypes narrow"}
 
 
 def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, dict[str, float]]:
@@ -677,7 +679,7 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     # time_recipe); the timed runs load it and count its CPU as that run measured it
     env["BENCH_RECIPE_CACHE"] = str(out / "recipe-cache")
     warm = {"nvidia_packed": "preprocessing.nvidia.pack", "habana_packed": "preprocessing.habana.pack",
-            "habana_packed_raw": "preprocessing.habana.pack"}
+            "habana_packed_raw": "preprocessing.habana.pack", "habana_packed_narrow": "preprocessing.habana.pack"}
     for what in sorted(stages, key=lambda w: w != "habana_packed_raw"):  # pack-habana's recipe: the faster run
         if what in warm and not any((out / "recipe-cache").glob(f"recipe_{warm[what]}_*")):
             print(f"  {what}: its packing recipe computed first, in an untimed run (the timed runs load it and count "
@@ -1133,13 +1135,15 @@ def dag_real(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
 DAG_TARGET_OF = {"nvidia_4320": "nvidia-varlength", "nvidia_4320_shuffled": "nvidia-4320",
                  "nvidia_2048_shuffled": "nvidia-2048", "nvidia_eval": "nvidia-varlength",
                  "nvidia_packed": "nvidia-packed", "habana_packed": "habana-packed",
-                 "habana_packed_raw": "habana-packed-raw"}
+                 "habana_packed_raw": "habana-packed-raw", "habana_packed_narrow": "habana-packed-narrow"}
 #: The packers' log line of their recipe (its wall: once a run, whatever the rows), per stage.
 RECIPE_LOG = {"nvidia_packed": re.compile(r"pack-nvidia: .*recipe: \d+ NNLS round\(s\) in ([\d.]+) s"),
               "habana_packed": re.compile(r"pack-habana \(--compression gzip\): .*recipe: \d+ NNLS round\(s\) in "
                                           r"([\d.]+) s"),
               "habana_packed_raw": re.compile(r"pack-habana \(--compression none\): .*recipe: \d+ NNLS round\(s\) "
-                                              r"in ([\d.]+) s")}
+                                              r"in ([\d.]+) s"),
+              "habana_packed_narrow": re.compile(r"pack-habana \(--compression none --dtypes narrow\): .*recipe: \d+ "
+                                                 r"NNLS round\(s\) in ([\d.]+) s")}
 
 
 def dag_targets(args: argparse.Namespace, base_cmd: list[str], env: dict[str, str], work: Path, tmp: Path,

@@ -15,6 +15,7 @@ their folders. This module is light (no NumPy): the CLI's --help and DataParams 
     nvidia-packed      NVIDIA's packed set (<= 3 sequences a sample)             NVIDIA's trainer --packed_samples
     habana-packed      Habana's packed set (<= 3 sequences a pack) + metadata   Habana's trainer, packed mode (its default)
     habana-packed-raw  the same packs uncompressed (not the script's gzip)      Habana's trainer, packed mode, alike
+    habana-packed-narrow  the same packs uncompressed, narrowest int types   Habana's trainer, packed mode, alike
 
 Which published checksum list (``bertpipe verify --against``) checks which folder: ``nvidia-4320`` the shards of
 ``nvidia-varlength``, ``nvidia-4320-shuffled`` the shards of ``nvidia-4320``,
@@ -73,6 +74,10 @@ TARGETS: tuple[Target, ...] = (
     Target("habana-packed-raw", "Habana's packed set stored uncompressed: the same datasets and values as "
            "habana-packed without its gzip level 4 (its trainer reads both alike; ~5.7x the bytes, none of the "
            "deflate's CPU) and its metadata", train="habana_packed_raw_dir", eval="eval_hdf5"),
+    Target("habana-packed-narrow", "Habana's packed set uncompressed, each dataset in its narrowest integer type "
+           "(int16 token ids and positions, int8 the rest): the same values, which its trainer casts to int64 as it "
+           "reads them (the same tensors from ~0.46x habana-packed-raw's bytes) and its metadata",
+           train="habana_packed_narrow_dir", eval="eval_hdf5"),
 )
 DEFAULT = TARGETS[0].name
 BY_NAME: dict[str, Target] = {t.name: t for t in TARGETS}

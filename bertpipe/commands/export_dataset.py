@@ -11,8 +11,8 @@ The data set is the one `bertpipe run` last built in --work-dir (its last_run.js
 out the folder of one target of that run (`bertpipe run --target`): samsung, habana and nvidia-dle the 4-bin set
 (samsung-4bins, padded rows); nvidia NVIDIA's variable-length shards (nvidia-4320, else nvidia-varlength, else
 nvidia-2048, else nvidia-4320-v1.1, else nvidia-2048-varlength; --target picks one); nvidia-packed and habana-packed
-their packed sets (habana-packed: habana-packed's, else habana-packed-raw's, the same packs uncompressed; --target
-picks one). A layout whose target the run did not build is refused in one line naming the --target to build: no layout hands padded
+their packed sets (habana-packed: habana-packed's, else habana-packed-raw's, the same packs uncompressed, else
+habana-packed-narrow's, the same values in narrow integer types; --target picks one). A layout whose target the run did not build is refused in one line naming the --target to build: no layout hands padded
 rows to a reader that expects variable-length ones (NVIDIA's MLPerf trainer sets its attention mask from the row's
 length).
 
@@ -66,6 +66,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from preprocessing.targets import TARGETS
+
 MARKER = "bertpipe_export.json"
 FORMAT = "bertpipe-export"
 VERSION = 2  # 1: no "format"/"version", no record of the links
@@ -75,6 +77,9 @@ ROOTS = {"train": "dir", "eval": "dir", "vocab.txt": "file", "train_metadata.jso
 METADATA = "train_metadata.json"  # habana-packed: Habana's trainer reads <input_dir>_metadata.json beside OUT/train
 _BINS = ("128", "256", "384", "512")
 _PART = re.compile(r"^part_(\d+)_of_(\d+)\.hdf5$")
+#: Habana's packed sets, in preprocessing/targets.py's order (preferred first): the script's gzip, then the same
+#: packs uncompressed, then in narrow dtypes (its trainer reads them alike)
+_HABANA_PACKED = tuple(t.name for t in TARGETS if t.name.startswith("habana-packed"))
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,9 @@ LAYOUT_SPECS: tuple[Layout, ...] = (
            files=r"^part_\d+_of_\d+\.hdf5$"),
     Layout("nvidia-packed", ("nvidia-packed",), "files", "NVIDIA's MLPerf trainer with --packed_samples: its packed "
            "part_* shards", files=r"^part_\d+\.hdf5$"),
-    Layout("habana-packed", ("habana-packed", "habana-packed-raw"), "files", "Habana's trainer in packed mode (its "
-           "default): the packed files (habana-packed's, else habana-packed-raw's: the same packs uncompressed) and "
+    Layout("habana-packed", _HABANA_PACKED, "files", "Habana's "
+           "trainer in packed mode (its default): the packed files (habana-packed's, else habana-packed-raw's: the "
+           "same packs uncompressed, else habana-packed-narrow's: the same values in narrow integer types) and "
            "train_metadata.json", files=r"^mixed_strategies_part_\d+\.hdf5$", metadata="_metadata.json"),
 )
 LAYOUT_BY_NAME = {lay.name: lay for lay in LAYOUT_SPECS}
@@ -118,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="; ".join(f"{lay.name}: {lay.help}" for lay in LAYOUT_SPECS).replace("%", "%%"))
     p.add_argument("--target", help="which of the run's targets the layout lays out, where it lays out more than one "
                    "(nvidia: nvidia-4320, nvidia-varlength, nvidia-2048, nvidia-4320-v1.1 or nvidia-2048-varlength; "
-                   "habana-packed: habana-packed or habana-packed-raw; default: the first of those the run built)")
+                   "habana-packed: habana-packed, habana-packed-raw or habana-packed-narrow; default: the first of those the run built)")
     p.add_argument("--work-dir", "--work_dir", dest="work_dir", type=Path, default=Path("work"),
                    help="the work dir of the `bertpipe run` whose data set to export (default: work, as bertpipe run)")
     p.add_argument("--overwrite", action="store_true",

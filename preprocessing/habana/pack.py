@@ -77,7 +77,11 @@ Where the CPU goes: the gzip of the files (zlib's deflate at level 4, inside HDF
 depend on it) is nearly all of it: 83-88 % of a real part's pack-habana besides the recipe (2026-11-27).
 ``compression="none"`` (``--compression none``, the ``habana-packed-raw`` target) writes the same datasets, values,
 dtypes and shapes uncompressed and contiguous, which Habana's trainer reads alike (h5py), without that deflate:
-not the script's bytes, and ~5.7x as many.
+not the script's bytes, and ~5.7x as many. ``dtypes="narrow"`` (``--dtypes narrow``, with ``--compression none``
+the ``habana-packed-narrow`` target) stores the same values in :data:`NARROW_DTYPES` (int16 token ids and positions,
+int8 sequence numbers and flags: ~3.4 kB a pack at L = 512 against ~7.3 kB): Habana's trainer casts every array to
+int64 as it reads it (``input[index].astype(np.int64)``), so it builds the same tensors; a token id outside int16
+(a vocabulary over 32,768 tokens) is refused, naming the file.
 
 Memory: ~7 bytes a sequence in the main process (the lengths, 2 bytes, and predictions, 1 byte, read; the
 shuffled lists, 4 bytes a slot, sorted and shuffled in place; each pack's strategy, 4 bytes a pack, kept in the
@@ -143,6 +147,12 @@ PACKED_DATASETS = (
     ("next_sentence_labels", "i1", "S"),
     ("next_sentence_weights", "i4", "S"),
 )
+#: ``dtypes="narrow"`` (the ``habana-packed-narrow`` target): each dataset in the narrowest integer type its values
+#: take (token ids below 2**15, positions below L, sequence numbers and 0/1 flags): the same values. Habana's
+#: trainer casts every array to int64 as it reads it, so it gets the same tensors from ~46 % of the bytes.
+NARROW_DTYPES = {"input_ids": "i2", "input_mask": "i1", "segment_ids": "i1", "positions": "i2",
+                 "masked_lm_positions": "i2", "masked_lm_ids": "i2", "next_sentence_positions": "i2",
+                 "next_sentence_labels": "i1", "next_sentence_weights": "i1"}
 #: The recipe's constants (the script's): NNLS rounds at most, stop below this many sequences left, the
 #: lengths up to ``_CUTOFF`` weigh less.
 _ROUNDS, _ENOUGH, _CUTOFF = 20, 100, 8
@@ -163,6 +173,9 @@ class HabanaPackConfig:
     #: same datasets, values, dtypes and shapes stored uncompressed (contiguous), which Habana's trainer reads alike
     #: (h5py decompresses transparently) for none of the deflate's CPU, at ~5.7x the bytes on the real set
     compression: str = "gzip"
+    #: "script": the script's dtypes (int32 but for the two i1 datasets); "narrow": :data:`NARROW_DTYPES`, the same
+    #: values in half the bytes or less (not the script's files; its trainer builds the same tensors from them)
+    dtypes: str = "script"
 
     @property
     def rng_seed(self) -> int:
@@ -171,6 +184,14 @@ class HabanaPackConfig:
 
 #: ``--compression`` choices: the script's gzip, or none (the trainer-equivalent files without the deflate).
 COMPRESSIONS = ("gzip", "none")
+#: ``--dtypes`` choices: the script's, or each dataset's narrowest type (:data:`NARROW_DTYPES`).
+DTYPES = ("script", "narrow")
+
+
+def dataset_dtypes(cfg: HabanaPackConfig) -> dict[str, np.dtype]:
+    """Each packed dataset's stored dtype, in the script's creation order."""
+    narrow = cfg.dtypes == "narrow"
+    return {name: np.dtype(NARROW_DTYPES[name] if narrow else dt) for name, dt, _ in PACKED_DATASETS}
 
 
 def key_params(cfg: HabanaPackConfig) -> dict[str, Any]:
@@ -179,6 +200,8 @@ def key_params(cfg: HabanaPackConfig) -> dict[str, Any]:
     params = stage_params(cfg)
     if params.get("compression") == "gzip":
         del params["compression"]
+    if params.get("dtypes") == "script":
+        del params["dtypes"]
     return params
 
 
@@ -186,6 +209,12 @@ def check_config(cfg: HabanaPackConfig) -> None:
     """Refuse settings the script cannot run with, naming the flag."""
     if cfg.compression not in COMPRESSIONS:
         raise InputError(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {cfg.compression!r}")
+    if cfg.dtypes not in DTYPES:
+        raise InputError(f"--dtypes must be one of {', '.join(DTYPES)}, got {cfg.dtypes!r}")
+    if cfg.dtypes == "narrow" and (cfg.max_sequence_length > 2 ** 15 or cfg.max_sequences_per_pack > 127):
+        raise InputError(f"--dtypes narrow stores positions as int16 and sequence numbers as int8: it takes "
+                         f"--max_sequence_length up to {2 ** 15} and --max_sequences_per_pack up to 127 (got "
+                         f"{cfg.max_sequence_length}, {cfg.max_sequences_per_pack}); use --dtypes script")
     if cfg.max_sequence_length < 2:
         raise InputError(f"--max_sequence_length must be at least 2, got {cfg.max_sequence_length}")
     if cfg.max_sequences_per_pack < 2:
@@ -701,6 +730,20 @@ def _load(path: Path) -> np.ndarray:
     return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
+def check_narrow_scratch(scratch: Path, files: Sequence[str]) -> None:
+    """``dtypes="narrow"``: refuse, before any packed file is written, an input whose token ids do not fit int16
+    (the scatter keeps an input's ids in 2 bytes where every one fits), naming the file."""
+    for k, path in enumerate(files):
+        for short, name in (("ids", "input_ids"), ("mlm", "masked_lm_ids")):
+            v = _load(scratch / f"in_{k:05d}_{short}.npy")
+            if v.dtype.itemsize > 2 and v.size:
+                lo, hi = int(v.min()), int(v.max())
+                if lo < -2 ** 15 or hi >= 2 ** 15:
+                    raise InputError(f"{path}: its rows hold {name} values from {lo} to {hi}, and --dtypes narrow "
+                                     "stores token ids as int16 (-32768..32767: a vocabulary of at most 32,768 "
+                                     "tokens); use --dtypes script (the habana-packed-raw target)")
+
+
 def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np.ndarray, scratch: str,
                   chunk: int) -> int:
     """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
@@ -850,7 +893,8 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
                 cfg: HabanaPackConfig, where: str, space: pack_fast.Space | None = None) -> dict[str, np.ndarray]:
-    """The nine packed arrays (the values the script's int32 arrays hold, in the dtypes it stores) of packs
+    """The nine packed arrays (the values the script's int32 arrays hold, in the dtypes it stores, or in
+    :data:`NARROW_DTYPES` with ``cfg.dtypes == "narrow"``) of packs
     ``slots``; ``seq``, ``pred`` and ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's
     first ``seq`` tokens and segment ids, first ``pred`` masked positions and ids, back to back) of the packs' real
     slots, in row-major order. The C loop (pack_fast.gather_runs) writes each pack's row once where it runs: its
@@ -879,16 +923,24 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     if (tok > length).any():  # pragma: no cover - a strategy sums to L
         raise InputError("pack-habana: a pack exceeds max_sequence_length (internal error)")
     # each array in its stored dtype (the script's int32 arrays, converted by HDF5 to i1 where it stores i1: the
-    # same values, so the same bytes, without HDF5's conversion)
+    # same values, so the same bytes, without HDF5's conversion; or the narrow dtypes, the same values)
+    dts = dataset_dtypes(cfg)
+    if cfg.dtypes == "narrow":
+        for name in ("input_ids", "masked_lm_ids"):
+            v, info = rows[name], np.iinfo(dts[name])
+            if v.size and v.dtype.itemsize > info.bits // 8 and (int(v.min()) < info.min or int(v.max()) > info.max):
+                raise InputError(f"pack-habana --dtypes narrow: {where}: the inputs hold {name} values from "
+                                 f"{int(v.min())} to {int(v.max())}, outside {dts[name]}'s {info.min}..{info.max} "
+                                 "(a vocabulary over 32,768 tokens): use --dtypes script (the habana-packed-raw "
+                                 "target)")
     cols = {"L": length, "P+S": width, "S": depth}
-    small = {name: np.zeros((n, cols[w]), np.dtype(dt)) for name, dt, w in PACKED_DATASETS if w == "S"}
+    small = {name: np.zeros((n, cols[w]), dts[name]) for name, _, w in PACKED_DATASETS if w == "S"}
     small["next_sentence_positions"][pack, j] = off
     small["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
     small["next_sentence_weights"][pack, j] = 1
     mpos = rows["masked_lm_positions"] + np.repeat(off, pred)
     if pack_fast.available():
         tok = tok.astype(np.int64)
-        dts = {name: np.dtype(dt) for name, dt, _ in PACKED_DATASETS}
         cnt = real.sum(axis=1)
         return {**{name: _padded_rows(rows[name], tok, length, dts[name], space, name)
                    for name in ("input_ids", "segment_ids")},
@@ -898,7 +950,7 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
                                                     "masked_lm_positions"),
                 "masked_lm_ids": _padded_rows(rows["masked_lm_ids"], total, width, dts["masked_lm_ids"], space,
                                               "masked_lm_ids"), **small}
-    out = {name: np.zeros((n, cols[w]), np.dtype(dt)) for name, dt, w in PACKED_DATASETS if w != "S"}
+    out = {name: np.zeros((n, cols[w]), dts[name]) for name, _, w in PACKED_DATASETS if w != "S"}
     out.update(small)
     # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
     # mask of the packs' filled cells takes the compact values in row-major order, which is pack order.
@@ -953,17 +1005,20 @@ def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int
     return pack_fast.gather_runs([src], None, starts, lens, dt, space=space, name=name).reshape(n, width)
 
 
-def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip") -> None:
+def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip",
+                      dtypes: dict[str, np.dtype] | None = None) -> None:
     """One packed file: the nine datasets, created in the script's order as it creates them
     (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``: the deflate of each chunk, zlib's level
     4, is nearly all of this call's CPU); ``compression="none"``: the same datasets stored contiguous, uncompressed.
+    ``dtypes``: each dataset's stored type (default: the script's; :func:`dataset_dtypes`).
     Written by HDF5's file driver with its disk space reserved first (packing.h5_reserved: the uncompressed size
     bounds it): a full disk fails the reservation, never an HDF5 write (which crashed the process)."""
     gzip = "gzip" if compression == "gzip" else None
-    bound = sum(np.dtype(dt).itemsize * arrays[name].size for name, dt, _ in PACKED_DATASETS)
+    dts = dtypes if dtypes is not None else {name: np.dtype(dt) for name, dt, _ in PACKED_DATASETS}
+    bound = sum(dts[name].itemsize * arrays[name].size for name, _, _ in PACKED_DATASETS)
     with h5_reserved(path, bound + bound // 8 + (1 << 20)) as f:
-        for name, dt, _ in PACKED_DATASETS:
-            f.create_dataset(name, data=arrays[name], dtype=dt, compression=gzip)
+        for name, _, _ in PACKED_DATASETS:
+            f.create_dataset(name, data=arrays[name], dtype=dts[name], compression=gzip)
 
 
 def metadata_json(stats: dict[str, Any]) -> str:
@@ -1028,7 +1083,7 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
                 final = Path(data) / name
                 tmps.append(tmp_path(final))
                 names.append(name)
-                write_packed_file(tmps[-1], arrays, cfg.compression)
+                write_packed_file(tmps[-1], arrays, cfg.compression, dataset_dtypes(cfg))
         md5s = md5_then_fsync(tmps)  # on the disk before the renames
         for name, tmp in zip(names, tmps, strict=True):
             os.replace(tmp, Path(data) / name)
@@ -1075,8 +1130,9 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     recipe = packing_recipe(inputs.seq, cfg.max_sequence_length, cfg.max_sequences_per_pack)
     st = recipe.stats
     t2 = time.perf_counter()
-    log.info("pack-habana (--compression %s): %d packs (expected speed-up %.3f, %.5f sequences a pack, %d strategies "
-             "used); recipe: %d NNLS round(s) in %.1f s", cfg.compression, st["new_number_of_samples"], st["expected_speed_up"],
+    log.info("pack-habana (--compression %s%s): %d packs (expected speed-up %.3f, %.5f sequences a pack, %d "
+             "strategies used); recipe: %d NNLS round(s) in %.1f s", cfg.compression,
+             " --dtypes narrow" if cfg.dtypes == "narrow" else "", st["new_number_of_samples"], st["expected_speed_up"],
              st["avg_seq_per_sample"], st["number_of_strategies_utilized"], len(recipe.rounds), t2 - t1)
     sd = scratch_dir(data)
     shutil.rmtree(sd, ignore_errors=True)  # an earlier run's, killed
@@ -1106,10 +1162,12 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                 _save(sd / f"plan_{name}.npy", arr)
             st_ = inputs.starts.tolist()
             scatter = [(k, p, str(sd), st_[k], st_[k + 1], max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
-            n_inputs = len(inputs.files)
+            n_inputs, in_files = len(inputs.files), [str(p) for p in inputs.files]
             inputs = places.place = None
             with shared_pool(workers) as pool:  # one pool for the scatter and the writes
                 run_all(_scatter_planned, scatter, min(workers, len(scatter)), pool)
+                if cfg.dtypes == "narrow":
+                    check_narrow_scratch(sd, in_files)
                 log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
                 # each group's packs read from the scratch's slots by its call (none of them pickled from here)
                 calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg)
@@ -1156,6 +1214,13 @@ def configure_raw(p: Any) -> HabanaPackConfig:
     return replace(configure(p), compression="none")
 
 
+def configure_narrow(p: Any) -> HabanaPackConfig:
+    """``habana-packed-narrow``: the same packs uncompressed in the narrow dtypes (:data:`NARROW_DTYPES`)."""
+    from dataclasses import replace
+
+    return replace(configure(p), compression="none", dtypes="narrow")
+
+
 def _plan_dag(plan: Any) -> list[Any]:
     """One call over every part's padded HDF5, in part order (its groups of files on the run's workers)."""
     h5 = plan.result("hdf5")
@@ -1178,4 +1243,11 @@ DAG_STAGES = (Stage(name="habana_packed", title="pack_habana: Habana's packed se
                     reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
                     configure=configure_raw, key_params=key_params, plan=_plan_dag,
                     when=lambda p: "habana-packed-raw" in getattr(p, "targets", ()),
-                    outputs={"habana_packed_raw_dir": DAG_DATA_DIR}),)
+                    outputs={"habana_packed_raw_dir": DAG_DATA_DIR}),
+              Stage(name="habana_packed_narrow", title="pack_habana --compression none --dtypes narrow: Habana's packed "
+                    "set uncompressed, each dataset in its narrowest integer type (the same values; its trainer casts "
+                    "them to int64 as it reads them: the same tensors from ~46 % of the raw set's bytes)",
+                    reads=("hdf5",), run=run_pack_habana, version=STAGE_VERSION, config=HabanaPackConfig,
+                    configure=configure_narrow, key_params=key_params, plan=_plan_dag,
+                    when=lambda p: "habana-packed-narrow" in getattr(p, "targets", ()),
+                    outputs={"habana_packed_narrow_dir": DAG_DATA_DIR}),)

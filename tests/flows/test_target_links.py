@@ -29,7 +29,7 @@ from bertpipe.cli import main
 from core.manifest import MANIFEST_NAME
 
 TARGETS = ("nvidia-4320", "nvidia-4320-v1.1", "nvidia-2048", "nvidia-2048-varlength", "nvidia-varlength",
-           "nvidia-packed", "habana-packed", "habana-packed-raw")
+           "nvidia-packed", "habana-packed", "habana-packed-raw", "habana-packed-narrow")
 SHORT = ("--max-seq-length", "128", "--max-predictions-per-seq", "20", "--workers", "1")
 ARGS = tuple(a for t in TARGETS for a in ("--target", t)) + SHORT
 PER_SHARD = ("tfrecord", "hdf5")
@@ -71,7 +71,7 @@ def _cases() -> list:
     """Every (stage, level) the sample's work dir has; the entries themselves are found in the template."""
     stages = ("download", "extract", "text", "vocab", "tfrecord", "hdf5", "nvidia_4320", "nvidia_4320_shuffled",
               "nvidia_4320_v11", "nvidia_2048", "nvidia_2048_shuffled", "nvidia_packed", "habana_packed", "habana_packed_raw",
-              "eval_tfrecord",
+              "habana_packed_narrow", "eval_tfrecord",
               "eval_10k",
               "eval_hdf5", "nvidia_eval")
     out = []

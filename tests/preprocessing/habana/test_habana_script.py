@@ -56,6 +56,19 @@ def test_pack_habana_equals_the_script(tmp_path):
                 assert (a[k].dtype, a[k].shape, a[k].compression) == (b[k].dtype, b[k].shape, b[k].compression), k
                 np.testing.assert_array_equal(a[k][:], b[k][:], err_msg=f"{n}:{k}")
     assert m.counters["files"] == len(names)
+    # habana-packed-narrow (--compression none --dtypes narrow): the script's values, each dataset in its narrowest
+    # integer type, uncompressed
+    narrow = tmp_path / "narrow"
+    run_pack_habana(order, narrow, HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20,
+                                                    keep_partial_last=False, compression="none", dtypes="narrow"),
+                    manifest_name="../narrow.manifest.json")
+    assert sorted(p.name for p in narrow.iterdir()) == names
+    for n in names:
+        with h5py.File(narrow / n, "r") as a, h5py.File(theirs / n, "r") as b:
+            assert list(a) == list(b)
+            for k in b:
+                assert a[k].shape == b[k].shape and a[k].compression is None and a[k].dtype.itemsize <= 2, k
+                np.testing.assert_array_equal(a[k][:], b[k][:], err_msg=f"narrow {n}:{k}")
     # <output_dir>_metadata.json: every figure the same (avg_seq_per_sample is what Habana's trainer reads); only
     # top_8_strategies, the argsort of tied use counts, may order the ties otherwise
     theirs_meta = json.loads((tmp_path / "theirs_metadata.json").read_text())

@@ -1,5 +1,5 @@
 """Hand-off: Habana's own trainer code reads what pack-habana writes, gzip (habana-packed) and uncompressed
-(habana-packed-raw, ``--compression none``) alike.
+(habana-packed-raw, ``--compression none``) and in narrow dtypes (habana-packed-narrow, ``--dtypes narrow``) alike.
 
 ``pretraining_dataset`` is taken from Habana's ``run_pretraining.py`` in ../shared/reference as it is: its source is
 parsed and just that class is executed (the module itself imports the HPU stack and Habana's model code). In packed
@@ -58,7 +58,7 @@ def _padded(path: Path, lengths: np.ndarray, seed: int) -> None:
         f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
 
 
-def test_habanas_dataset_reads_the_gzip_and_the_uncompressed_packs_alike(tmp_path: Path) -> None:
+def test_habanas_dataset_reads_the_gzip_the_uncompressed_and_the_narrow_packs_alike(tmp_path: Path) -> None:
     src = tmp_path / "in"
     src.mkdir()
     rng = np.random.default_rng(3)
@@ -68,23 +68,30 @@ def test_habanas_dataset_reads_the_gzip_and_the_uncompressed_packs_alike(tmp_pat
         _padded(src / f"wiki_training_{k}.hdf5", chunk, seed=k)
     inputs = sorted(src.iterdir())
     outs = {}
-    for compression in ("gzip", "none"):
-        cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, compression=compression)
-        run_pack_habana(inputs, tmp_path / compression, cfg, manifest_name=f"../{compression}.manifest.json")
-        outs[compression] = sorted((tmp_path / compression).iterdir())
-    assert [p.name for p in outs["gzip"]] == [p.name for p in outs["none"]] != []
+    for name, compression, dtypes in (("gzip", "gzip", "script"), ("none", "none", "script"),
+                                      ("narrow", "none", "narrow")):
+        cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, compression=compression,
+                               dtypes=dtypes)
+        run_pack_habana(inputs, tmp_path / name, cfg, manifest_name=f"../{name}.manifest.json")
+        outs[name] = sorted((tmp_path / name).iterdir())
+    assert [p.name for p in outs["gzip"]] == [p.name for p in outs["none"]] == [p.name for p in outs["narrow"]] != []
     dataset = habana_dataset()
     items = 0
-    for gz, raw in zip(outs["gzip"], outs["none"], strict=True):
-        with h5py.File(raw, "r") as f:
-            assert all(f[k].compression is None for k in f)
-        a, b = dataset(str(gz), 20, enable_packed_data_mode=True), dataset(str(raw), 20, enable_packed_data_mode=True)
-        assert len(a) == len(b) > 0
+    for gz, raw, narrow in zip(outs["gzip"], outs["none"], outs["narrow"], strict=True):
+        with h5py.File(raw, "r") as f, h5py.File(narrow, "r") as g:
+            assert all(f[k].compression is None and g[k].compression is None for k in f)
+            assert {k: g[k].dtype.itemsize for k in g} == {
+                "input_ids": 2, "input_mask": 1, "segment_ids": 1, "positions": 2, "masked_lm_positions": 2,
+                "masked_lm_ids": 2, "next_sentence_positions": 2, "next_sentence_labels": 1,
+                "next_sentence_weights": 1}
+            assert sum(g[k].id.get_storage_size() for k in g) < 0.5 * sum(f[k].id.get_storage_size() for k in f)
+        a, b, c = (dataset(str(p), 20, enable_packed_data_mode=True) for p in (gz, raw, narrow))
+        assert len(a) == len(b) == len(c) > 0
         for i in range(len(a)):
-            x, y = a[i], b[i]
-            assert len(x) == len(y) == 7
-            for t, u in zip(x, y, strict=True):
-                assert t.dtype == u.dtype and bool((t == u).all()), (gz.name, i)
+            x, y, z = a[i], b[i], c[i]
+            assert len(x) == len(y) == len(z) == 7
+            for t, u, v in zip(x, y, z, strict=True):
+                assert t.dtype == u.dtype == v.dtype and bool((t == u).all()) and bool((t == v).all()), (gz.name, i)
         items += len(a)
     # every real sequence is in some pack: the packs' next-sentence weights count them
     weights = sum(int(h5py.File(p, "r")["next_sentence_weights"][:].sum()) for p in outs["none"])

@@ -469,6 +469,73 @@ def test_uncompressed_files_hold_the_same_packs_and_the_trainer_reads_them(packe
     assert loader_rules.habana_packed_files(tmp_path / "raw") == [str(tmp_path / "raw" / f.name) for f in m.files]
 
 
+def test_narrow_files_hold_the_same_values_and_the_trainer_reads_the_same_items(golden_128, tmp_path):
+    """``dtypes="narrow"`` (habana-packed-narrow, pack-habana --compression none --dtypes narrow), on the golden
+    sample's rows: the same files, datasets, shapes and values as the script's, each dataset in its narrowest
+    integer type, uncompressed; Habana's packed reader takes the same items from both; the manifest says dtypes
+    "narrow" (a key of its own)."""
+    ours, _info, m = pack_both(golden_128, tmp_path, L=128, P=76, keep_partial_last=True)
+    cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=76, compression="none",
+                           dtypes="narrow")
+    nar = run_pack_habana(training_files(golden_128), tmp_path / "nar", cfg, manifest_name="../nar.manifest.json")
+    assert [f.name for f in nar.files] == [f.name for f in m.files]
+    assert nar.params["dtypes"] == "narrow" and nar.params["compression"] == "none" and "dtypes" not in m.params
+    assert nar.key != m.key and nar.counters == m.counters
+    assert (tmp_path / "nar_metadata.json").read_text() == (tmp_path / "ours_metadata.json").read_text()
+    narrow = {"input_ids": "int16", "input_mask": "int8", "segment_ids": "int8", "positions": "int16",
+              "masked_lm_positions": "int16", "masked_lm_ids": "int16", "next_sentence_positions": "int16",
+              "next_sentence_labels": "int8", "next_sentence_weights": "int8"}
+    for f in m.files:
+        a, b = read_all(ours / f.name), read_all(tmp_path / "nar" / f.name)
+        assert list(a) == list(b) == sorted(narrow)
+        for k in a:
+            assert b[k].dtype == np.dtype(narrow[k]) and a[k].shape == b[k].shape, k
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{f.name}:{k}")
+        with h5py.File(tmp_path / "nar" / f.name, "r") as h:
+            assert [(h[n].compression, h[n].chunks) for n, _, _ in PACKED_DATASETS] == [(None, None)] * 9
+        gz = loader_rules.HabanaPackedDataset(ours / f.name, max_pred_length=76)
+        nw = loader_rules.HabanaPackedDataset(tmp_path / "nar" / f.name, max_pred_length=76)
+        assert len(gz) == len(nw) > 0
+        for i in range(0, len(gz), 7):
+            for x, y in zip(gz[i], nw[i], strict=True):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_narrow_refuses_token_ids_over_int16_naming_the_input_before_writing(golden_128, tmp_path):
+    """A vocabulary over 32,768 tokens: --dtypes narrow would wrap its ids; refused in one line naming the input,
+    no packed file written, no manifest."""
+    import shutil
+
+    src = tmp_path / "in"
+    shutil.copytree(golden_128, src)
+    bad = training_files(src)[2]
+    with h5py.File(bad, "r+") as f:
+        ids = f["input_ids"][:]
+        assert f["input_mask"][5].sum() > 2
+        ids[5, 1] = 40000  # within row 5's valid tokens
+        f["input_ids"][...] = ids
+    cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=76, compression="none",
+                           dtypes="narrow")
+    with pytest.raises(InputError, match=rf"{bad.name}: its rows hold input_ids values from \d+ to 40000.*"
+                                         r"use --dtypes script"):
+        run_pack_habana(training_files(src), tmp_path / "out", cfg, manifest_name="../out.manifest.json")
+    assert not list((tmp_path / "out").glob("*.hdf5")) and not (tmp_path / "out.manifest.json").exists()
+    # the script's dtypes store it (int32)
+    m = run_pack_habana(training_files(src), tmp_path / "raw", HabanaPackConfig(
+        max_sequence_length=128, max_predictions_per_sequence=76, compression="none"),
+        manifest_name="../raw.manifest.json")
+    assert max(int(read_all(tmp_path / "raw" / f.name)["input_ids"].max()) for f in m.files) == 40000
+
+
+def test_narrow_is_refused_for_lengths_its_types_cannot_hold(every_128, tmp_path):
+    with pytest.raises(InputError, match="--dtypes narrow stores positions as int16.*use --dtypes script"):
+        run_pack_habana(training_files(every_128), tmp_path / "o",
+                        HabanaPackConfig(max_sequence_length=40000, max_sequences_per_pack=2, dtypes="narrow"))
+    with pytest.raises(InputError, match="--dtypes must be one of script, narrow, got 'int8'"):
+        run_pack_habana(training_files(every_128), tmp_path / "o", HabanaPackConfig(dtypes="int8"))
+    assert not (tmp_path / "o").exists()
+
+
 def test_compression_is_refused_in_one_line_unless_gzip_or_none(every_128, tmp_path):
     with pytest.raises(InputError, match="--compression must be one of gzip, none, got 'lzf'"):
         run_pack_habana(training_files(every_128), tmp_path / "o",
@@ -524,7 +591,7 @@ def test_the_raw_target_plans_the_same_packs_uncompressed(every_128, tmp_path, m
     parts.mkdir()
     shutil.copyfile(training_files(every_128)[1], parts / "part-00000-of-00500.hdf5")
     h5 = part_hdf5_result(sorted(parts.iterdir()), tmp_path / "work")
-    gz, raw = DAG_STAGES
+    gz, raw, _narrow = DAG_STAGES
     params = SimpleNamespace(targets=("habana-packed-raw",), max_seq_length=128, max_predictions_per_seq=20)
     assert raw.when(params) and not gz.when(params) and not raw.when(SimpleNamespace(targets=("habana-packed",)))
     cfg = raw.configure(params)
@@ -540,6 +607,44 @@ def test_the_raw_target_plans_the_same_packs_uncompressed(every_128, tmp_path, m
     shutil.copyfile(training_files(every_128)[1], tmp_path / "cli_in" / "x_training.hdf5")
     assert main(["pack-habana", "--input_dir", "cli_in", "--output_dir", "cli", "--max_sequence_length", "128",
                  "--max_predictions_per_sequence", "20", "--compression", "none"]) == 0
+    names = [f.name for f in m.files if f.name.startswith("packed/")]
+    assert names and [hashlib.md5((tmp_path / "cli" / n[len("packed/"):]).read_bytes()).hexdigest() for n in names] \
+        == [f.md5 for f in m.files if f.name in names]
+
+
+def test_the_narrow_target_plans_the_same_packs_in_narrow_dtypes(golden_128, tmp_path, monkeypatch):
+    """habana-packed-narrow: its own stage and key, compression "none" and dtypes "narrow", the DAG layout of
+    habana-packed; pack-habana --compression none --dtypes narrow writes the same files."""
+    import shutil
+    from types import SimpleNamespace
+
+    from core.stage import Plan
+    from tests.preprocessing.nvidia_dag import part_hdf5_result
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    shutil.copyfile(training_files(golden_128)[1], parts / "part-00000-of-00500.hdf5")
+    h5 = part_hdf5_result(sorted(parts.iterdir()), tmp_path / "work")
+    gz, raw, nar = DAG_STAGES
+    params = SimpleNamespace(targets=("habana-packed-narrow",), max_seq_length=128, max_predictions_per_seq=76)
+    assert nar.when(params) and not gz.when(params) and not raw.when(params)
+    assert not nar.when(SimpleNamespace(targets=("habana-packed-raw",)))
+    cfg = nar.configure(params)
+    assert cfg == HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=76, compression="none",
+                                   dtypes="narrow")
+    assert nar.key_params(cfg) == {**gz.key_params(gz.configure(params)), "compression": "none", "dtypes": "narrow"}
+    units = nar.plan(Plan(nar, params, cfg, "key", tmp_path / "work", {"hdf5": h5}, {}))
+    m = units[0].call()
+    out = tmp_path / "work" / "habana_packed_narrow" / "key"
+    assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "packed", "packed_metadata.json"]
+    assert nar.outputs == {"habana_packed_narrow_dir": "packed"} and m.params["dtypes"] == "narrow"
+    with h5py.File(out / "packed" / "mixed_strategies_part_0.hdf5", "r") as f:
+        assert f["input_ids"].dtype == np.int16 and f["input_mask"].dtype == np.int8
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cli_in").mkdir()
+    shutil.copyfile(training_files(golden_128)[1], tmp_path / "cli_in" / "x_training.hdf5")
+    assert main(["pack-habana", "--input_dir", "cli_in", "--output_dir", "cli", "--max_sequence_length", "128",
+                 "--max_predictions_per_sequence", "76", "--compression", "none", "--dtypes", "narrow"]) == 0
     names = [f.name for f in m.files if f.name.startswith("packed/")]
     assert names and [hashlib.md5((tmp_path / "cli" / n[len("packed/"):]).read_bytes()).hexdigest() for n in names] \
         == [f.md5 for f in m.files if f.name in names]
