@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 
 from core.errors import BertpipeError, InputError
 from core.manifest import raise_if_disk_full
-from preprocessing import pack_fast
+from preprocessing import pack_fast, scratch
 from preprocessing.hdf5_io import h5_close_for_good, h5_create, h5_open_new, tmp_path
 
 #: The most packing strategies a recipe may weigh: its NNLS matrix is max_seq_length x strategies float64 (512 x
@@ -91,8 +92,70 @@ def take_runs(srcs: Sequence[np.ndarray], lengths: np.ndarray, order: np.ndarray
     return outs
 
 
-def save_array(path: Path, arr: np.ndarray) -> None:
-    """``np.save`` to a temporary name, renamed into place (the packers' scratch arrays)."""
+#: A direct scratch array's ``.npy`` header is padded to one block, so its values start on a block boundary.
+_PIECE = 8 << 20  # bytes a direct save writes at a time, through one aligned buffer per thread
+_PIECES = threading.local()
+
+
+def _piece_buffer() -> np.ndarray:
+    buf = getattr(_PIECES, "buf", None)
+    if buf is None:
+        buf = _PIECES.buf = scratch.aligned_empty(_PIECE)
+    return buf
+
+
+def npy_block_header(arr: np.ndarray) -> bytes:
+    """A ``.npy`` (version 1.0) header for ``arr`` padded with spaces to :data:`preprocessing.scratch.ALIGN` bytes:
+    ``np.load`` reads the file as any other, and its values start on a block boundary."""
+    d = np.lib.format.header_data_from_array_1_0(arr)
+    text = f"{{'descr': {d['descr']!r}, 'fortran_order': False, 'shape': {d['shape']!r}, }}"
+    room = scratch.ALIGN - 10 - 1 - len(text)
+    if room < 0:  # pragma: no cover - a 1-D array's header is ~70 bytes
+        raise BertpipeError(f"npy_block_header: a header of {len(text)} bytes does not fit one block")
+    head = b"\x93NUMPY\x01\x00" + (scratch.ALIGN - 10).to_bytes(2, "little")
+    return head + text.encode("latin1") + b" " * room + b"\n"
+
+
+def save_array(path: Path, arr: np.ndarray, direct: bool = False) -> None:
+    """``np.save`` to a temporary name, renamed into place (the packers' scratch arrays). ``direct``: past the page
+    cache (``O_DIRECT`` where the file system takes it; :mod:`preprocessing.scratch`), its header one block long
+    (:func:`npy_block_header`), read back with :func:`read_slices`; the bytes go through an aligned buffer of
+    :data:`_PIECE` bytes, the last block padded and the file cut to its size."""
+    if not direct:
+        _save_cached(path, arr)
+        return
+    arr = np.ascontiguousarray(arr)
+    tmp = tmp_path(path)
+    try:
+        fd, is_direct = scratch.open_for_write(tmp)
+        try:
+            buf = _piece_buffer()
+            head = npy_block_header(arr)
+            data = arr.reshape(-1).view(np.uint8)
+            buf[:len(head)] = np.frombuffer(head, np.uint8)
+            fill, at = len(head), 0
+            while True:
+                k = min(len(buf) - fill, len(data) - at)
+                buf[fill:fill + k] = data[at:at + k]
+                fill, at = fill + k, at + k
+                last = at >= len(data)
+                size = -(-fill // scratch.ALIGN) * scratch.ALIGN if last else fill
+                buf[fill:size] = 0
+                fd, is_direct = scratch.write_all(fd, tmp, memoryview(buf)[:size], is_direct)
+                if last:
+                    break
+                fill = 0
+            os.ftruncate(fd, len(head) + len(data))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, path)
+        raise
+
+
+def _save_cached(path: Path, arr: np.ndarray) -> None:
     tmp = tmp_path(path)
     try:
         with open(tmp, "wb") as f:
@@ -102,6 +165,38 @@ def save_array(path: Path, arr: np.ndarray) -> None:
         tmp.unlink(missing_ok=True)
         raise_if_disk_full(exc, path)
         raise
+
+
+def read_slices(slices: Sequence[tuple[Path | str, int, int]], space: Any, name: str) -> list[np.ndarray]:
+    """Values ``a .. b - 1`` of each ``(path, a, b)``, a 1-D scratch array saved with :func:`save_array`. One saved
+    with ``direct=True`` (its header one block long) is read past the page cache (``O_DIRECT`` where the file
+    system allows: whole blocks, one read a slice) into one aligned buffer of ``space`` (buffer ``name``: valid
+    until its next use); any other is a view of its memory map."""
+    out: list[np.ndarray | None] = []
+    wanted = []
+    total = 0
+    for path, a, b in slices:
+        m = np.load(path, mmap_mode="r", allow_pickle=False)
+        if m.ndim != 1 or not 0 <= a <= b <= len(m):
+            raise BertpipeError(f"read_slices: {path} holds {m.shape} values, asked for {a}..{b}")
+        if getattr(m, "offset", 0) != scratch.ALIGN:  # saved through the page cache: its map
+            out.append(m[a:b])
+            continue
+        lo, hi = scratch.ALIGN + a * m.itemsize, scratch.ALIGN + b * m.itemsize
+        first, end = lo // scratch.ALIGN * scratch.ALIGN, -(-hi // scratch.ALIGN) * scratch.ALIGN
+        wanted.append((len(out), path, m.dtype, first, end, lo - first, b - a))
+        out.append(None)
+        total += end - first
+        del m
+    if wanted:
+        buf = scratch.aligned_from(space, name, total)
+        at = 0
+        for i, path, dtype, first, end, skip, n in wanted:
+            if n:
+                scratch.read_range(path, first, memoryview(buf)[at:at + end - first], need=skip + n * dtype.itemsize)
+            out[i] = buf[at + skip:at + skip + n * dtype.itemsize].view(dtype)
+            at += end - first
+    return out  # type: ignore[return-value]
 
 
 def padded_maps(f: object, path: Path, names: Sequence[str]) -> dict[str, np.ndarray] | None:

@@ -237,6 +237,52 @@ def _append_block(path: Path | str, view: memoryview, direct: bool = True) -> No
         os.close(fd)
 
 
+def open_for_write(path: Path | str) -> tuple[int, bool]:
+    """A new file (truncated), opened for writing past the page cache where the file system allows: (fd, direct)."""
+    return _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
+
+
+def write_all(fd: int, path: Path | str, view: memoryview, direct: bool) -> tuple[int, bool]:
+    """Write all of ``view`` at ``fd``'s offset (direct: aligned, whole blocks). A file system that took
+    ``O_DIRECT`` at open but refuses the write (``EINVAL``) gets the rest through the page cache: the fd is
+    reopened without it at the same offset. Returns the (fd, direct) to go on with."""
+    done = 0
+    while done < len(view):
+        try:
+            done += os.write(fd, view[done:])
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise
+            at = os.lseek(fd, 0, os.SEEK_CUR)
+            os.close(fd)
+            fd, direct = _open(path, os.O_WRONLY, direct=False)
+            os.lseek(fd, at, os.SEEK_SET)
+    return fd, direct
+
+
+def read_range(path: Path | str, offset: int, into: memoryview, need: int) -> None:
+    """Read bytes ``offset ..`` of ``path`` into ``into`` (aligned, whole blocks, ``offset`` on a boundary), past
+    the page cache where the file system allows; at least ``need`` bytes must come (the file may end sooner than
+    ``into``, inside its last block)."""
+    fd, direct = _open(path, os.O_RDONLY, direct=True)
+    try:
+        got = 0
+        while got < need:
+            try:
+                n = os.preadv(fd, [into[got:]], offset + got)
+            except OSError as exc:
+                if not direct or exc.errno != errno.EINVAL:
+                    raise
+                os.close(fd)
+                fd, direct = _open(path, os.O_RDONLY, direct=False)
+                continue
+            if n <= 0:
+                raise OSError(errno.EIO, f"{path}: the file ended at byte {offset + got}, {need - got} bytes short")
+            got += n
+    finally:
+        os.close(fd)
+
+
 def read_whole(path: Path | str, into: np.ndarray | None = None) -> np.ndarray:
     """The bytes of ``path`` in an aligned uint8 array, read with ``O_DIRECT`` where the file system allows (in
     :data:`READ_STEP` pieces), else through the page cache. ``into``: read into the start of this aligned uint8

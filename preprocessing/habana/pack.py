@@ -89,7 +89,9 @@ scratch while the lists are made; the packs written to the scratch as they are m
 then each row's place, 4 bytes): a synthetic full set (the real part's lengths and recipe x844, 156.6 M sequences,
 123.6 M packs) plans in 1,187 MB peak RSS, where the whole-array plan took ~86 bytes a sequence (~13.5 GB). Plus
 the largest input's compact rows (the scatter) or a group's rows and packs; scratch disk about the inputs'
-unpadded size, and 12 bytes a pack for the packs' slots, while it runs. The script holds every row of the input in
+unpadded size, and 12 bytes a pack for the packs' slots, while it runs; where that scratch would fill more than half
+the memory available (the full set's), its big arrays are written and read back past the page cache
+(``O_DIRECT``: preprocessing.packing.save_array / read_slices), as the shuffles' scratch is. The script holds every row of the input in
 Python objects.
 """
 
@@ -117,9 +119,17 @@ from core.stage import Stage
 from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
-from preprocessing.packing import check_strategy_space, h5_reserved, padded_lengths, padded_maps, take_runs
+from preprocessing.packing import (
+    check_strategy_space,
+    h5_reserved,
+    padded_lengths,
+    padded_maps,
+    read_slices,
+    take_runs,
+)
 from preprocessing.packing import save_array as _save
 from preprocessing.pyrandom import Shuffles
+from preprocessing.scratch import use_direct
 
 log = logging.getLogger(__name__)
 
@@ -745,12 +755,13 @@ def check_narrow_scratch(scratch: Path, files: Sequence[str]) -> None:
 
 
 def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np.ndarray, scratch: str,
-                  chunk: int) -> int:
+                  chunk: int, direct: bool = False) -> int:
     """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
     slots, or -1), compact (a row's first ``seq`` tokens and ``pred`` masked positions), sorted by place, into
     ``scratch``: the input is read once (a padded file stored as tfrecord-to-hdf5 writes it: memory-mapped, each
     kept row's valid prefix copied once, in place order, by the C loop; else in blocks of ``chunk`` rows).
-    Returns the rows kept."""
+    ``direct``: the compact values (the big arrays) saved past the page cache (:func:`save_array`; the groups read
+    them with :func:`read_slices`). Returns the rows kept."""
     p, sd = Path(path), Path(scratch)
     n = len(keys)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_DATASETS}
@@ -767,7 +778,7 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
             _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q)]))
             _save(sd / f"in_{k:05d}_nsl.npy", nsl)
             for short in ("ids", "seg", "pos", "mlm"):
-                _save(sd / f"in_{k:05d}_{short}.npy", arrays[short])
+                _save(sd / f"in_{k:05d}_{short}.npy", arrays[short], direct=direct)
             return int(len(key))
         dtypes = {name: ds.dtype for name, ds in dsets.items()}
         for a in range(0, n, max(1, chunk)):
@@ -805,17 +816,17 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
     for lens, names in ((s, (("ids", "input_ids"), ("seg", "segment_ids"))),
                         (q, (("pos", "masked_lm_positions"), ("mlm", "masked_lm_ids")))):
         for (short, _), arr in zip(names, take_runs([comp.pop(name) for _, name in names], lens, order), strict=True):
-            _save(sd / f"in_{k:05d}_{short}.npy", arr)
+            _save(sd / f"in_{k:05d}_{short}.npy", arr, direct=direct)
     return int(len(key))
 
 
-def _scatter_planned(k: int, path: str, scratch: str, a: int, b: int, chunk: int) -> int:
+def _scatter_planned(k: int, path: str, scratch: str, a: int, b: int, chunk: int, direct: bool = False) -> int:
     """:func:`scatter_input` of input ``k``, rows ``a .. b - 1`` of the set: their places, lengths and predictions
     read from the plan's files in ``scratch`` (``plan_keys``, ``plan_seq``, ``plan_pred``: mapped for this call
     only)."""
     sd = Path(scratch)
     keys, seq, pred = (np.array(_load(sd / f"plan_{name}.npy")[a:b]) for name in ("keys", "seq", "pred"))
-    return scatter_input(k, path, keys, seq, pred, scratch, chunk)
+    return scatter_input(k, path, keys, seq, pred, scratch, chunk, direct)
 
 
 def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq: np.ndarray,
@@ -863,9 +874,11 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
 def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarray]:
     """The compact rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch: ``seq``,
     ``pred``, ``next_sentence_labels`` per row; ``input_ids``, ``segment_ids`` (``masked_lm_positions``,
-    ``masked_lm_ids``) the rows' values back to back."""
+    ``masked_lm_ids``) the rows' values back to back. The big arrays' slices: :func:`read_slices` (memory-mapped,
+    or read past the page cache into the worker's buffers where the scatter saved them so)."""
     sd = Path(scratch)
     cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")}
+    wanted: dict[str, list[tuple[Path, int, int]]] = {n: [] for n in ("ids", "seg", "pos", "mlm")}
     for k in range(n_inputs):
         key = _load(sd / f"in_{k:05d}_keys.npy")
         a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
@@ -878,9 +891,12 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
         cols["pred"].append(np.diff(prd))
         cols["nsl"].append(_load(sd / f"in_{k:05d}_nsl.npy")[a:b])
         for name in ("ids", "seg"):
-            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[t0:t1])
+            wanted[name].append((sd / f"in_{k:05d}_{name}.npy", t0, t1))
         for name in ("pos", "mlm"):
-            cols[name].append(_load(sd / f"in_{k:05d}_{name}.npy")[m0:m1])
+            wanted[name].append((sd / f"in_{k:05d}_{name}.npy", m0, m1))
+    space = pack_fast.process_space("pack-habana")  # the group's buffers (write_group's)
+    for name, slices in wanted.items():
+        cols[name] = read_slices(slices, space, f"gather-{name}")
     got = {n: np.concatenate(v) if v else np.zeros(0, np.int64) for n, v in cols.items()}
     order = np.argsort(got["keys"], kind="stable")
     if not np.array_equal(got["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
@@ -1161,7 +1177,11 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
             for name, arr in (("keys", places.place), ("seq", inputs.seq), ("pred", inputs.pred)):
                 _save(sd / f"plan_{name}.npy", arr)
             st_ = inputs.starts.tolist()
-            scatter = [(k, p, str(sd), st_[k], st_[k + 1], max(1, cfg.chunk_rows)) for k, p in enumerate(inputs.files)]
+            # the compact rows' big arrays past the page cache where the scratch would crowd the memory (at full
+            # size: ~1.5 GB a GB of padded input, read back once; preprocessing.scratch.use_direct)
+            direct = use_direct(sd, 3 * int(inputs.seq.sum()) + 4 * int(inputs.pred.sum()))
+            scatter = [(k, p, str(sd), st_[k], st_[k + 1], max(1, cfg.chunk_rows), direct)
+                       for k, p in enumerate(inputs.files)]
             n_inputs, in_files = len(inputs.files), [str(p) for p in inputs.files]
             inputs = places.place = None
             with shared_pool(workers) as pool:  # one pool for the scatter and the writes

@@ -50,7 +50,9 @@ a. :func:`count_lengths` per input (parallel): every row's length, checked, into
 b. :func:`plan_packing` (one process): the recipe (:func:`packing_recipe`, the reference's arithmetic with the
    same NumPy/SciPy calls) and the assignment (:func:`assign_packs`: the same draws of a Python ``random.Random``,
    in the same order), kept as arrays: pack -> its sequences, and (length, index) -> its place;
-c. :func:`scatter_input` per input (parallel): the input's rows, compacted, sorted by their place, into scratch;
+c. :func:`scatter_input` per input (parallel): the input's rows, compacted, sorted by their place, into scratch
+   (its big arrays past the page cache where the whole scratch would fill more than half the memory available, as
+   the plan decides: ``O_DIRECT``, preprocessing.packing.save_array; the groups read each file as it was saved);
 d. :func:`write_shard_group` per group of shards (parallel): the shard lists and packed shards, from the
    contiguous slices of every input's scratch that the group's packs hold; every file to a temporary name,
    closed, renamed; :func:`finish_pack` writes the manifest last.
@@ -129,10 +131,12 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     h5_reserved,
     padded_lengths,
     padded_maps,
+    read_slices,
     save_array,
     strategy_count,
     take_runs,
 )
+from preprocessing.scratch import use_direct
 
 log = logging.getLogger(__name__)
 
@@ -760,12 +764,20 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
     base = np.vstack([np.zeros((1, cfg.max_seq_length), np.int64), np.cumsum(hists, axis=0)])[:-1]
     for name, arr in (("len_off", asg.len_off), ("base", base)):
         _save(sd / f"{name}.npy", arr)
+    # the scatter's big arrays past the page cache where they would crowd the memory (the full set's: ~4 bytes a
+    # token, read back once by the shard groups; preprocessing.scratch.use_direct)
+    tokens = int((hist * np.arange(1, cfg.max_seq_length + 1)).sum())
+    _save(sd / DIRECT_FLAG, np.array([use_direct(sd, 4 * tokens)], dtype=np.int8))
     return {"kind": "plan", "stats": {**recipe.stats, "empty_packs": empty}, "report": recipe.report,
             "inputs": len(counts)}
 
 
 # -- step c: each input's rows, in pack order ---------------------------------------------------------------------------
 _SCATTER = ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")
+#: The scatter's arrays of a value a token or masked position (the rest are a value a row).
+_BIG = ("ids", "seg", "pos", "mlm")
+#: The plan's choice for the scatter's big arrays: saved past the page cache (1) or through it (0).
+DIRECT_FLAG = "scatter_direct.npy"
 
 
 def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dict[str, Any]:
@@ -779,6 +791,7 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     first = np.searchsorted(ls, ls, side="left")  # first row of each row's length, in sorted order
     rank = np.arange(len(ls), dtype=np.int64) - first
     dest = _load(sd / "dest.npy", mmap=True)
+    direct = (sd / DIRECT_FLAG).exists() and bool(_load(sd / DIRECT_FLAG)[0])
     keys = np.empty(len(ls), dtype=np.int64)
     keys[order] = dest[len_off[ls] + base[ls - 1] + rank] if len(ls) else np.zeros(0, np.int64)
     p = Path(path)
@@ -792,7 +805,7 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
             arrays = _scatter_mapped(maps, lengths, keys, p, known if known is not None and len(known) == f.n
                                      else None)
             for name in _SCATTER:
-                _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
+                _save(sd / f"in_{k:05d}_{name}.npy", arrays[name], direct=direct and name in _BIG)
             return {"kind": "scatter", "k": k, "rows": len(keys)}
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
@@ -806,7 +819,7 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     arrays = {"keys": keys[perm], "seq": rows.seq.astype(np.int16), "pred": rows.pred.astype(np.int16),
               "nsl": rows.nsl, "ids": rows.ids, "seg": rows.seg, "pos": rows.pos, "mlm": rows.mlm}
     for name in _SCATTER:
-        _save(sd / f"in_{k:05d}_{name}.npy", arrays[name])
+        _save(sd / f"in_{k:05d}_{name}.npy", arrays[name], direct=direct and name in _BIG)
     return {"kind": "scatter", "k": k, "rows": len(keys)}
 
 
@@ -925,15 +938,19 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     if pack_fast.available():
         return _gather_native(sd, n_inputs, q0, q1)
     parts, keys = [], []
+    wanted: dict[str, list[tuple[Path, int, int]]] = {name: [] for name in _BIG}
     for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
         t1, m1 = t0 + int(seq[a:b].sum(dtype=np.int64)), m0 + int(pred[a:b].sum(dtype=np.int64))
         keys.append(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b])
-        # views of the scratch files: Rows.concat reads each once, into one array per field
+        for name, lo, hi in (("ids", t0, t1), ("seg", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
+            wanted[name].append((sd / f"in_{k:05d}_{name}.npy", lo, hi))
         parts.append(Rows(seq=seq[a:b], pred=pred[a:b], nsl=_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b],
-                          ids=_load(sd / f"in_{k:05d}_ids.npy", mmap=True)[t0:t1],
-                          seg=_load(sd / f"in_{k:05d}_seg.npy", mmap=True)[t0:t1],
-                          pos=_load(sd / f"in_{k:05d}_pos.npy", mmap=True)[m0:m1],
-                          mlm=_load(sd / f"in_{k:05d}_mlm.npy", mmap=True)[m0:m1]))
+                          ids=None, seg=None, pos=None, mlm=None))
+    # views of the scratch files (or their slices read past the page cache): Rows.concat reads each once
+    space = pack_fast.process_space(SPACE_OWNER)
+    for name, slices in wanted.items():
+        for part, got in zip(parts, read_slices(slices, space, f"gather-{name}"), strict=True):
+            setattr(part, name, got)
     rows = Rows.concat(parts)
     rows.seq, rows.pred = rows.seq.astype(np.int64), rows.pred.astype(np.int64)
     return rows.take(_place_order(keys, q0, q1)[1])
@@ -945,22 +962,26 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     small: dict[str, list[np.ndarray]] = {"seq": [], "pred": [], "nsl": [], "which": [], "tok": [], "prd": []}
     keys: list[np.ndarray] = []
     srcs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
+    wanted: dict[str, list[tuple[Path, int, int]]] = {name: [] for name in _BIG}
     for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
         s_k, p_k = np.asarray(seq[a:b], dtype=np.int64), np.asarray(pred[a:b], dtype=np.int64)
         keys.append(np.asarray(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b]))
         small["seq"].append(s_k)
         small["pred"].append(p_k)
         small["nsl"].append(np.asarray(_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b]))
-        small["which"].append(np.full(b - a, len(srcs["ids"]), dtype=np.int64))
-        small["tok"].append(t0 + np.cumsum(s_k) - s_k)
-        small["prd"].append(m0 + np.cumsum(p_k) - p_k)
-        for name in srcs:
-            srcs[name].append(_load(sd / f"in_{k:05d}_{name}.npy", mmap=True))
+        small["which"].append(np.full(b - a, len(wanted["ids"]), dtype=np.int64))
+        small["tok"].append(np.cumsum(s_k) - s_k)  # within the input's slice
+        small["prd"].append(np.cumsum(p_k) - p_k)
+        t1, m1 = t0 + int(s_k.sum()), m0 + int(p_k.sum())
+        for name, lo, hi in (("ids", t0, t1), ("seg", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
+            wanted[name].append((sd / f"in_{k:05d}_{name}.npy", lo, hi))
     order = _place_order(keys, q0, q1)[1]
     cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64))[order] for name, v in small.items()}
     seq, pred, which = cat["seq"], cat["pred"], cat["which"]
 
     space = pack_fast.process_space(SPACE_OWNER)  # the group's values: its shards written before the next call
+    for name, slices in wanted.items():  # each input's slice: a view of its map, or read past the page cache
+        srcs[name] = read_slices(slices, space, f"gather-{name}")
 
     def runs(name: str, starts: np.ndarray, lens: np.ndarray, dt: str) -> np.ndarray:
         if not srcs[name]:

@@ -1,0 +1,121 @@
+"""The packers' scratch past the page cache (``preprocessing.packing.save_array(direct=True)`` and
+``read_slices``): the arrays round-trip whole and in slices, ``np.load`` still reads them, a file system without
+``O_DIRECT`` gets the same bytes through the page cache, and pack-nvidia and pack-habana write the same files
+with their scratch saved either way (the gathers read each file as it was saved)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/preprocessing: the shared helpers
+import nvidia_reference as ref  # noqa: E402
+
+from core.errors import BertpipeError  # noqa: E402
+from preprocessing import pack_fast, scratch  # noqa: E402
+from preprocessing.packing import read_slices, save_array  # noqa: E402
+
+CASES = [(0, np.int16), (1, np.int8), (4095, np.int8), (5000, np.int16), (3_000_001, np.int16), (1_234_567, np.int64)]
+
+
+def _arrays(tmp_path: Path, direct: bool) -> dict[Path, np.ndarray]:
+    rng = np.random.default_rng(1)
+    out = {}
+    for i, (n, dt) in enumerate(CASES):
+        a = rng.integers(-100, 100, n).astype(dt)
+        p = tmp_path / f"a{i}_{int(direct)}.npy"
+        save_array(p, a, direct=direct)
+        out[p] = a
+    return out
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_direct_arrays_round_trip_whole_and_in_slices(tmp_path, monkeypatch, mode):
+    """``BERTPIPE_DIRECT_IO=0``: no ``O_DIRECT`` anywhere, the same file layout through the page cache."""
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", mode)
+    arrays = {**_arrays(tmp_path, True), **_arrays(tmp_path, False)}
+    for p, a in arrays.items():
+        direct = p.stem.endswith("_1")
+        assert np.array_equal(np.load(p), a)  # numpy reads a direct file as any other
+        if direct:
+            assert os.path.getsize(p) == scratch.ALIGN + a.nbytes
+            assert np.load(p, mmap_mode="r").offset == scratch.ALIGN
+        assert not list(tmp_path.glob(".*tmp*"))
+    rng = np.random.default_rng(2)
+    slices = []
+    for p, a in arrays.items():
+        for _ in range(6):
+            x = int(rng.integers(0, len(a) + 1))
+            slices.append((p, x, int(rng.integers(x, len(a) + 1))))
+        slices.append((p, 0, len(a)))
+    reads = []
+    real = scratch.read_range
+    monkeypatch.setattr(scratch, "read_range", lambda *a, **k: (reads.append(a[0]), real(*a, **k))[1])
+    got = read_slices(slices, pack_fast.Space(), "x")
+    for (p, x, y), g in zip(slices, got, strict=True):
+        assert g.dtype == arrays[p].dtype and np.array_equal(g, arrays[p][x:y]), (p, x, y)
+    # only the direct files are read (past the page cache); the others are views of their maps
+    assert reads and {Path(r).stem.endswith("_1") for r in reads} == {True}
+    with pytest.raises(BertpipeError, match="asked for 3..2"):
+        read_slices([(next(iter(arrays)), 3, 2)], pack_fast.Space(), "x")
+
+
+def _md5s(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def padded_inputs(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("direct-in")
+    rng = np.random.default_rng(11)
+    files = []
+    for k in range(3):
+        lengths = rng.integers(1, 129, 1500 + 300 * k).tolist()
+        files.append(ref.write_padded(d / f"wiki_training_{k}.hdf5",
+                                      ref.padded_rows(lengths, k, max_seq_length=128, max_pred=20)))
+    return files
+
+
+def _spy_reads(monkeypatch) -> list[str]:
+    reads: list[str] = []
+    real = scratch.read_range
+    monkeypatch.setattr(scratch, "read_range", lambda *a, **k: (reads.append(str(a[0])), real(*a, **k))[1])
+    return reads
+
+
+def test_pack_nvidia_writes_the_same_shards_with_its_scratch_past_the_page_cache(padded_inputs, tmp_path, monkeypatch):
+    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
+
+    cfg = PackNvidiaConfig(max_seq_length=128, shards_num=3)
+    got = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("BERTPIPE_DIRECT_IO", mode)
+        reads = _spy_reads(monkeypatch)
+        run_pack_nvidia(padded_inputs, tmp_path / mode, cfg, workers=1)
+        got[mode] = _md5s(tmp_path / mode)
+        # the groups read the scratch's big arrays past the page cache only when the plan chose it
+        assert bool(reads) == (mode == "1") and all("_ids.npy" in r or "_seg.npy" in r or "_pos.npy" in r
+                                                       or "_mlm.npy" in r for r in reads)
+    assert got["0"] == got["1"] and any(n.startswith("part_") for n in got["0"])
+
+
+@pytest.mark.parametrize("dtypes", ["script", "narrow"])
+def test_pack_habana_writes_the_same_files_with_its_scratch_past_the_page_cache(padded_inputs, tmp_path, monkeypatch,
+                                                                               dtypes):
+    from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
+
+    cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, compression="none",
+                           dtypes=dtypes)
+    got = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("BERTPIPE_DIRECT_IO", mode)
+        reads = _spy_reads(monkeypatch)
+        run_pack_habana(padded_inputs, tmp_path / mode, cfg, manifest_name=f"../{mode}.manifest.json")
+        got[mode] = _md5s(tmp_path / mode)
+        assert bool(reads) == (mode == "1")
+    assert got["0"] == got["1"] and got["0"]
