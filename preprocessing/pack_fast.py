@@ -8,6 +8,8 @@ results.
 * :func:`shuffle_state` / :func:`native_shuffle`: CPython's ``random.Random.shuffle`` of ``range(n)`` from a
   Mersenne Twister state (used by :class:`preprocessing.pyrandom.Shuffles`).
 * :func:`format_packs`: NVIDIA's shard lists, ``json.dumps`` of the packs' ``[length, index]`` pairs.
+* :func:`segment_bounds` / :func:`fill_segments`: a row's segment ids (0s then 1s) as the number of its 0s, and
+  back: the packers' scratch keeps one number a row in place of a byte a token.
 * :func:`cut_padded`: padded MLPerf rows checked and cut to NVIDIA's variable-length form in one pass a row (the
   chop and the eval pick; ``preprocessing/nvidia/varlength.compact_padded`` is its NumPy equal).
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from core.native import NativeModule
 
-ABI = 1
+ABI = 2
 _NATIVE = NativeModule("preprocessing._pack_native", Path(__file__).with_name("_pack_native"), "pack.c", ABI,
                        "packing C core")
 #: Runs gathered per step of the NumPy fallback (its index arrays stay small).
@@ -158,6 +160,41 @@ def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts:
     return _gather_numpy(sources, which, starts, lens, out, lo, hi)
 
 
+def place_runs(sources: np.ndarray | Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray,
+               lens: np.ndarray, dests: np.ndarray, dtype: np.dtype | type | str, lo: int | None = None,
+               hi: int | None = None, space: Space | None = None, name: str = "gather") -> np.ndarray | None:
+    """``out[dests[i]:dests[i] + lens[i]] = sources[which[i]][starts[i]:starts[i] + lens[i]]`` for every run
+    (``which`` None: one source, given alone or in a list), converted to
+    ``dtype``, every value checked to fit it (and ``lo..hi``): :func:`gather_runs` of the same runs in ``dests``
+    order, with the source read in its own order (a padded file's rows one after the other, each written where it
+    goes: ~2.7x faster on this VM than reading rows in another order). ``dests`` must tile the output (the runs'
+    places in output order, back to back: the caller's). None without the extension, for a source type it does not
+    take, or when a value does not fit (:func:`gather_runs` then says where)."""
+    mod = native()
+    srcs = [np.asarray(sources)] if isinstance(sources, np.ndarray) else [np.asarray(x) for x in sources]
+    if not srcs:
+        return None
+    dt, out_dt = np.dtype(srcs[0].dtype), np.dtype(dtype)
+    if (mod is None or dt.kind != "i" or not dt.isnative or dt.itemsize not in (1, 2, 4, 8) or out_dt.kind != "i"
+            or out_dt.itemsize not in (1, 2, 4, 8)):
+        return None
+    which, starts, lens = _checked(srcs, which, starts, lens)
+    dests = np.ascontiguousarray(dests, dtype=np.int64)
+    if dests.shape != lens.shape:
+        raise ValueError("place_runs: dests and lens must be of one length")
+    total = int(lens.sum())
+    out = space.get(name, total, out_dt) if space is not None else np.empty(total, dtype=out_dt)
+    if not total:
+        return out
+    flats = [np.ascontiguousarray(x) for x in srcs]  # maps and arrays: contiguous already (no copy)
+    base = np.array([x.ctypes.data for x in flats], dtype=np.uint64)
+    addr = (base[which] if which is not None else base[0]) + (starts * dt.itemsize).astype(np.uint64)
+    bad = mod.place_runs(out, dests, addr, lens, dt.itemsize, -(1 << 63) if lo is None else int(lo),
+                         (1 << 63) - 1 if hi is None else int(hi))
+    del flats
+    return out if bad < 0 else None
+
+
 def _gather_numpy(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
                   out: np.ndarray, lo: int | None = None, hi: int | None = None) -> np.ndarray:
     info = np.iinfo(out.dtype)
@@ -185,6 +222,53 @@ def _gather_numpy(sources: Sequence[np.ndarray], which: np.ndarray | None, start
             raise OutOfRange(o + int(bad[0]))
         out[o:o + n] = vals
         o += n
+    return out
+
+
+# -- segment ids as one number a row -------------------------------------------------------------------------------
+def segment_bounds(source: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+    """Each run's segment ids (run i: ``lens[i]`` values of the 1-D integer ``source`` from ``starts[i]``) as one
+    number, its 0s (int16), where every run is 0s then 1s (a BERT row's ``segment_ids[:length]``); None where one
+    is not, or without the extension (the caller keeps the values themselves). :func:`fill_segments` undoes it."""
+    mod = native()
+    src = np.asarray(source)
+    dt = np.dtype(src.dtype)
+    if mod is None or dt.kind != "i" or not dt.isnative or dt.itemsize not in (1, 2, 4, 8):
+        return None
+    _, starts, lens = _checked([src], None, starts, lens)
+    out = np.empty(len(lens), np.int16)
+    if not len(lens):
+        return out
+    flat = np.ascontiguousarray(src)
+    addr = np.uint64(flat.ctypes.data) + (starts * dt.itemsize).astype(np.uint64)
+    bad = mod.seg_bounds(out, addr, lens, dt.itemsize)
+    del flat
+    return out if bad < 0 else None
+
+
+def fill_segments(bounds: np.ndarray, lens: np.ndarray, space: Space | None = None,
+                  name: str = "segments") -> np.ndarray:
+    """The segment ids of rows of ``lens`` values whose first ``bounds`` are 0 and the rest 1, back to back (int8;
+    a view of ``space``'s buffer ``name`` where given): :func:`segment_bounds` undone."""
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    if bounds.shape != lens.shape or bounds.ndim != 1:
+        raise ValueError("fill_segments: bounds and lens must be 1-D and of one length")
+    if len(lens) and ((bounds < 0) | (bounds > lens)).any():
+        raise ValueError("fill_segments: a bound outside 0..its row's length")
+    total = int(lens.sum())
+    out = space.get(name, total, np.int8) if space is not None else np.empty(total, np.int8)
+    if not total:
+        return out
+    mod = native()
+    if mod is not None:
+        mod.fill_segments(out, bounds, lens)
+        return out
+    ends = np.cumsum(lens)
+    marks = np.zeros(total + 1, np.int8)  # +1 where a row's 1s start, -1 where they end
+    np.add.at(marks, ends - lens + bounds, 1)
+    np.add.at(marks, ends, -1)
+    np.cumsum(marks[:-1], dtype=np.int8, out=out)
     return out
 
 

@@ -199,6 +199,50 @@ def read_slices(slices: Sequence[tuple[Path | str, int, int]], space: Any, name:
     return out  # type: ignore[return-value]
 
 
+def segment_slices(items: Sequence[tuple[Path | str, int, int] | tuple[np.ndarray, np.ndarray]], space: Any,
+                   name: str) -> list[np.ndarray]:
+    """The segment ids of each scratch slice, int8 values back to back: an item ``(path, a, b)`` is a slice of a
+    saved array of the values (:func:`read_slices`), an item ``(bounds, lens)`` rows kept as one number each
+    (pack_fast.segment_bounds: ``bounds[i]`` 0s then 1s up to ``lens[i]``), filled into ``space``'s buffer
+    ``name + "-filled"``."""
+    saved = [it for it in items if not isinstance(it[0], np.ndarray)]
+    read = iter(read_slices(saved, space, name))  # type: ignore[arg-type]
+    kept = [it for it in items if isinstance(it[0], np.ndarray)]
+    views: list[np.ndarray] = []
+    if kept:
+        lens = [np.asarray(it[1], dtype=np.int64) for it in kept]
+        filled = pack_fast.fill_segments(np.concatenate([np.asarray(it[0], np.int64) for it in kept]),
+                                         np.concatenate(lens), space, name + "-filled")
+        cuts = np.concatenate([[0], np.cumsum([int(x.sum()) for x in lens])])
+        views = [filled[cuts[i]:cuts[i + 1]] for i in range(len(kept))]
+    fill = iter(views)
+    return [next(fill) if isinstance(it[0], np.ndarray) else next(read) for it in items]
+
+
+def save_segments(scratch_dir: Path, stem: str, values: np.ndarray | None, bounds: np.ndarray | None,
+                  direct: bool = False) -> None:
+    """A scatter's segment ids into the scratch: ``<stem>_segb.npy`` (one number a row, int16) where the rows are
+    0s then 1s (``bounds``), else ``<stem>_seg.npy`` (the values; ``direct``: past the page cache); the other name
+    removed (a re-run scatter)."""
+    b, v = Path(scratch_dir) / f"{stem}_segb.npy", Path(scratch_dir) / f"{stem}_seg.npy"
+    if bounds is not None:
+        save_array(b, bounds)
+        v.unlink(missing_ok=True)
+    else:
+        save_array(v, values, direct=direct)
+        b.unlink(missing_ok=True)
+
+
+def segment_item(scratch_dir: Path, stem: str, a: int, b: int, t0: int, t1: int,
+                 seq: np.ndarray) -> tuple[Path, int, int] | tuple[np.ndarray, np.ndarray]:
+    """The :func:`segment_slices` item of rows ``a .. b - 1`` of a scatter's scratch (tokens ``t0 .. t1 - 1``;
+    ``seq``: the rows' lengths), as :func:`save_segments` kept them."""
+    bounds = Path(scratch_dir) / f"{stem}_segb.npy"
+    if bounds.exists():
+        return np.asarray(np.load(bounds, mmap_mode="r", allow_pickle=False)[a:b]), np.asarray(seq)
+    return Path(scratch_dir) / f"{stem}_seg.npy", t0, t1
+
+
 def padded_maps(f: object, path: Path, names: Sequence[str]) -> dict[str, np.ndarray] | None:
     """Datasets ``names`` of the open padded HDF5 ``f`` (h5py) as read-only memory maps of ``path`` when each is
     stored contiguous, unfiltered and in native byte order (as tfrecord-to-hdf5 writes them); else None (chunked

@@ -30,6 +30,17 @@
  *   0..32767; segment ids and the label 0/1; positions 0..32767 and each nonzero one < L. Returns -1, or the first
  *   row that breaks a rule (the caller's checks say which, in their words; what was written is to be dropped).
  *
+ * place_runs(out, dests, addrs, lens, src_itemsize, lo, hi): gather_runs_bounded the other way round: run i (lens[i]
+ *   values at addrs[i]) into out from index dests[i], converted, each value checked to lie in lo..hi (within out's
+ *   type). The runs come in their sources' order (rows read as stored, one after the other: no cache miss a row
+ *   as when they are read in another order); the caller's dests tile out. Returns -1, or 0 when a value is outside
+ *   (where: found by gather_runs_bounded, in output order). dests[i] + lens[i] <= len(out) is checked.
+ * seg_bounds(out, addrs, lens, src_itemsize): run i (lens[i] signed integers of src_itemsize bytes at addrs[i]) must
+ *   be segment ids 0...0 1...1 (either part may be empty); out[i] (int16) = its 0s. Returns the first run that is
+ *   not, or -1 (out is complete). What a BERT row's segment ids are: one number a row keeps them.
+ * fill_segments(out, bounds, lens): out (int8) = for each row i, bounds[i] 0s then lens[i] - bounds[i] 1s, back to
+ *   back (int64 bounds and lens, 0 <= bounds[i] <= lens[i], out exactly their sum: checked). seg_bounds undone.
+ *
  * They release the GIL. The Python fallbacks (preprocessing/pyrandom.py, pack_fast.py) give the same results. */
 
 #define PY_SSIZE_T_CLEAN
@@ -571,6 +582,227 @@ done:
     return ret;
 }
 
+/* -- placing runs: sources read in order, each run written where it belongs ----------------------------------- */
+#define PLACE(S, D)                                                                       \
+    do {                                                                                  \
+        D *o = (D *)outv.buf;                                                             \
+        int none = lo > (int64_t)(S##_MAXV) || hi < (int64_t)(S##_MINV);                  \
+        const S slo = none ? (S)0 : (lo < (int64_t)(S##_MINV) ? (S)(S##_MINV) : (S)lo);    \
+        const S shi = none ? (S)0 : (hi > (int64_t)(S##_MAXV) ? (S)(S##_MAXV) : (S)hi);    \
+        int oor = 0;                                                                      \
+        for (Py_ssize_t r = 0; r < nruns; r++) {                                          \
+            const S *s = (const S *)(uintptr_t)addrs[r];                                  \
+            int64_t len = lens[r];                                                        \
+            D *d = o + dests[r];                                                          \
+            for (int64_t i = 0; i < len; i++) {                                           \
+                S v = s[i];                                                               \
+                d[i] = (D)v;                                                              \
+                oor |= (v < slo) | (v > shi);                                             \
+            }                                                                             \
+            oor |= none && len > 0;                                                       \
+        }                                                                                 \
+        if (oor) bad = 0;                                                                 \
+    } while (0)
+
+#define int8_t_MINV INT8_MIN
+#define int8_t_MAXV INT8_MAX
+#define int16_t_MINV INT16_MIN
+#define int16_t_MAXV INT16_MAX
+#define int32_t_MINV INT32_MIN
+#define int32_t_MAXV INT32_MAX
+#define int64_t_MINV INT64_MIN
+#define int64_t_MAXV INT64_MAX
+
+#define PLACE_TO(S)                                                                       \
+    switch (outv.itemsize) {                                                              \
+        case 1: PLACE(S, int8_t); break;                                                  \
+        case 2: PLACE(S, int16_t); break;                                                 \
+        case 4: PLACE(S, int32_t); break;                                                 \
+        default: PLACE(S, int64_t); break;                                                \
+    }
+
+static PyObject *place_runs(PyObject *self, PyObject *args) {
+    PyObject *out_obj, *dests_obj, *addrs_obj, *lens_obj;
+    int src_itemsize;
+    long long lo_arg, hi_arg;
+    if (!PyArg_ParseTuple(args, "OOOOiLL", &out_obj, &dests_obj, &addrs_obj, &lens_obj, &src_itemsize, &lo_arg,
+                          &hi_arg))
+        return NULL;
+    Py_buffer outv, dv, av, lv;
+    if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(dests_obj, &dv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(addrs_obj, &av, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(lens_obj, &lv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        PyBuffer_Release(&dv);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t nruns = av.len / 8;
+    const uint64_t *addrs = (const uint64_t *)av.buf;
+    const int64_t *lens = (const int64_t *)lv.buf, *dests = (const int64_t *)dv.buf;
+    int64_t lo = (int64_t)lo_arg, hi = (int64_t)hi_arg, bad = -1;
+    if (lv.len != av.len || dv.len != av.len || av.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "place_runs: dests, addrs and lens must be as many 8-byte integers");
+        goto done;
+    }
+    if ((outv.itemsize != 1 && outv.itemsize != 2 && outv.itemsize != 4 && outv.itemsize != 8) ||
+        (src_itemsize != 1 && src_itemsize != 2 && src_itemsize != 4 && src_itemsize != 8)) {
+        PyErr_SetString(PyExc_ValueError, "place_runs: 1-, 2-, 4- or 8-byte integers only");
+        goto done;
+    }
+    Py_ssize_t n_out = outv.len / outv.itemsize;
+    for (Py_ssize_t r = 0; r < nruns; r++)
+        if (lens[r] < 0 || dests[r] < 0 || dests[r] + lens[r] > n_out) {
+            PyErr_SetString(PyExc_ValueError, "place_runs: a run outside out, or of negative length");
+            goto done;
+        }
+    {
+        /* the bounds within out's type: a value that fits them is never changed by the conversion */
+        int64_t tmin = outv.itemsize == 8 ? INT64_MIN : -((int64_t)1 << (8 * outv.itemsize - 1));
+        int64_t tmax = outv.itemsize == 8 ? INT64_MAX : ((int64_t)1 << (8 * outv.itemsize - 1)) - 1;
+        if (lo < tmin) lo = tmin;
+        if (hi > tmax) hi = tmax;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    switch (src_itemsize) {
+        case 1: PLACE_TO(int8_t); break;
+        case 2: PLACE_TO(int16_t); break;
+        case 4: PLACE_TO(int32_t); break;
+        default: PLACE_TO(int64_t); break;
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    PyBuffer_Release(&outv);
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&av);
+    PyBuffer_Release(&lv);
+    return ret;
+}
+
+/* -- segment ids kept as one number a row --------------------------------------------------------------------- */
+#define SEG_BOUNDS(S)                                                                     \
+    for (Py_ssize_t r = 0; r < nruns && bad < 0; r++) {                                   \
+        const S *v = (const S *)(uintptr_t)addrs[r];                                      \
+        int64_t len = lens[r], ones = 0;                                                  \
+        int wrong = 0;                                                                    \
+        /* loops of their own (vectorized): 0s and 1s only, never a 1 before a 0 */      \
+        for (int64_t i = 0; i < len; i++) { ones += v[i]; wrong |= (v[i] & ~(S)1) != 0; } \
+        for (int64_t i = 0; i + 1 < len; i++) wrong |= v[i] > v[i + 1];                   \
+        if (wrong || len - ones > 32767) bad = r;                                         \
+        else out[r] = (int16_t)(len - ones);                                              \
+    }
+
+static PyObject *seg_bounds(PyObject *self, PyObject *args) {
+    PyObject *out_obj, *addrs_obj, *lens_obj;
+    int src_itemsize;
+    if (!PyArg_ParseTuple(args, "OOOi", &out_obj, &addrs_obj, &lens_obj, &src_itemsize)) return NULL;
+    Py_buffer outv, av, lv;
+    if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(addrs_obj, &av, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(lens_obj, &lv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t nruns = av.len / 8;
+    const uint64_t *addrs = (const uint64_t *)av.buf;
+    const int64_t *lens = (const int64_t *)lv.buf;
+    int16_t *out = (int16_t *)outv.buf;
+    if (lv.len != av.len || av.len % 8 || outv.len != nruns * 2) {
+        PyErr_SetString(PyExc_ValueError, "seg_bounds: addrs and lens (8-byte integers) and out (int16) must be as "
+                                          "many");
+        goto done;
+    }
+    if (src_itemsize != 1 && src_itemsize != 2 && src_itemsize != 4 && src_itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "seg_bounds: src_itemsize must be 1, 2, 4 or 8");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < nruns; r++)
+        if (lens[r] < 0) {
+            PyErr_SetString(PyExc_ValueError, "seg_bounds: a negative run length");
+            goto done;
+        }
+    int64_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    switch (src_itemsize) {
+        case 1: SEG_BOUNDS(int8_t); break;
+        case 2: SEG_BOUNDS(int16_t); break;
+        case 4: SEG_BOUNDS(int32_t); break;
+        default: SEG_BOUNDS(int64_t); break;
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    PyBuffer_Release(&outv);
+    PyBuffer_Release(&av);
+    PyBuffer_Release(&lv);
+    return ret;
+}
+
+static PyObject *fill_segments(PyObject *self, PyObject *args) {
+    PyObject *out_obj, *b_obj, *lens_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &out_obj, &b_obj, &lens_obj)) return NULL;
+    Py_buffer outv, bv, lv;
+    if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(b_obj, &bv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(lens_obj, &lv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&outv);
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    Py_ssize_t rows = lv.len / 8;
+    const int64_t *bounds = (const int64_t *)bv.buf, *lens = (const int64_t *)lv.buf;
+    int64_t total = 0;
+    if (lv.len % 8 || bv.len != lv.len) {
+        PyErr_SetString(PyExc_ValueError, "fill_segments: bounds and lens must be as many int64");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (bounds[r] < 0 || bounds[r] > lens[r]) {
+            PyErr_SetString(PyExc_ValueError, "fill_segments: a bound outside 0..its row's length");
+            goto done;
+        }
+        total += lens[r];
+    }
+    if (total != outv.len) {
+        PyErr_SetString(PyExc_ValueError, "fill_segments: out (int8) does not hold exactly the rows' values");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int8_t *o = (int8_t *)outv.buf;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        memset(o, 0, (size_t)bounds[r]);
+        memset(o + bounds[r], 1, (size_t)(lens[r] - bounds[r]));
+        o += lens[r];
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    PyBuffer_Release(&outv);
+    PyBuffer_Release(&bv);
+    PyBuffer_Release(&lv);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"shuffle", shuffle, METH_VARARGS,
      "shuffle(state, out[, keep]): out = range(n) (keep: out's values) shuffled as random.Random.shuffle, from MT "
@@ -587,6 +819,12 @@ static PyMethodDef methods[] = {
      "format_packs(lengths, indices, pack_off) -> json.dumps(packs) as bytes, pack p = [[length, index], ...]"},
     {"cut_padded", cut_padded, METH_VARARGS,
      "cut_padded(mask, ids, seg, pos, mlm, nsl, out_ids, out_seg, out_pos, out_mlm, seq, pred) -> first bad row or -1"},
+    {"place_runs", place_runs, METH_VARARGS,
+     "place_runs(out, dests, addrs, lens, src_itemsize, lo, hi) -> 0 if a value lies outside lo..hi, else -1"},
+    {"seg_bounds", seg_bounds, METH_VARARGS,
+     "seg_bounds(out, addrs, lens, src_itemsize) -> first run that is not 0s then 1s, or -1; out: each run's 0s"},
+    {"fill_segments", fill_segments, METH_VARARGS,
+     "fill_segments(out, bounds, lens): out = each row's bounds[i] 0s then lens[i] - bounds[i] 1s, back to back"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -595,7 +833,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_pack_native", "the 
 PyMODINIT_FUNC PyInit__pack_native(void) {
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    PyModule_AddIntConstant(m, "ABI", 1);
+    PyModule_AddIntConstant(m, "ABI", 2);
     PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }

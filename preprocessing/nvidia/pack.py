@@ -133,6 +133,9 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     padded_maps,
     read_slices,
     save_array,
+    save_segments,
+    segment_item,
+    segment_slices,
     strategy_count,
     take_runs,
 )
@@ -420,6 +423,7 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
             parts.append(seq.astype(np.int16))
     lengths = np.concatenate(parts) if parts else np.zeros(0, np.int16)
     _save(_scratch_file(Path(scratch), f"len_{k:05d}.npy"), lengths)
+    _save(_scratch_file(Path(scratch), f"stat_{k:05d}.npy"), file_identity(p))
     pred_file = _scratch_file(Path(scratch), f"pred_{k:05d}.npy")
     if maps and preds is not None and parts:  # the scatter takes them, and needs no check of the positions
         _save(pred_file, np.concatenate(preds))
@@ -427,6 +431,12 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
         pred_file.unlink(missing_ok=True)
     hist = np.bincount(lengths, minlength=cfg.max_seq_length + 1)[1:]
     return {"kind": "lengths", "k": k, "file": str(p), "rows": int(f.n), "hist": hist.tolist()}
+
+
+def file_identity(path: Path) -> np.ndarray:
+    """What says an input is the file its lengths were counted from: its size and modification time (ns)."""
+    st = os.stat(path)
+    return np.array([st.st_size, st.st_mtime_ns], dtype=np.int64)
 
 
 # -- step b: the packing recipe (generate_packing_strategy.py) -------------------------------------------------------
@@ -773,9 +783,11 @@ def plan_packing(counts: Sequence[dict[str, Any]], scratch: str, cfg: PackNvidia
 
 
 # -- step c: each input's rows, in pack order ---------------------------------------------------------------------------
-_SCATTER = ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")
-#: The scatter's arrays of a value a token or masked position (the rest are a value a row).
-_BIG = ("ids", "seg", "pos", "mlm")
+_SCATTER = ("keys", "seq", "pred", "nsl", "ids", "pos", "mlm")
+#: The scatter's arrays of a value a token or masked position (the rest are a value a row). The segment ids: one
+#: number a row where each row's are 0s then 1s (``in_<k>_segb.npy``), else a value a token (``in_<k>_seg.npy``,
+#: saved as these are): preprocessing.packing.save_segments.
+_BIG = ("ids", "pos", "mlm")
 #: The plan's choice for the scatter's big arrays: saved past the page cache (1) or through it (0).
 DIRECT_FLAG = "scatter_direct.npy"
 
@@ -795,9 +807,11 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     keys = np.empty(len(ls), dtype=np.int64)
     keys[order] = dest[len_off[ls] + base[ls - 1] + rank] if len(ls) else np.zeros(0, np.int64)
     p = Path(path)
+    ident = sd / f"stat_{k:05d}.npy"
     with InputFile(p) as f:
-        if f.n != len(lengths):
-            raise InputError(f"{p} changed while pack-nvidia ran ({f.n} rows, {len(lengths)} counted); run again")
+        if f.n != len(lengths) or (ident.exists() and not np.array_equal(_load(ident), file_identity(p))):
+            raise InputError(f"{p} changed while pack-nvidia ran ({f.n} rows, {len(lengths)} counted, or a new "
+                             "modification time); run again")
         maps = f.mapped() if pack_fast.available() else None
         if maps is not None:  # padded rows straight from the file into place order: one copy of each value
             pred_file = sd / f"pred_{k:05d}.npy"
@@ -806,6 +820,7 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
                                      else None)
             for name in _SCATTER:
                 _save(sd / f"in_{k:05d}_{name}.npy", arrays[name], direct=direct and name in _BIG)
+            save_segments(sd, f"in_{k:05d}", arrays["seg"], arrays["segb"], direct)
             return {"kind": "scatter", "k": k, "rows": len(keys)}
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
@@ -820,32 +835,31 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
               "nsl": rows.nsl, "ids": rows.ids, "seg": rows.seg, "pos": rows.pos, "mlm": rows.mlm}
     for name in _SCATTER:
         _save(sd / f"in_{k:05d}_{name}.npy", arrays[name], direct=direct and name in _BIG)
+    save_segments(sd, f"in_{k:05d}", arrays["seg"], None, direct)
     return {"kind": "scatter", "k": k, "rows": len(keys)}
 
 
 def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.ndarray, p: Path,
                     known_pred: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Step c on a padded file's memory maps: the rows in key order, compact (the same arrays as the chunked
-    path: ``row[:sum(input_mask)]``, ``positions[:count(positions != 0)]``), read in chunks of rows for the
-    lengths and checks, gathered once by the C loop. ``known_pred``: the masked positions a row, from the count
-    step, which found every row's positions non-zeros then zeros (then the compact positions need no check)."""
+    path: ``row[:sum(input_mask)]``, ``positions[:count(positions != 0)]``), each value copied once by the C loop.
+    ``lengths``: the count step's, from this file (its masks checked there; :func:`scatter_input` checked that the
+    file is the same). ``known_pred``: the masked positions a row, from the count step, which found every row's
+    positions non-zeros then zeros (then the compact positions need no check). The segment ids: ``segb``, each
+    row's 0s, where every row's are 0s then 1s (``seg`` None), else ``seg``, the values."""
     n, width = maps["input_ids"].shape
     pwidth = maps["masked_lm_positions"].shape[1]
     if maps["input_mask"].shape[1] != width or maps["segment_ids"].shape[1] != width or \
             maps["masked_lm_ids"].shape[1] != pwidth:  # pragma: no cover - InputFile checked the widths
         raise InputError(f"{p}: the widths of its padded datasets differ; the file is not MLPerf padded HDF5")
-    seq = np.empty(n, np.int64)
-    pred = np.empty(n, np.int64)
-    step = 1 << 15
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        seq[a:b], bad = pack_fast.mask_lengths(maps["input_mask"][a:b])
-        if known_pred is None:
-            pred[a:b] = np.count_nonzero(maps["masked_lm_positions"][a:b], axis=1)
-        else:
-            pred[a:b] = known_pred[a:b]
-        if bad >= 0 or not np.array_equal(seq[a:b], lengths[a:b]):
-            raise InputError(f"{p} changed while pack-nvidia ran (rows {a}..{b - 1}); run again")
+    seq = np.asarray(lengths, dtype=np.int64)
+    if known_pred is None:
+        pred = np.empty(n, np.int64)
+        step = 1 << 15
+        for a in range(0, n, step):
+            pred[a:a + step] = np.count_nonzero(maps["masked_lm_positions"][a:a + step], axis=1)
+    else:
+        pred = known_pred
     perm = np.argsort(keys, kind="stable")
     rows_at = perm.astype(np.int64)
     out: dict[str, np.ndarray] = {"keys": keys[perm], "seq": seq[perm].astype(np.int16),
@@ -854,11 +868,29 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
     # breaks them: copied again unbounded and checked as before, for the same one-line refusal
     bounded = True
     space = pack_fast.process_space(SPACE_OWNER)  # the compact values: written to the scratch before the next call
+    # the rows read in the file's order, each written to its place (pack_fast.place_runs; the gather in place
+    # order below where a value is out of bounds, for its refusal)
+    firsts = np.arange(n, dtype=np.int64)
+    dests = {}
+    for lens in (seq, pred):
+        at = np.empty(n, np.int64)
+        at[perm] = np.cumsum(lens[perm]) - lens[perm]
+        dests[id(lens)] = at
+    segb = pack_fast.segment_bounds(maps["segment_ids"].reshape(-1), firsts * width, seq)
+    segb = segb[perm] if segb is not None else None
+    out["segment_ids"] = None  # type: ignore[assignment]
     for name, dt, w, lens, lo, hi, buf in (("input_ids", "int16", width, seq, 0, None, "ids"),
                                            ("segment_ids", "int8", width, seq, 0, 1, "seg"),
                                            ("masked_lm_positions", "int16", pwidth, pred, None, None, "pos"),
                                            ("masked_lm_ids", "int16", pwidth, pred, 0, None, "mlm")):
+        if name == "segment_ids" and segb is not None:  # 0s then 1s, so 0 or 1 (check_compact's rule) each
+            continue
         flat = maps[name].reshape(-1)
+        placed = pack_fast.place_runs(flat, None, firsts * w, lens, dests[id(lens)], dt, lo=lo, hi=hi, space=space,
+                                      name=buf)
+        if placed is not None:
+            out[name] = placed
+            continue
         try:
             out[name] = pack_fast.gather_runs([flat], None, rows_at * w, lens[perm], dt, lo=lo, hi=hi, space=space,
                                               name=buf)
@@ -871,6 +903,9 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
             raise _out_of_range(p, name, dt, _first_bad_row(maps[name], lens, np.iinfo(dt))) from None
     nsl = np.asarray(maps["next_sentence_labels"])
     if not bounded:
+        if out["segment_ids"] is None:
+            out["segment_ids"] = pack_fast.gather_runs([maps["segment_ids"].reshape(-1)], None, rows_at * width,
+                                                       seq[perm], "int8")
         check_compact(p, 0, out["seq"], out["pred"], ids=out["input_ids"], seg=out["segment_ids"],
                       pos=out["masked_lm_positions"], mlm=out["masked_lm_ids"], row_ids=perm)
         raise BertpipeError(f"{p}: a value out of its bounds that check_compact passes (a bug)")
@@ -881,7 +916,7 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
         raise _out_of_range(p, "next_sentence_labels", "int8",
                             int(np.flatnonzero((nsl < info.min) | (nsl > info.max))[0]))
     return {"keys": out["keys"], "seq": out["seq"], "pred": out["pred"], "nsl": nsl[perm].astype(np.int8),
-            "ids": out["input_ids"], "seg": out["segment_ids"], "pos": out["masked_lm_positions"],
+            "ids": out["input_ids"], "seg": out["segment_ids"], "segb": segb, "pos": out["masked_lm_positions"],
             "mlm": out["masked_lm_ids"]}
 
 
@@ -939,11 +974,13 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
         return _gather_native(sd, n_inputs, q0, q1)
     parts, keys = [], []
     wanted: dict[str, list[tuple[Path, int, int]]] = {name: [] for name in _BIG}
+    segs: list[Any] = []
     for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
         t1, m1 = t0 + int(seq[a:b].sum(dtype=np.int64)), m0 + int(pred[a:b].sum(dtype=np.int64))
         keys.append(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b])
-        for name, lo, hi in (("ids", t0, t1), ("seg", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
+        for name, lo, hi in (("ids", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
             wanted[name].append((sd / f"in_{k:05d}_{name}.npy", lo, hi))
+        segs.append(segment_item(sd, f"in_{k:05d}", a, b, t0, t1, seq[a:b]))
         parts.append(Rows(seq=seq[a:b], pred=pred[a:b], nsl=_load(sd / f"in_{k:05d}_nsl.npy", mmap=True)[a:b],
                           ids=None, seg=None, pos=None, mlm=None))
     # views of the scratch files (or their slices read past the page cache): Rows.concat reads each once
@@ -951,18 +988,22 @@ def _gather(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
     for name, slices in wanted.items():
         for part, got in zip(parts, read_slices(slices, space, f"gather-{name}"), strict=True):
             setattr(part, name, got)
+    for part, got in zip(parts, segment_slices(segs, space, "gather-seg"), strict=True):
+        part.seg = got
     rows = Rows.concat(parts)
     rows.seq, rows.pred = rows.seq.astype(np.int64), rows.pred.astype(np.int64)
     return rows.take(_place_order(keys, q0, q1)[1])
 
 
 def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
-    """:func:`_gather` with the C loop: each row's tokens copied once, from the scratch files' memory maps straight
-    into place order (no concatenated copy first)."""
+    """:func:`_gather` with the C loop: each row's tokens copied once, from the scratch files' memory maps (or their
+    slices read past the page cache) straight into place order, each input's slice read in its own order
+    (pack_fast.place_runs); segment ids kept as one number a row are filled in place."""
     small: dict[str, list[np.ndarray]] = {"seq": [], "pred": [], "nsl": [], "which": [], "tok": [], "prd": []}
     keys: list[np.ndarray] = []
     srcs: dict[str, list[np.ndarray]] = {"ids": [], "seg": [], "pos": [], "mlm": []}
     wanted: dict[str, list[tuple[Path, int, int]]] = {name: [] for name in _BIG}
+    segs: list[Any] = []
     for k, a, b, seq, pred, t0, m0 in _input_slices(sd, n_inputs, q0, q1):
         s_k, p_k = np.asarray(seq[a:b], dtype=np.int64), np.asarray(pred[a:b], dtype=np.int64)
         keys.append(np.asarray(_load(sd / f"in_{k:05d}_keys.npy", mmap=True)[a:b]))
@@ -973,24 +1014,39 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
         small["tok"].append(np.cumsum(s_k) - s_k)  # within the input's slice
         small["prd"].append(np.cumsum(p_k) - p_k)
         t1, m1 = t0 + int(s_k.sum()), m0 + int(p_k.sum())
-        for name, lo, hi in (("ids", t0, t1), ("seg", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
+        for name, lo, hi in (("ids", t0, t1), ("pos", m0, m1), ("mlm", m0, m1)):
             wanted[name].append((sd / f"in_{k:05d}_{name}.npy", lo, hi))
+        segs.append(segment_item(sd, f"in_{k:05d}", a, b, t0, t1, s_k))
     order = _place_order(keys, q0, q1)[1]
-    cat = {name: (np.concatenate(v) if v else np.zeros(0, np.int64))[order] for name, v in small.items()}
-    seq, pred, which = cat["seq"], cat["pred"], cat["which"]
+    cat = {name: np.concatenate(v) if v else np.zeros(0, np.int64) for name, v in small.items()}  # input order
+    seq, pred = cat["seq"][order], cat["pred"][order]
+    # each input's slice read in its order, each row written to its place (rows of one input: ascending places)
+    dests = {}
+    for what, lens in (("tok", seq), ("prd", pred)):
+        dests[what] = np.empty(len(order), np.int64)
+        dests[what][order] = np.cumsum(lens) - lens
 
     space = pack_fast.process_space(SPACE_OWNER)  # the group's values: its shards written before the next call
     for name, slices in wanted.items():  # each input's slice: a view of its map, or read past the page cache
         srcs[name] = read_slices(slices, space, f"gather-{name}")
 
-    def runs(name: str, starts: np.ndarray, lens: np.ndarray, dt: str) -> np.ndarray:
+    def runs(name: str, at: str, dt: str) -> np.ndarray:
         if not srcs[name]:
             return np.zeros(0, dt)
-        return pack_fast.gather_runs(srcs[name], which, starts, lens, dt, space=space, name=name)
+        lens = cat["seq"] if at == "tok" else cat["pred"]
+        got = pack_fast.place_runs(srcs[name], cat["which"], cat[at], lens, dests[at], dt, space=space, name=name)
+        if got is None:  # pragma: no cover - the scratch holds values of dt, so the C loop always takes them
+            got = pack_fast.gather_runs(srcs[name], cat["which"][order], cat[at][order], lens[order], dt,
+                                        space=space, name=name)
+        return got
 
-    return Rows(seq=seq, pred=pred, nsl=cat["nsl"].astype(np.int8), ids=runs("ids", cat["tok"], seq, "int16"),
-                seg=runs("seg", cat["tok"], seq, "int8"), pos=runs("pos", cat["prd"], pred, "int16"),
-                mlm=runs("mlm", cat["prd"], pred, "int16"))
+    if segs and all(isinstance(it[0], np.ndarray) for it in segs):  # one number a row: filled in place order
+        seg = pack_fast.fill_segments(np.concatenate([it[0] for it in segs])[order], seq, space, "seg")
+    else:
+        srcs["seg"] = segment_slices(segs, space, "gather-seg")
+        seg = runs("seg", "tok", "int8")
+    return Rows(seq=seq, pred=pred, nsl=cat["nsl"][order].astype(np.int8), ids=runs("ids", "tok", "int16"),
+                seg=seg, pos=runs("pos", "prd", "int16"), mlm=runs("mlm", "prd", "int16"))
 
 
 def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:

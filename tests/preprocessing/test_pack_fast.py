@@ -260,6 +260,102 @@ def test_format_packs_is_json_dumps():
         pack_fast.format_packs(seq_len, seq_idx, off[::-1].copy())
 
 
+# -- placing runs, segment ids as one number a row -------------------------------------------------------------------
+@pytest.mark.parametrize("src_dt,out_dt", [("int32", "int16"), ("int8", "int8"), ("int16", "int64")])
+def test_place_runs_equals_the_gather_in_output_order(src_dt, out_dt):
+    """Rows read in their sources' order and written to their places give the gather of the same rows in place
+    order, from one source or several."""
+    require_native()
+    rng = np.random.default_rng(5)
+    srcs = [rng.integers(0, 100, 3000).astype(src_dt) for _ in range(3)]
+    n = 400
+    which = rng.integers(0, 3, n)
+    lens = rng.integers(0, 12, n)
+    starts = rng.integers(0, 2988, n)
+    perm = rng.permutation(n)  # output row j is run perm[j]
+    dests = np.empty(n, np.int64)
+    dests[perm] = np.cumsum(lens[perm]) - lens[perm]
+    want = pack_fast.gather_runs(srcs, which[perm], starts[perm], lens[perm], out_dt)
+    got = pack_fast.place_runs(srcs, which, starts, lens, dests, out_dt, lo=0, hi=99)
+    assert got is not None and got.dtype == np.dtype(out_dt) and np.array_equal(got, want)
+    one = pack_fast.place_runs(srcs[0], None, starts, lens, dests, out_dt)
+    assert np.array_equal(one, pack_fast.gather_runs([srcs[0]], None, starts[perm], lens[perm], out_dt))
+    # a value outside the bounds (or the type): None, and the gather names it
+    assert pack_fast.place_runs(srcs, which, starts, lens, dests, out_dt, lo=0, hi=98) is None or \
+        not (want == 99).any()
+    with pytest.raises(ValueError, match="outside out"):
+        pack_fast.native().place_runs(np.zeros(3, np.int16), np.array([2]), np.array([srcs[0].ctypes.data],
+                                      np.uint64), np.array([2]), srcs[0].itemsize, 0, 9)
+
+
+def test_place_runs_declines_without_the_extension(monkeypatch):
+    monkeypatch.setattr(pack_fast._NATIVE, "module", None)
+    monkeypatch.setattr(pack_fast._NATIVE, "reason", "off")
+    assert pack_fast.place_runs(np.arange(5), None, [0], [5], [0], "int16") is None
+    assert pack_fast.segment_bounds(np.zeros(5, np.int8), [0], [5]) is None
+
+
+@pytest.mark.parametrize("dt", ["int8", "int32"])
+def test_segment_bounds_keep_rows_of_0s_then_1s_and_fill_segments_gives_them_back(mode, dt):
+    rng = np.random.default_rng(9)
+    lens = rng.integers(0, 70, 500)
+    bounds = (lens * rng.random(500)).astype(np.int64)
+    bounds[:3] = [0, lens[1], lens[2] // 2]  # all 1s, all 0s, half
+    seg = pack_fast.fill_segments(bounds, lens)
+    want = np.concatenate([np.r_[np.zeros(b, np.int8), np.ones(n - b, np.int8)]
+                           for b, n in zip(bounds, lens, strict=True)])
+    assert seg.dtype == np.int8 and np.array_equal(seg, want)
+    if mode == "native":
+        starts = np.cumsum(lens) - lens
+        got = pack_fast.segment_bounds(seg.astype(dt), starts, lens)
+        assert got is not None and got.dtype == np.int16 and np.array_equal(got, bounds)
+        r = int(np.flatnonzero(lens >= 3)[0])
+        for broken in ([1, 0], [0, 2], [0, -1]):  # a 1 before a 0, a 2, a -1: kept as values
+            bad = seg.astype(dt)
+            bad[starts[r]:starts[r] + 2] = broken
+            assert pack_fast.segment_bounds(bad, starts, lens) is None
+    with pytest.raises(ValueError, match="outside 0..its row"):
+        pack_fast.fill_segments(np.array([4]), np.array([3]))
+
+
+def test_pack_nvidia_keeps_bert_segments_as_one_number_a_row_and_writes_the_same_files(tmp_path, monkeypatch):
+    """Inputs whose rows' segment ids are 0s then 1s (a BERT instance's) have them kept in the scratch as one number
+    a row; an input with other segment ids keeps the values; the shards are those of the NumPy path, which keeps
+    every value."""
+    import preprocessing.nvidia.pack as nv
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
+
+    require_native()
+    rng = np.random.default_rng(23)
+    t = 40
+    parts = []
+    for i, n in enumerate((300, 200, 250)):
+        rows = made_up_rows(rng.integers(1, t + 1, n).tolist(), rng, width=48, preds=10)
+        if i != 1:  # BERT's: [CLS] A [SEP] -> 0, B [SEP] -> 1
+            lens = rows["input_mask"].sum(axis=1)
+            first_b = (lens * rng.random(n)).astype(np.int64)
+            cols = np.arange(48)
+            rows["segment_ids"] = ((cols >= first_b[:, None]) & (cols < lens[:, None])).astype(np.int8)
+        parts.append(write_padded(tmp_path / f"part-{i:05d}.hdf5", rows))
+    kept = []
+    real = nv.save_segments
+    monkeypatch.setattr(nv, "save_segments", lambda sd, stem, v, b, d=False: (kept.append((stem, b is not None)),
+                                                                                 real(sd, stem, v, b, d))[1])
+    cfg = nv.PackNvidiaConfig(max_seq_length=t, shards_num=4, seed=3)
+    for direct in ("0", "1"):
+        monkeypatch.setenv("BERTPIPE_DIRECT_IO", direct)
+        nv.run_pack_nvidia(parts, tmp_path / f"native{direct}", cfg)
+    assert sorted(set(kept)) == [("in_00000", True), ("in_00001", False), ("in_00002", True)]
+    monkeypatch.setattr(pack_fast._NATIVE, "module", None)
+    monkeypatch.setattr(pack_fast._NATIVE, "reason", "off")
+    nv.run_pack_nvidia(parts, tmp_path / "numpy", cfg)
+    files = {m: json.loads((tmp_path / m / "_manifest.json").read_text())["files"]
+             for m in ("native0", "native1", "numpy")}
+    assert files["native0"] == files["numpy"] == files["native1"] and len(files["numpy"]) == 8
+    with h5py.File(tmp_path / "numpy" / "part_00000.hdf5", "r") as f:  # the segments are there, as 0s then 1s
+        assert any((np.diff(r) != 0).any() for r in f["segment_ids"][:])
+
+
 # -- pack-nvidia in both modes ----------------------------------------------------------------------------------------------
 def test_pack_nvidia_writes_the_same_files_in_both_modes(tmp_path, monkeypatch):
     """The memory-mapped padded path (C gathers) and the chunked h5py path (NumPy) write the same bytes, for
