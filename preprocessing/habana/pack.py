@@ -125,6 +125,9 @@ from preprocessing.packing import (
     padded_lengths,
     padded_maps,
     read_slices,
+    save_segments,
+    segment_item,
+    segment_slices,
     take_runs,
 )
 from preprocessing.packing import save_array as _save
@@ -777,8 +780,9 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
             _save(sd / f"in_{k:05d}_tok.npy", np.concatenate([[0], np.cumsum(s)]))
             _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q)]))
             _save(sd / f"in_{k:05d}_nsl.npy", nsl)
-            for short in ("ids", "seg", "pos", "mlm"):
+            for short in ("ids", "pos", "mlm"):
                 _save(sd / f"in_{k:05d}_{short}.npy", arrays[short], direct=direct)
+            save_segments(sd, f"in_{k:05d}", arrays["seg"], arrays["segb"], direct)
             return int(len(key))
         dtypes = {name: ds.dtype for name, ds in dsets.items()}
         for a in range(0, n, max(1, chunk)):
@@ -816,7 +820,10 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
     for lens, names in ((s, (("ids", "input_ids"), ("seg", "segment_ids"))),
                         (q, (("pos", "masked_lm_positions"), ("mlm", "masked_lm_ids")))):
         for (short, _), arr in zip(names, take_runs([comp.pop(name) for _, name in names], lens, order), strict=True):
-            _save(sd / f"in_{k:05d}_{short}.npy", arr, direct=direct)
+            if short == "seg":
+                save_segments(sd, f"in_{k:05d}", arr, None, direct)
+            else:
+                _save(sd / f"in_{k:05d}_{short}.npy", arr, direct=direct)
     return int(len(key))
 
 
@@ -843,6 +850,16 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     checked = True  # token ids >= 0 and segment ids 0 or 1, checked as they are copied
     # the compact values: saved to the scratch before the worker's next call, which takes the same buffers
     space = pack_fast.process_space("pack-habana-scatter")
+    # the kept rows read in the file's order, each written to its place (pack_fast.place_runs; the gather in place
+    # order below where a value is out of bounds, for its refusal)
+    s_file, q_file = seq[kept].astype(np.int64), pred[kept].astype(np.int64)
+    dests = {}
+    for what, lens in (("tok", s), ("prd", q)):
+        dests[what] = np.empty(len(kept), np.int64)
+        dests[what][order] = np.cumsum(lens) - lens
+    m = maps["segment_ids"]
+    segb = pack_fast.segment_bounds(m.reshape(-1), kept.astype(np.int64) * m.shape[1], s_file)
+    out["segb"] = segb[order] if segb is not None else None  # type: ignore[assignment]
     for short, name, lens, narrow, lo, hi in (("ids", "input_ids", s, np.int16, 0, None),
                                               ("seg", "segment_ids", s, np.int8, 0, 1),
                                               ("pos", "masked_lm_positions", q, np.int16, None, None),
@@ -851,6 +868,15 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
         src = np.dtype(m.dtype)
         flat = m.reshape(-1)
         dt = np.dtype(narrow) if np.dtype(narrow).itemsize < src.itemsize or src.kind != "i" else src
+        if short == "seg" and segb is not None:  # 0s then 1s, so 0 or 1 (check_compact's rule) each
+            out["seg"] = None  # type: ignore[assignment]
+            continue
+        at = "tok" if short in ("ids", "seg") else "prd"
+        placed = pack_fast.place_runs(flat, None, kept.astype(np.int64) * m.shape[1], s_file if at == "tok"
+                                      else q_file, dests[at], dt, lo=lo, hi=hi, space=space, name=short)
+        if placed is not None:
+            out[short] = placed
+            continue
         try:
             out[short] = pack_fast.gather_runs([flat], None, rows_at * m.shape[1], lens, dt, lo=lo, hi=hi,
                                                space=space, name=short)
@@ -867,7 +893,8 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     if checked:
         check_compact(p, 0, s, q, nsl=nsl, row_ids=rows_at)
     else:  # a value outside its bounds: the full check's one-line refusal
-        check_compact(p, 0, s, q, ids=out["ids"], seg=out["seg"], nsl=nsl, row_ids=rows_at)
+        seg = out["seg"] if out["seg"] is not None else pack_fast.fill_segments(out["segb"], s)
+        check_compact(p, 0, s, q, ids=out["ids"], seg=seg, nsl=nsl, row_ids=rows_at)
     return keys[rows_at], s, q, nsl, out
 
 
@@ -877,8 +904,9 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
     ``masked_lm_ids``) the rows' values back to back. The big arrays' slices: :func:`read_slices` (memory-mapped,
     or read past the page cache into the worker's buffers where the scatter saved them so)."""
     sd = Path(scratch)
-    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "seg", "pos", "mlm")}
-    wanted: dict[str, list[tuple[Path, int, int]]] = {n: [] for n in ("ids", "seg", "pos", "mlm")}
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "pos", "mlm")}
+    wanted: dict[str, list[tuple[Path, int, int]]] = {n: [] for n in ("ids", "pos", "mlm")}
+    segs: list[Any] = []
     for k in range(n_inputs):
         key = _load(sd / f"in_{k:05d}_keys.npy")
         a, b = (int(x) for x in np.searchsorted(key, [q0, q1]))
@@ -890,21 +918,45 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
         cols["seq"].append(np.diff(tok))
         cols["pred"].append(np.diff(prd))
         cols["nsl"].append(_load(sd / f"in_{k:05d}_nsl.npy")[a:b])
-        for name in ("ids", "seg"):
-            wanted[name].append((sd / f"in_{k:05d}_{name}.npy", t0, t1))
+        wanted["ids"].append((sd / f"in_{k:05d}_ids.npy", t0, t1))
+        segs.append(segment_item(sd, f"in_{k:05d}", a, b, t0, t1, cols["seq"][-1]))
         for name in ("pos", "mlm"):
             wanted[name].append((sd / f"in_{k:05d}_{name}.npy", m0, m1))
     space = pack_fast.process_space("pack-habana")  # the group's buffers (write_group's)
     for name, slices in wanted.items():
         cols[name] = read_slices(slices, space, f"gather-{name}")
-    got = {n: np.concatenate(v) if v else np.zeros(0, np.int64) for n, v in cols.items()}
-    order = np.argsort(got["keys"], kind="stable")
-    if not np.array_equal(got["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
+    small = {n: np.concatenate(cols[n]) if cols[n] else np.zeros(0, np.int64) for n in ("keys", "seq", "pred", "nsl")}
+    order = np.argsort(small["keys"], kind="stable")
+    if not np.array_equal(small["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
         raise InputError(f"pack-habana: places {q0}..{q1 - 1} are not each held once by the scratch (internal error)")
-    ids, seg = take_runs((got["ids"], got["seg"]), got["seq"], order)
-    pos, mlm = take_runs((got["pos"], got["mlm"]), got["pred"], order)
-    return {"seq": got["seq"][order], "pred": got["pred"][order], "next_sentence_labels": got["nsl"][order],
-            "input_ids": ids, "segment_ids": seg, "masked_lm_positions": pos, "masked_lm_ids": mlm}
+    seq, pred = small["seq"][order], small["pred"][order]
+    out = {"seq": seq, "pred": pred, "next_sentence_labels": small["nsl"][order]}
+    if segs and all(isinstance(it[0], np.ndarray) for it in segs):  # one number a row: filled in place order
+        out["segment_ids"] = pack_fast.fill_segments(np.concatenate([it[0] for it in segs])[order], seq, space,
+                                                     "gather-seg-placed")
+    else:
+        cols["seg"] = segment_slices(segs, space, "gather-seg")
+    # each input's slice read in its order, each row written to its place (pack_fast.place_runs), where the C loop
+    # runs and the inputs' slices share a type; else the concatenation taken in place order (NumPy)
+    which = np.concatenate([np.full(len(v), i, np.int64) for i, v in enumerate(cols["seq"])]) if cols["seq"] else \
+        np.zeros(0, np.int64)
+    for short, name, lens in (("ids", "input_ids", small["seq"]), ("seg", "segment_ids", small["seq"]),
+                              ("pos", "masked_lm_positions", small["pred"]), ("mlm", "masked_lm_ids", small["pred"])):
+        if name in out:
+            continue
+        srcs = cols[short]
+        placed = None
+        if srcs and len({np.dtype(x.dtype) for x in srcs}) == 1:
+            starts = np.concatenate([np.cumsum(x) - x for x in (cols["seq"] if lens is small["seq"] else cols["pred"])])
+            dests = np.empty(len(order), np.int64)
+            dests[order] = np.cumsum(lens[order]) - lens[order]
+            placed = pack_fast.place_runs(srcs, which, starts, lens, dests, srcs[0].dtype, space=space,
+                                          name=f"gather-{short}-placed")  # not build_packs' names
+        if placed is None:
+            flat = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+            placed = take_runs((flat,), lens, order)[0]
+        out[name] = placed
+    return out
 
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],

@@ -19,6 +19,7 @@ import pytest
 
 from bertpipe.cli import main
 from core.errors import InputError, RecordError
+from preprocessing import pack_fast
 from preprocessing.habana.pack import (
     DAG_STAGES,
     PACKED_DATASETS,
@@ -36,9 +37,11 @@ PADDED = (("input_ids", "i4"), ("input_mask", "i1"), ("segment_ids", "i1"), ("ma
           ("masked_lm_ids", "i4"), ("next_sentence_labels", "i1"))
 
 
-def write_padded(path: Path, lengths, *, width: int, preds: int, seed: int, first_id: int = 0) -> None:
+def write_padded(path: Path, lengths, *, width: int, preds: int, seed: int, first_id: int = 0,
+                 bert_segments: bool = False) -> None:
     """Padded MLPerf-style rows of these lengths: [CLS] first, row number ``first_id + i`` as token 1 (so every
-    sequence is unique), about 15 % of the other positions masked (at most ``preds``), random NSP labels."""
+    sequence is unique), about 15 % of the other positions masked (at most ``preds``), random NSP labels; segment
+    ids random 0/1, or (``bert_segments``) a BERT instance's: 0s then 1s."""
     rng = np.random.default_rng(seed)
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
@@ -47,6 +50,9 @@ def write_padded(path: Path, lengths, *, width: int, preds: int, seed: int, firs
     ids[:, 0] = 101
     ids[:, 1] = np.where(lengths > 1, 30000 + first_id + np.arange(n), 0)
     seg = (rng.integers(0, 2, (n, width)) * mask).astype(np.int8)
+    if bert_segments:
+        first_b = 1 + (rng.random(n) * lengths).astype(np.int64)  # [CLS] A... in segment 0, then B... in 1
+        seg = ((np.arange(width) >= first_b[:, None]) * mask).astype(np.int8)
     pos = np.zeros((n, preds), np.int32)
     mids = np.zeros((n, preds), np.int32)
     for i, ln in enumerate(lengths.tolist()):
@@ -170,6 +176,34 @@ def test_every_length_several_files_as_the_script(packed_every):
     assert info["files"] == m.counters["files"] == 2 and info["packs"] == m.counters["packs"]
     assert m.counters["sequences"] == 30 * 128 + 6000
     assert_same_packs(ours, tmp / "theirs", 2)
+
+
+@pytest.mark.parametrize("other", [None, 1])
+def test_bert_segments_kept_as_one_number_a_row_pack_as_the_script(other, tmp_path, monkeypatch):
+    """Rows whose segment ids are 0s then 1s (a BERT instance's) are kept in the scratch as one number a row and
+    filled back, in groups one after another in one process (the buffers used again): the script's files, byte
+    for byte; an input with other segment ids (``other``) keeps its values beside them."""
+    import preprocessing.habana.pack as hp
+
+    d = tmp_path / "in"
+    d.mkdir()
+    rng = np.random.default_rng(17)
+    lengths = np.concatenate([np.tile(np.arange(1, 129), 30), rng.integers(1, 129, 6000)])
+    rng.shuffle(lengths)
+    first = 0
+    for k, chunk in enumerate(np.split(lengths, [2000, 2100, 7000])):
+        write_padded(d / f"wiki_training_{k}.hdf5", chunk, width=128, preds=20, seed=k, first_id=first,
+                     bert_segments=k != other)
+        first += len(chunk)
+    kept = []
+    real = hp.save_segments
+    monkeypatch.setattr(hp, "save_segments", lambda sd, stem, v, b, direct=False: (
+        kept.append((stem, b is not None)), real(sd, stem, v, b, direct))[1])
+    ours, info, m = pack_both(d, tmp_path, L=128, P=20, keep_partial_last=True)
+    # (without the C loop every input keeps its values: the same files)
+    assert sorted(set(kept)) == [(f"in_{k:05d}", pack_fast.available() and k != other) for k in range(4)]
+    assert info["files"] == m.counters["files"] == 2
+    assert_same_packs(ours, tmp_path / "theirs", 2)
 
 
 def test_keep_partial_last_false_writes_the_scripts_files_exactly(packed_every, every_128, tmp_path):
