@@ -46,22 +46,26 @@ its packs are valid but not NVIDIA's.
 How bertpipe runs it (same outputs; memory bounded by the largest input file, and in the plan by ~10 bytes a
 sequence: the full set's in ~1.4 GB):
 
-a. :func:`count_lengths` per input (parallel): every row's length, checked, into a scratch ``.npy``;
+a. :func:`count_lengths` per input (parallel): every row's length, checked, into a scratch ``.npy`` (with the
+   file's size and modification time, which the scatter checks instead of reading the masks again);
 b. :func:`plan_packing` (one process): the recipe (:func:`packing_recipe`, the reference's arithmetic with the
    same NumPy/SciPy calls) and the assignment (:func:`assign_packs`: the same draws of a Python ``random.Random``,
    in the same order), kept as arrays: pack -> its sequences, and (length, index) -> its place;
 c. :func:`scatter_input` per input (parallel): the input's rows, compacted, sorted by their place, into scratch
    (its big arrays past the page cache where the whole scratch would fill more than half the memory available, as
-   the plan decides: ``O_DIRECT``, preprocessing.packing.save_array; the groups read each file as it was saved);
+   the plan decides: ``O_DIRECT``, preprocessing.packing.save_array; the groups read each file as it was saved).
+   Segment ids that are 0s then 1s, as a BERT instance's are, are kept as one number a row (the count of 0s:
+   preprocessing.packing.save_segments), other ones as a byte a token;
 d. :func:`write_shard_group` per group of shards (parallel): the shard lists and packed shards, from the
    contiguous slices of every input's scratch that the group's packs hold; every file to a temporary name,
    closed, renamed; :func:`finish_pack` writes the manifest last.
 
 The loops run in C where ``preprocessing._pack_native`` is available (:mod:`preprocessing.pack_fast`): a padded
-input is memory-mapped and each row's valid prefix copied once, converted and range-checked, straight into place
-order; a group's rows are copied once from the inputs' scratch maps into pack order; the shuffles are CPython's
-loop; the shard lists are formatted in C. Without it (``BERTPIPE_NATIVE=0``, no compiler) the NumPy paths write
-the same bytes (tested), in ~2.5x the CPU.
+input is memory-mapped and its rows read in the file's order, each row's valid prefix converted, range-checked and
+written once to its place (``place_runs``: rows read in another order than stored cost a cache miss each, ~2.7x
+the copy); a group reads each input's scratch slice in its order and places its rows in pack order likewise; the
+shuffles are CPython's loop; the shard lists are formatted in C. Without it (``BERTPIPE_NATIVE=0``, no compiler)
+the NumPy paths write the same bytes (tested), in ~2.5x the CPU.
 
 Differences from the reference, where it is unseeded, unordered or crashes:
 
