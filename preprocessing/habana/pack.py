@@ -761,10 +761,12 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
                   chunk: int, direct: bool = False) -> int:
     """Input ``k``'s rows that the written packs hold (``keys``: each row's place, row-major over the packs' real
     slots, or -1), compact (a row's first ``seq`` tokens and ``pred`` masked positions), sorted by place, into
-    ``scratch``: the input is read once (a padded file stored as tfrecord-to-hdf5 writes it: memory-mapped, each
-    kept row's valid prefix copied once, in place order, by the C loop; else in blocks of ``chunk`` rows).
-    ``direct``: the compact values (the big arrays) saved past the page cache (:func:`save_array`; the groups read
-    them with :func:`read_slices`). Returns the rows kept."""
+    ``scratch``: the input is read once (a padded file stored as tfrecord-to-hdf5 writes it: memory-mapped, the
+    kept rows read in the file's order and each row's valid prefix written once to its place by the C loop,
+    pack_fast.place_runs; else in blocks of ``chunk`` rows). ``direct``: the compact values (the big arrays) saved
+    past the page cache (:func:`save_array`; the groups read them with :func:`read_slices`). Segment ids that are
+    0s then 1s (a BERT instance's) are kept as one number a row (preprocessing.packing.save_segments). Returns
+    the rows kept."""
     p, sd = Path(path), Path(scratch)
     n = len(keys)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in _ROW_DATASETS}
@@ -840,8 +842,9 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
                     pred: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """:func:`scatter_input` on a padded file's memory maps: the kept rows' (sorted) places, lengths, predictions
     and labels in place order, and their compact values (``ids``, ``seg``, ``pos``, ``mlm``: 2-byte ids and 1-byte
-    segments where the values fit, else the file's type), each value copied once; checked as the compact rows
-    the packs hold (token ids >= 0, segment ids and labels 0 or 1: one line naming the file's row)."""
+    segments where the values fit, else the file's type; ``segb``, each row's 0s, where every row's segment ids are
+    0s then 1s, and then ``seg`` None), each value copied once; checked as the compact rows the packs hold (token
+    ids >= 0, segment ids and labels 0 or 1: one line naming the file's row)."""
     kept = np.flatnonzero(keys >= 0)
     order = np.argsort(keys[kept], kind="stable")
     rows_at = kept[order].astype(np.int64)
