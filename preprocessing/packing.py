@@ -69,6 +69,25 @@ def _spans(starts: np.ndarray, lens: np.ndarray, dt: type) -> np.ndarray:
     return idx
 
 
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")``, through a 16-bit copy where the integers fit one: NumPy then sorts by
+    radix (lengths, strategies: ~5x faster than its merge sort of int64 here)."""
+    v = np.asarray(values)
+    if v.size and v.dtype.kind in "iu" and v.dtype.itemsize > 2:
+        lo, hi = int(v.min()), int(v.max())
+        if 0 <= lo and hi < 1 << 16:
+            return np.argsort(v.astype(np.uint16), kind="stable")
+        if -(1 << 15) <= lo and hi < 1 << 15:
+            return np.argsort(v.astype(np.int16), kind="stable")
+    return np.argsort(v, kind="stable")
+
+
+def distinct_argsort(keys: np.ndarray) -> np.ndarray:
+    """The order that sorts ``keys``, which are distinct (places: each held once), so every sort gives the stable
+    sort's order: NumPy's default (its vectorized quicksort, ~4x faster than the merge sort of int64 here)."""
+    return np.argsort(np.asarray(keys))
+
+
 def take_runs(srcs: Sequence[np.ndarray], lengths: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
     """Each of ``srcs`` holds runs back to back (run i: ``lengths[i]`` values); the runs in ``order`` (a
     permutation or selection), concatenated, one array per source. Gathered :data:`TAKE_RUNS` runs at a time

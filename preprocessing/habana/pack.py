@@ -121,6 +121,7 @@ from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.packing import (
     check_strategy_space,
+    distinct_argsort,
     h5_reserved,
     padded_lengths,
     padded_maps,
@@ -128,6 +129,7 @@ from preprocessing.packing import (
     save_segments,
     segment_item,
     segment_slices,
+    stable_argsort,
     take_runs,
 )
 from preprocessing.packing import save_array as _save
@@ -659,7 +661,7 @@ def assign_packs(seq: np.ndarray, recipe: Recipe, cfg: HabanaPackConfig, chunk_p
     for st in row_blocks(strat, 0, packs, step):
         st = st.astype(np.int64)
         # rank: the pack is the t-th of its strategy in output order
-        by = np.argsort(st, kind="stable")
+        by = stable_argsort(st)
         sst = st[by]
         rank = np.empty(len(st), dtype=np.int64)
         rank[by] = seen[sst] + np.arange(len(st)) - np.searchsorted(sst, sst, side="left")
@@ -814,7 +816,7 @@ def scatter_input(k: int, path: str, keys: np.ndarray, seq: np.ndarray, pred: np
             comp[name] = v.astype(np.int16)
     kept = keys >= 0
     key, s, q = keys[kept], seq[kept].astype(np.int64), pred[kept].astype(np.int64)
-    order = np.argsort(key, kind="stable")
+    order = distinct_argsort(key)  # places: each held once
     _save(sd / f"in_{k:05d}_keys.npy", key[order])
     _save(sd / f"in_{k:05d}_tok.npy", np.concatenate([[0], np.cumsum(s[order])]))
     _save(sd / f"in_{k:05d}_prd.npy", np.concatenate([[0], np.cumsum(q[order])]))
@@ -846,7 +848,7 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     0s then 1s, and then ``seg`` None), each value copied once; checked as the compact rows the packs hold (token
     ids >= 0, segment ids and labels 0 or 1: one line naming the file's row)."""
     kept = np.flatnonzero(keys >= 0)
-    order = np.argsort(keys[kept], kind="stable")
+    order = distinct_argsort(keys[kept])  # places: each held once
     rows_at = kept[order].astype(np.int64)
     s, q = seq[rows_at].astype(np.int64), pred[rows_at].astype(np.int64)
     out: dict[str, np.ndarray] = {}
@@ -929,7 +931,7 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
     for name, slices in wanted.items():
         cols[name] = read_slices(slices, space, f"gather-{name}")
     small = {n: np.concatenate(cols[n]) if cols[n] else np.zeros(0, np.int64) for n in ("keys", "seq", "pred", "nsl")}
-    order = np.argsort(small["keys"], kind="stable")
+    order = distinct_argsort(small["keys"])  # checked below: each place once
     if not np.array_equal(small["keys"][order], np.arange(q0, q1)):  # pragma: no cover - each place once
         raise InputError(f"pack-habana: places {q0}..{q1 - 1} are not each held once by the scratch (internal error)")
     seq, pred = small["seq"][order], small["pred"][order]

@@ -132,6 +132,7 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     MAX_STRATEGIES,
     TAKE_RUNS,
     check_strategy_space,
+    distinct_argsort,
     h5_reserved,
     padded_lengths,
     padded_maps,
@@ -140,6 +141,7 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     save_segments,
     segment_item,
     segment_slices,
+    stable_argsort,
     strategy_count,
     take_runs,
 )
@@ -697,7 +699,7 @@ def assign_packs(histogram: Sequence[int] | np.ndarray, recipe: Recipe, seed: in
         lens = table[instances[c0:c0 + chunk_packs]].reshape(-1)
         pos = np.flatnonzero(lens)
         ls = lens[pos]
-        order = np.argsort(ls, kind="stable")  # each length's slots in pack order
+        order = stable_argsort(ls)  # each length's slots in pack order
         counts = np.bincount(ls, minlength=t + 1)[1:]
         taken = np.concatenate([slots[ptr[i]:ptr[i] + counts[i]] for i in np.flatnonzero(counts)])
         ptr += counts
@@ -799,10 +801,11 @@ DIRECT_FLAG = "scatter_direct.npy"
 def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dict[str, Any]:
     """Step c for input ``k``: its rows, compact, sorted by their place in the packs, into scratch."""
     sd = Path(scratch)
-    lengths = _load(sd / f"len_{k:05d}.npy").astype(np.int64)
+    lengths = _load(sd / f"len_{k:05d}.npy")
+    order = stable_argsort(lengths)  # int16 lengths: a radix sort
+    lengths = lengths.astype(np.int64)
     base = _load(sd / "base.npy", mmap=True)[k].astype(np.int64)
     len_off = _load(sd / "len_off.npy")
-    order = np.argsort(lengths, kind="stable")
     ls = lengths[order]
     first = np.searchsorted(ls, ls, side="left")  # first row of each row's length, in sorted order
     rank = np.arange(len(ls), dtype=np.int64) - first
@@ -833,7 +836,7 @@ def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
                 raise InputError(f"{p} changed while pack-nvidia ran (rows {a}..{b - 1}); run again")
             parts.append(r)
     rows = Rows.concat(parts)
-    perm = np.argsort(keys, kind="stable")
+    perm = distinct_argsort(keys)
     rows = rows.take(perm)
     arrays = {"keys": keys[perm], "seq": rows.seq.astype(np.int16), "pred": rows.pred.astype(np.int16),
               "nsl": rows.nsl, "ids": rows.ids, "seg": rows.seg, "pos": rows.pos, "mlm": rows.mlm}
@@ -864,7 +867,7 @@ def _scatter_mapped(maps: dict[str, np.ndarray], lengths: np.ndarray, keys: np.n
             pred[a:a + step] = np.count_nonzero(maps["masked_lm_positions"][a:a + step], axis=1)
     else:
         pred = known_pred
-    perm = np.argsort(keys, kind="stable")
+    perm = distinct_argsort(keys)
     rows_at = perm.astype(np.int64)
     out: dict[str, np.ndarray] = {"keys": keys[perm], "seq": seq[perm].astype(np.int16),
                                   "pred": pred[perm].astype(np.int16)}
@@ -966,7 +969,7 @@ def _input_slices(sd: Path, n_inputs: int, q0: int, q1: int) -> Iterator[tuple[i
 def _place_order(keys: list[np.ndarray], q0: int, q1: int) -> tuple[np.ndarray, np.ndarray]:
     """The concatenated keys and the order that puts them at places ``q0..q1-1``, each exactly once."""
     key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-    order = np.argsort(key, kind="stable")
+    order = distinct_argsort(key)  # checked below: each place once
     if not np.array_equal(key[order], np.arange(q0, q1)):  # pragma: no cover - every sequence exactly once
         raise BertpipeError(f"pack-nvidia: places {q0}..{q1 - 1} are not each held once by the scratch (a bug)")
     return key, order

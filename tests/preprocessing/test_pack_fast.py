@@ -356,6 +356,20 @@ def test_pack_nvidia_keeps_bert_segments_as_one_number_a_row_and_writes_the_same
         assert any((np.diff(r) != 0).any() for r in f["segment_ids"][:])
 
 
+def test_the_packers_sorts_give_numpys_stable_order():
+    """stable_argsort (a 16-bit radix sort where the values fit) and distinct_argsort (distinct keys: any sort) give
+    what ``np.argsort(kind="stable")`` gives, for values that fit 16 bits signed or not, and ones that do not."""
+    from preprocessing.packing import distinct_argsort, stable_argsort
+
+    rng = np.random.default_rng(13)
+    for lo, hi in ((1, 513), (0, 60_000), (-300, 300), (-40_000, 70_000)):
+        v = rng.integers(lo, hi, 5000).astype(np.int64)
+        assert np.array_equal(stable_argsort(v), np.argsort(v, kind="stable")), (lo, hi)
+    assert np.array_equal(stable_argsort(np.zeros(0, np.int64)), np.zeros(0, np.int64))
+    keys = rng.permutation(90_000)[:7000].astype(np.int64)
+    assert np.array_equal(distinct_argsort(keys), np.argsort(keys, kind="stable"))
+
+
 # -- pack-nvidia in both modes ----------------------------------------------------------------------------------------------
 def test_pack_nvidia_writes_the_same_files_in_both_modes(tmp_path, monkeypatch):
     """The memory-mapped padded path (C gathers) and the chunked h5py path (NumPy) write the same bytes, for
