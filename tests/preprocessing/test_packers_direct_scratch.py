@@ -6,6 +6,7 @@ with their scratch saved either way (the gathers read each file as it was saved)
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -66,7 +67,14 @@ def test_direct_arrays_round_trip_whole_and_in_slices(tmp_path, monkeypatch, mod
 
 
 def _md5s(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    """Every output file's md5, and the manifest's entries (its ``seconds`` are the run's own: not compared)."""
+    got = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+           if p.is_file() and p.name != "_manifest.json"}
+    manifest = folder / "_manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        got["_manifest.json"] = json.dumps({k: v for k, v in m.items() if k != "seconds"}, sort_keys=True)
+    return got
 
 
 @pytest.fixture(scope="module")

@@ -423,3 +423,24 @@ def test_dag_pieces_write_what_the_stage_function_writes(golden_parts, tmp_path)
     direct = run_pack_nvidia(golden_parts, ref_dir, cfg)
     assert [(f.name, f.md5) for f in out.files] == [(f.name, f.md5) for f in direct.files]
     assert not (plan.dir / ".pack_nvidia_scratch").exists()
+
+
+def test_an_input_rewritten_between_the_count_and_the_scatter_is_refused(tmp_path):
+    """The scatter takes the count step's lengths without reading the masks again: the input must be the file that
+    was counted (its size and modification time), else one line says to run again."""
+    import os
+
+    from preprocessing.nvidia.pack import count_lengths, plan_packing, scatter_input
+
+    rng = np.random.default_rng(31)
+    part = write_padded(tmp_path / "part-00000.hdf5", made_up_rows(rng.integers(1, 17, 60).tolist(), rng,
+                                                                    width=16, preds=4))
+    sd = tmp_path / "scratch"
+    sd.mkdir()
+    cfg = PackNvidiaConfig(max_seq_length=16, shards_num=2)
+    plan_packing([count_lengths(0, str(part), str(sd), cfg)], str(sd), cfg)
+    assert scatter_input(0, str(part), str(sd), cfg)["rows"] == 60  # unchanged: taken
+    st = part.stat()
+    os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # rewritten in place, same size
+    with pytest.raises(InputError, match=r"part-00000.hdf5 changed while pack-nvidia ran .*run again"):
+        scatter_input(0, str(part), str(sd), cfg)
