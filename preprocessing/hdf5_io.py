@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -70,13 +71,16 @@ def atomic_path(final: Path) -> Iterator[Path]:
         raise
 
 
-def h5_open_new(path: Path | str, *, in_memory: bool = False, **kw: Any) -> h5py.File:
+def h5_open_new(path: Path | str, *, in_memory: bool = False, image_callbacks: int | None = None,
+                **kw: Any) -> h5py.File:
     """Create (truncate) ``path`` for writing, as ``h5py.File(path, "w", **kw)`` does (h5py's own property
     lists, so the same bytes) but with HDF5's strong file-close degree. Close it with :func:`h5_close_for_good`.
 
     ``in_memory``: build the file in memory (HDF5's core driver; :func:`h5_create` writes its image itself: the
-    same bytes, fewer system calls, and a full disk fails a plain write, never an HDF5 flush; for small files). ``kw``: any other ``h5py.File`` keyword (``libver``,
-    ``track_order``, ``userblock_size``, ``fs_strategy``, cache and driver settings...).
+    same bytes, fewer system calls, and a full disk fails a plain write, never an HDF5 flush; for small files).
+    ``image_callbacks``: with ``in_memory``, the address of HDF5 file-image callbacks (``H5Pset_file_image_callbacks``)
+    that give the core driver its memory (preprocessing.packing.h5_image). ``kw``: any other ``h5py.File`` keyword
+    (``libver``, ``track_order``, ``userblock_size``, ``fs_strategy``, cache and driver settings...).
     """
     import h5py
     from h5py import h5f
@@ -93,9 +97,46 @@ def h5_open_new(path: Path | str, *, in_memory: bool = False, **kw: Any) -> h5py
         kw.setdefault("backing_store", True)
     fapl = hl.make_fapl(driver, **kw)
     fapl.set_fclose_degree(h5f.CLOSE_STRONG)  # H5Fclose closes every object of the file, then the file
+    if image_callbacks is not None:
+        if driver != "core":
+            raise ValueError("h5_open_new: image_callbacks need in_memory=True (the core driver)")
+        set_image_callbacks(fapl.id, image_callbacks)
     fcpl = hl.make_fcpl(track_order=h5py.get_config().track_order if track_order is None else track_order,
                         **fcpl_kw)
     return h5py.File(hl.make_fid(os.fsencode(os.fspath(path)), "w", userblock_size, fapl, fcpl))
+
+
+def libhdf5() -> Any:
+    """The HDF5 library h5py runs on (ctypes; the one loaded in this process), or None where it cannot be found."""
+    import ctypes
+
+    import h5py  # noqa: F401 - loads the library
+
+    if _LIBHDF5:
+        return _LIBHDF5[0]
+    lib = None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/libhdf5" in line}
+        names = sorted(p for p in paths if re.search(r"/libhdf5(_serial)?[-.][^/]*$", p))
+        if names:
+            lib = ctypes.CDLL(names[0])
+            lib.H5Pset_file_image_callbacks.argtypes = (ctypes.c_int64, ctypes.c_void_p)
+            lib.H5Pset_file_image_callbacks.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        lib = None
+    _LIBHDF5.append(lib)
+    return lib
+
+
+_LIBHDF5: list[Any] = []
+
+
+def set_image_callbacks(fapl_id: int, callbacks: int) -> None:
+    """``H5Pset_file_image_callbacks(fapl_id, callbacks)`` (the address of an ``H5FD_file_image_callbacks_t``)."""
+    lib = libhdf5()
+    if lib is None or lib.H5Pset_file_image_callbacks(fapl_id, callbacks) < 0:
+        raise BertpipeError("HDF5 refused the file-image callbacks (H5Pset_file_image_callbacks)")
 
 
 def h5_close_for_good(f: h5py.File, *, fsync: bool = True) -> None:

@@ -374,6 +374,140 @@ def h5_reserved(path: Path | str, bound: int) -> Iterator[Any]:
     os.truncate(path, os.path.getsize(path))  # the reserved blocks past the end given back
 
 
+class ImageOutputs:
+    """A call's HDF5 outputs (:meth:`create`: as :func:`h5_reserved`'s, the same bytes) built in memory by HDF5's core
+    driver, each written in one go when it closes: past the page cache (``O_DIRECT``) where ``direct``, and then
+    hashed from memory, up to :data:`LANES` files side by side (core.manifest.md5_buffers), instead of read back
+    from the page cache. :meth:`md5s` gives the md5s by path (for md5_then_fsync's ``known``).
+
+    Why: HDF5's own driver writes a file of variable-length rows as its 64 KiB heap collections, and every byte
+    written through the page cache costs the kernel a page to find (with the memory full of cache: a reclaim),
+    0.25-1.7 system seconds a GB on the 2-core VM, varying 4x from run to run; the full set's outputs (150-300 GB)
+    do not stay in the cache anyway. The core driver's memory is a ``space`` buffer per held image (``"h5-image-<i>"``,
+    pack_fast.Space: the same pages from one file to the next; ``pack_fast.native()``'s image arena). Without the C
+    extension or HDF5's library at hand, the files are h5_reserved's and hashed from the page cache."""
+
+    #: Images held for hashing at once (the md5 kernels' 8 lanes; at full size ~0.3 GB of a group's shards).
+    LANES = 8
+
+    def __init__(self, space: Any = None, direct: bool = False) -> None:
+        from preprocessing.hdf5_io import libhdf5
+
+        self.space, self.direct = space, direct
+        self.mod = pack_fast.native()
+        self.usable = self.mod is not None and libhdf5() is not None
+        self.held: list[tuple[str, memoryview]] = []  # written, not hashed yet
+        self.known: dict[str, str] = {}  # path at its write -> md5
+        self.renamed: dict[str, str] = {}
+
+    @contextmanager
+    def create(self, path: Path | str, bound: int) -> Iterator[Any]:
+        """``with outputs.create(tmp, bound) as f:`` the new HDF5 file ``f`` (``bound``: at least its size); when the
+        block ends it is written to ``path`` (and fsynced as h5_reserved's: core.manifest.writes.sync_fd)."""
+        if not self.usable:
+            with h5_reserved(path, bound) as f:
+                yield f
+            return
+        if len(self.held) >= self.LANES:
+            self._hash()
+        mod, path = self.mod, Path(path)
+        n = int(bound) + scratch.ALIGN
+        buf = (scratch.aligned_from(self.space, f"h5-image-{len(self.held)}", n) if self.space is not None
+               else scratch.aligned_empty(n))
+        mod.image_arena(buf)
+        try:
+            f = h5_open_new(path, in_memory=True, backing_store=False, block_size=1 << 16,
+                            image_callbacks=mod.image_callbacks())
+            try:
+                yield f
+            except BaseException:
+                try:
+                    h5_close_for_good(f, fsync=False)
+                except Exception:  # noqa: BLE001,S110 - closing after a failure: nothing reaches the disk anyway
+                    pass
+                raise
+            h5_close_for_good(f, fsync=False)  # in memory: the image is final
+            at, grown, in_buf = mod.image_view()
+            if in_buf:
+                image = memoryview(buf)[:grown]
+            else:  # it outgrew the buffer: a copy, the arena's memory freed below
+                image = memoryview(bytes((ctypes.c_char * grown).from_address(at)))
+            size = image_size(image)
+            if size > grown:
+                raise BertpipeError(f"{path}: the HDF5 image holds {grown} bytes, its superblock says {size} (a bug)")
+            _write_image(path, memoryview(buf) if in_buf else image, size, self.direct and in_buf)
+            self.held.append((os.fspath(path), image[:size]))
+        finally:
+            mod.image_arena(None)
+
+    def _hash(self) -> None:
+        from core.manifest import md5_buffers
+
+        if self.held:
+            for (p, _), md5 in zip(self.held, md5_buffers([v for _, v in self.held]), strict=True):
+                self.known[p] = md5
+            self.held.clear()
+
+    def rename(self, tmp: Path | str, final: Path | str) -> None:
+        """``os.replace(tmp, final)``, the md5 following the file."""
+        os.replace(tmp, final)
+        self.renamed[os.fspath(final)] = os.fspath(tmp)
+
+    def md5s(self) -> dict[str, str]:
+        """Every file's md5 so far, by its path (the name it was renamed to, if any): the held images hashed now."""
+        self._hash()
+        got = dict(self.known)
+        for final, tmp in self.renamed.items():
+            if tmp in got:
+                got[final] = got.pop(tmp)
+        return got
+
+
+def image_size(image: memoryview | bytes) -> int:
+    """The size of the HDF5 file whose image starts ``image``: its superblock's base address plus its
+    end-of-file address, the length HDF5's own file driver truncates the file to at its close."""
+    head = bytes(image[:64])
+    if head[:8] != b"\x89HDF\r\n\x1a\n":
+        raise BertpipeError("an HDF5 image without a superblock at its start (a bug)")
+    version = head[8]
+    if version in (0, 1):
+        width, at = head[13], 24 if version == 0 else 28  # addresses: base, free space, end of file, driver
+        base = int.from_bytes(head[at:at + width], "little")
+        eof = int.from_bytes(head[at + 2 * width:at + 3 * width], "little")
+    elif version in (2, 3):
+        width = head[9]  # addresses: base, superblock extension, end of file, root group
+        base = int.from_bytes(head[12:12 + width], "little")
+        eof = int.from_bytes(head[12 + 2 * width:12 + 3 * width], "little")
+    else:
+        raise BertpipeError(f"an HDF5 image with superblock version {version}, which bertpipe does not read")
+    return base + eof
+
+
+def _write_image(path: Path, image: memoryview, size: int, direct: bool) -> None:
+    """The first ``size`` bytes of ``image`` as the file ``path`` (created or truncated), fsynced as every HDF5
+    writer's (sync_fd). ``direct``: past the page cache, whole blocks (``image`` has room past ``size``: zeroed,
+    then cut off), where the file system takes it."""
+    from core.manifest.writes import sync_fd
+
+    if direct:
+        fd, direct = scratch.open_for_write(path)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if direct:
+            end = -(-size // scratch.ALIGN) * scratch.ALIGN
+            image[size:end] = bytes(end - size)
+            fd, _ = scratch.write_all(fd, path, image[:end], True)
+            os.ftruncate(fd, size)
+        else:
+            done = 0
+            while done < size:
+                done += os.write(fd, image[done:size])
+        sync_fd(fd)
+    finally:
+        os.close(fd)
+
+
 def padded_lengths(path: Path, first: int, rows: dict[str, np.ndarray]) -> np.ndarray:
     """The lengths (int64) of a block of padded rows (``rows``: ``input_mask`` and any of ``masked_lm_positions``,
     ``masked_lm_ids``, ``next_sentence_labels``, the file's rows ``first``...), checked by hdf5_check.check_padded's

@@ -186,3 +186,34 @@ def test_the_kernels_build_with_gcc_and_clang_alike(cc, files, tmp_path, monkeyp
     for k in mod.kernels():
         assert mod.md5_files([str(p) for p in files], k) == want, (cc, k)
     assert mod.md5_files([str(p) for p in files]) == want
+
+
+def test_buffers_hash_as_files_with_every_kernel_and_without_the_extension(files, monkeypatch) -> None:
+    """md5_buffers: the packers' images, hashed from memory side by side, equal hashlib's digests for every size
+    around the block and piece edges, bytes, memoryviews and uint8 arrays alike, in the given order."""
+    import numpy as np
+
+    from core.manifest import md5_buffers
+
+    mod = native()
+    bufs = [p.read_bytes() for p in files]
+    kinds = [b if i % 3 == 0 else memoryview(bytearray(b)) if i % 3 == 1 else np.frombuffer(b, np.uint8)
+             for i, b in enumerate(bufs)]
+    want = [hashlib.md5(b).hexdigest() for b in bufs]
+    assert md5_buffers(kinds) == want
+    for k in mod.kernels():
+        for n in (1, 2, 5, 17, len(kinds)):
+            assert mod.md5_buffers(kinds[:n], k) == want[:n], (k, n)
+    assert md5_buffers([]) == [] and md5_buffers(kinds[:1]) == want[:1]
+    monkeypatch.setenv("BERTPIPE_NATIVE", "0")
+    monkeypatch.setattr(_MD5, "module", None)
+    monkeypatch.setattr(_MD5, "reason", "")
+    assert md5_buffers(kinds[:7]) == want[:7]
+
+
+def test_a_strided_buffer_is_refused() -> None:
+    import numpy as np
+
+    mod = native()
+    with pytest.raises((BufferError, ValueError)):
+        mod.md5_buffers([np.arange(100, dtype=np.uint8)[::2], b"x"])

@@ -181,6 +181,8 @@ typedef struct {
     Py_ssize_t err_file;
     int err_no;
     int mapped; /* map the files of MD5_MAP_MIN bytes or more (md5_files(..., mapped=True)) */
+    const uint8_t *const *bufs; /* md5_buffers: the bytes themselves (no files), lens[i] each */
+    const size_t *lens;
 } Job;
 
 static void lane_state(uint32_t *st, int l, const uint32_t w[4]) {
@@ -226,7 +228,7 @@ static void lane_finish(Job *job, Lane *ln, uint32_t *st, int l) {
         uint32_t w = one[i * MD5_MAX_LANES];
         for (int j = 0; j < 4; j++) job->digests[ln->file][4 * i + j] = (uint8_t)(w >> (8 * j));
     }
-    close(ln->fd);
+    if (ln->fd >= 0) close(ln->fd);
     ln->fd = -1;
     ln->file = -1;
     lane_unmap(ln);
@@ -256,6 +258,16 @@ static int lane_next(Job *job, Lane *ln, uint32_t *st, int l) {
     while (job->next < job->n) {
         Py_ssize_t f = job->order ? job->order[job->next] : job->next;
         job->next++;
+        if (job->bufs) { /* a buffer: all its bytes at hand, as a mapped file's */
+            ln->fd = -1; ln->file = f; ln->pos = 0; ln->eof = 1; ln->maplen = 0;
+            ln->buf = (uint8_t *)job->bufs[f];
+            ln->len = job->lens[f];
+            ln->total = (uint64_t)job->lens[f];
+            lane_state(st, l, MD5_IV);
+            if (ln->len >= 64) return 0;
+            lane_finish(job, ln, st, l);
+            continue;
+        }
         int fd = open(job->paths[f], O_RDONLY | O_CLOEXEC);
         if (fd < 0) { job->err_file = f; job->err_no = errno; return -1; }
 #ifdef POSIX_FADV_SEQUENTIAL
@@ -432,6 +444,78 @@ done:
     return result;
 }
 
+/* The lanes' order for buffers: the longest first (stable), as largest_first's for files. */
+static Py_ssize_t *longest_first(const size_t *lens, Py_ssize_t n) {
+    if (n < 2) return NULL;
+    Py_ssize_t *order = malloc((size_t)n * sizeof *order);
+    if (!order) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = i;
+        while (j > 0 && lens[order[j - 1]] < lens[i]) { order[j] = order[j - 1]; j--; }
+        order[j] = i;
+    }
+    return order;
+}
+
+static PyObject *hex_digests(uint8_t (*digests)[16], Py_ssize_t n) {
+    PyObject *result = PyList_New(n);
+    if (!result) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char hex[33];
+        for (int j = 0; j < 16; j++) snprintf(hex + 2 * j, 3, "%02x", digests[i][j]);
+        PyObject *s = PyUnicode_FromStringAndSize(hex, 32);
+        if (!s) { Py_DECREF(result); return NULL; }
+        PyList_SET_ITEM(result, i, s);
+    }
+    return result;
+}
+
+static PyObject *md5_buffers(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"buffers", "kernel", NULL};
+    PyObject *seq;
+    const char *kname = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|z", kwlist, &seq, &kname)) return NULL;
+    const Kernel *k = NULL;
+    if (kname && !(k = by_name(kname))) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "md5_buffers expects a sequence of buffers");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), got = 0;
+    Py_buffer *views = calloc((size_t)(n ? n : 1), sizeof *views);
+    const uint8_t **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    size_t *lens = calloc((size_t)(n ? n : 1), sizeof *lens);
+    uint8_t (*digests)[16] = calloc((size_t)(n ? n : 1), 16);
+    PyObject *result = NULL;
+    if (!views || !bufs || !lens || !digests) { PyErr_NoMemory(); goto done; }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &views[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
+        bufs[got] = (const uint8_t *)views[got].buf;
+        lens[got] = (size_t)views[got].len;
+    }
+    Job job = {.paths = NULL, .order = NULL, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0,
+               .mapped = 0, .bufs = bufs, .lens = lens};
+    if (!k) k = pick(n);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    job.order = longest_first(lens, n);
+    rc = n ? run_job(&job, k, kname == NULL) : 0;
+    free((void *)job.order);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        errno = job.err_no;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = hex_digests(digests, n);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    free(views);
+    free((void *)bufs);
+    free(lens);
+    free(digests);
+    Py_DECREF(fast);
+    return result;
+}
+
 static PyObject *kernel_for(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "n", &n)) return NULL;
@@ -453,6 +537,8 @@ static PyMethodDef methods[] = {
     {"md5_files", (PyCFunction)(void (*)(void))md5_files, METH_VARARGS | METH_KEYWORDS,
      "md5_files(paths, kernel=None, mapped=False) -> [hex md5 of each file], as hashlib; kernel: one of kernels(); "
      "mapped: map files of 1 MiB or more instead of reading them (files just written and closed by the caller)"},
+    {"md5_buffers", (PyCFunction)(void (*)(void))md5_buffers, METH_VARARGS | METH_KEYWORDS,
+     "md5_buffers(buffers, kernel=None) -> hex md5 of each buffer (bytes-like), side by side as md5_files'"},
     {"kernel_for", kernel_for, METH_VARARGS, "kernel_for(n) -> the kernel md5_files uses for n files"},
     {"kernels", kernels, METH_NOARGS, "kernels() -> the kernels this CPU can run"},
     {NULL, NULL, 0, NULL},
@@ -464,7 +550,7 @@ PyMODINIT_FUNC PyInit__md5_native(void) {
     detect_kernels();
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    PyModule_AddIntConstant(m, "ABI", 2);
+    PyModule_AddIntConstant(m, "ABI", 3);
     PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }

@@ -104,6 +104,7 @@ from core.manifest.writes import (  # noqa: F401 - re-exported
     fsync_paths,
     gate,
     late_fsyncs,
+    md5_buffers,
     md5_then_fsync,
     parse_fault,
     raise_if_disk_full,

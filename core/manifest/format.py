@@ -67,7 +67,7 @@ def md5_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
             h.update(block)
     return h.hexdigest()
 
-_MD5 = NativeModule("core._md5_native", Path(__file__).resolve().parent.parent / "_native", "md5.c", 2, "md5 C core")
+_MD5 = NativeModule("core._md5_native", Path(__file__).resolve().parent.parent / "_native", "md5.c", 3, "md5 C core")
 
 def md5_files(paths: Iterable[str | os.PathLike], *, written: bool = False) -> list[str]:
     """md5 hex digests of several files, in order: the same as :func:`md5_file` of each, in less CPU.

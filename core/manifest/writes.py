@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -125,14 +125,30 @@ def late_fsyncs() -> Iterator[None]:
         _LATE_FSYNC.reset(token)
 
 
-def md5_then_fsync(paths: Iterable[Path | str]) -> list[str]:
+def md5_buffers(buffers: Sequence[Any]) -> list[str]:
+    """md5 hex digests of C-contiguous byte buffers: files a stage built in memory and wrote past the page cache
+    (preprocessing.packing.ImageOutputs), hashed side by side as :func:`core.manifest.md5_files` hashes files
+    (``core._md5_native``'s lanes), or one by one with hashlib without it."""
+    from core.costs import md5_work
+    from core.manifest.format import _MD5
+
+    native = _MD5.load() if len(buffers) > 1 else None
+    with md5_work(sum(memoryview(b).nbytes for b in buffers)):
+        return native.md5_buffers(list(buffers)) if native else [hashlib.md5(b).hexdigest() for b in buffers]
+
+
+def md5_then_fsync(paths: Iterable[Path | str], known: Mapping[str, str] | None = None) -> list[str]:
     """The md5s of closed files (side by side: core.manifest.md5_files), then their fsyncs (side by side:
     :func:`fsync_paths`): the files written in a :func:`late_fsyncs` block, on the disk when this returns; a
-    full disk said in one line naming the file."""
+    full disk said in one line naming the file. ``known``: path (``os.fspath``) -> md5 of files already hashed
+    (from the bytes the caller wrote: not read again)."""
     from core.manifest.format import md5_files
 
     paths = list(paths)
-    md5s = md5_files(paths, written=True)  # the caller's outputs, closed: hashed where they lie in the page cache
+    known = known or {}
+    todo = [p for p in paths if os.fspath(p) not in known]
+    read = dict(zip(map(os.fspath, todo), md5_files(todo, written=True), strict=True))  # hashed in the page cache
+    md5s = [known.get(os.fspath(p)) or read[os.fspath(p)] for p in paths]
     try:
         fsync_paths(paths)
     except OSError as exc:

@@ -41,11 +41,19 @@
  * fill_segments(out, bounds, lens): out (int8) = for each row i, bounds[i] 0s then lens[i] - bounds[i] 1s, back to
  *   back (int64 bounds and lens, 0 <= bounds[i] <= lens[i], out exactly their sum: checked). seg_bounds undone.
  *
+ * image_callbacks() -> the address of an H5FD_file_image_callbacks_t (HDF5's H5Pset_file_image_callbacks) whose
+ *   core-driver buffer is this thread's arena: image_arena(buf) makes the writable buffer buf (kept alive by the
+ *   caller) the memory a core-driver file grows in (HDF5 memsets and writes into it, no allocation of its own);
+ *   past its size the image moves to malloc'd memory, still the arena's. image_arena(None) frees that and forgets
+ *   buf. image_view() -> (address, size, in_buf): the image's memory and the size HDF5 last grew it to (its close
+ *   leaves it: the free callback keeps the memory until the next image_arena call).
+ *
  * They release the GIL. The Python fallbacks (preprocessing/pyrandom.py, pack_fast.py) give the same results. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef BERTPIPE_SOURCES_DIGEST
@@ -803,6 +811,96 @@ done:
     return ret;
 }
 
+/* -- HDF5 core-driver images in a caller's buffer ----------------------------------------------------------- */
+/* HDF5's H5FD_file_image_callbacks_t (H5FDpublic.h, 1.8.9+): the op argument is an enum, herr_t an int. */
+typedef struct {
+    void *(*image_malloc)(size_t size, int op, void *udata);
+    void *(*image_memcpy)(void *dest, const void *src, size_t size, int op, void *udata);
+    void *(*image_realloc)(void *ptr, size_t size, int op, void *udata);
+    int (*image_free)(void *ptr, int op, void *udata);
+    void *(*udata_copy)(void *udata);
+    int (*udata_free)(void *udata);
+    void *udata;
+} image_callbacks_t;
+
+typedef struct {
+    unsigned char *buf; /* the caller's buffer (NULL: none) */
+    size_t cap;
+    unsigned char *heap; /* the image once it outgrew buf */
+    size_t size;         /* what HDF5 last grew it to */
+} image_arena_t;
+
+static _Thread_local image_arena_t arena;
+
+static void *img_realloc(void *ptr, size_t size, int op, void *udata) {
+    (void)op;
+    (void)udata;
+    image_arena_t *a = &arena;
+    if (ptr != NULL && ptr != a->buf && ptr != a->heap) return NULL; /* not this arena's image */
+    if (a->heap == NULL && a->buf != NULL && size <= a->cap) {
+        a->size = size;
+        return a->buf;
+    }
+    if (a->heap == NULL) {
+        unsigned char *h = malloc(size ? size : 1);
+        if (!h) return NULL;
+        if (ptr != NULL && a->size) memcpy(h, a->buf, a->size < size ? a->size : size);
+        a->heap = h;
+        a->size = size;
+        return h;
+    }
+    unsigned char *h = realloc(a->heap, size ? size : 1);
+    if (!h) return NULL;
+    a->heap = h;
+    a->size = size;
+    return h;
+}
+
+static void *img_malloc(size_t size, int op, void *udata) { return img_realloc(NULL, size, op, udata); }
+
+static void *img_memcpy(void *dest, const void *src, size_t size, int op, void *udata) {
+    (void)op;
+    (void)udata;
+    return memcpy(dest, src, size);
+}
+
+static int img_free(void *ptr, int op, void *udata) { /* kept: read after the close (image_view) */
+    (void)ptr;
+    (void)op;
+    (void)udata;
+    return 0;
+}
+
+static const image_callbacks_t image_cbs = {img_malloc, img_memcpy, img_realloc, img_free, NULL, NULL, NULL};
+
+static PyObject *image_callbacks(PyObject *self, PyObject *unused) {
+    return PyLong_FromVoidPtr((void *)&image_cbs);
+}
+
+static PyObject *image_arena(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "O", &obj)) return NULL;
+    free(arena.heap);
+    arena.heap = NULL;
+    arena.buf = NULL;
+    arena.cap = 0;
+    arena.size = 0;
+    if (obj != Py_None) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(obj, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        arena.buf = (unsigned char *)v.buf; /* the caller keeps obj alive while HDF5 writes into it */
+        arena.cap = (size_t)v.len;
+        PyBuffer_Release(&v);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *image_view(PyObject *self, PyObject *unused) {
+    void *at = arena.heap ? (void *)arena.heap : (void *)arena.buf;
+    return Py_BuildValue("(NnO)", PyLong_FromVoidPtr(at), (Py_ssize_t)arena.size,
+                         arena.heap ? Py_False : Py_True);
+}
+
 static PyMethodDef methods[] = {
     {"shuffle", shuffle, METH_VARARGS,
      "shuffle(state, out[, keep]): out = range(n) (keep: out's values) shuffled as random.Random.shuffle, from MT "
@@ -825,6 +923,11 @@ static PyMethodDef methods[] = {
      "seg_bounds(out, addrs, lens, src_itemsize) -> first run that is not 0s then 1s, or -1; out: each run's 0s"},
     {"fill_segments", fill_segments, METH_VARARGS,
      "fill_segments(out, bounds, lens): out = each row's bounds[i] 0s then lens[i] - bounds[i] 1s, back to back"},
+    {"image_callbacks", image_callbacks, METH_NOARGS,
+     "image_callbacks() -> address of HDF5 file-image callbacks whose core-driver buffer is this thread's arena"},
+    {"image_arena", image_arena, METH_VARARGS,
+     "image_arena(buf): buf (writable, kept alive by the caller) is the arena; None: the arena freed"},
+    {"image_view", image_view, METH_NOARGS, "image_view() -> (address, size, in_buf) of the arena's image"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -833,7 +936,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_pack_native", "the 
 PyMODINIT_FUNC PyInit__pack_native(void) {
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    PyModule_AddIntConstant(m, "ABI", 2);
+    PyModule_AddIntConstant(m, "ABI", 3);
     PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }

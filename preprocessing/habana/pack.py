@@ -120,6 +120,7 @@ from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.packing import (
+    ImageOutputs,
     check_strategy_space,
     distinct_argsort,
     h5_reserved,
@@ -1079,17 +1080,19 @@ def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int
 
 
 def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip",
-                      dtypes: dict[str, np.dtype] | None = None) -> None:
+                      dtypes: dict[str, np.dtype] | None = None, outputs: ImageOutputs | None = None) -> None:
     """One packed file: the nine datasets, created in the script's order as it creates them
     (``create_dataset(data=<int32 array>, dtype=..., compression="gzip")``: the deflate of each chunk, zlib's level
     4, is nearly all of this call's CPU); ``compression="none"``: the same datasets stored contiguous, uncompressed.
     ``dtypes``: each dataset's stored type (default: the script's; :func:`dataset_dtypes`).
     Written by HDF5's file driver with its disk space reserved first (packing.h5_reserved: the uncompressed size
-    bounds it): a full disk fails the reservation, never an HDF5 write (which crashed the process)."""
+    bounds it): a full disk fails the reservation, never an HDF5 write (which crashed the process). ``outputs``:
+    built in memory and written in one go instead (packing.ImageOutputs: the same bytes)."""
     gzip = "gzip" if compression == "gzip" else None
     dts = dtypes if dtypes is not None else {name: np.dtype(dt) for name, dt, _ in PACKED_DATASETS}
     bound = sum(dts[name].itemsize * arrays[name].size for name, _, _ in PACKED_DATASETS)
-    with h5_reserved(path, bound + bound // 8 + (1 << 20)) as f:
+    bound += bound // 8 + (1 << 20)
+    with (outputs.create(path, bound) if outputs is not None else h5_reserved(path, bound)) as f:
         for name, _, _ in PACKED_DATASETS:
             f.create_dataset(name, data=arrays[name], dtype=dts[name], compression=gzip)
 
@@ -1114,12 +1117,14 @@ def _prepare_out(data: Path) -> None:
 
 
 def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarray, q0: int, scratch: str,
-                n_inputs: int, data: str, cfg: HabanaPackConfig) -> list[tuple[str, str]]:
+                n_inputs: int, data: str, cfg: HabanaPackConfig, direct: bool = False) -> list[tuple[str, str]]:
     """Output files ``first``, ``first + 1``, ... of packs ``bounds`` (``slots``: every pack's slots, or the
     ``.npy`` file holding them, read from ``bounds``' first pack to its last; their real slots, row-major, hold
     places ``q0``, ``q0 + 1``, ... of the scratch, whose rows give their lengths and predictions), each written to
     a temporary name and closed; then hashed and fsynced (side by side: core.manifest.md5_then_fsync) and renamed
-    into ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker."""
+    into ``data``. Returns (name, md5) per file. One call per group of files: in this process or a pool's worker.
+    The files are built in memory and written in one go (packing.ImageOutputs; ``direct``: past the page cache, as
+    the scratch is), hashed from memory."""
     from core.manifest import late_fsyncs, md5_then_fsync, raise_if_disk_full
     from preprocessing.hdf5_io import tmp_path
 
@@ -1139,6 +1144,7 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     final.mkdir(parents=True, exist_ok=True)
     # one file's big arrays, used again for the next (each file written before it) and by the worker's next call
     space = pack_fast.process_space("pack-habana")
+    outputs = ImageOutputs(space, direct)
     try:
         with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
             for i, (p0, p1) in enumerate(bounds, start=first):
@@ -1156,8 +1162,8 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
                 final = Path(data) / name
                 tmps.append(tmp_path(final))
                 names.append(name)
-                write_packed_file(tmps[-1], arrays, cfg.compression, dataset_dtypes(cfg))
-        md5s = md5_then_fsync(tmps)  # on the disk before the renames
+                write_packed_file(tmps[-1], arrays, cfg.compression, dataset_dtypes(cfg), outputs)
+        md5s = md5_then_fsync(tmps, outputs.md5s())  # on the disk before the renames
         for name, tmp in zip(names, tmps, strict=True):
             os.replace(tmp, Path(data) / name)
     except BaseException as exc:
@@ -1247,8 +1253,8 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                     check_narrow_scratch(sd, in_files)
                 log.info("pack-habana: rows scattered in %.1f s", time.perf_counter() - t2)
                 # each group's packs read from the scratch's slots by its call (none of them pickled from here)
-                calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg)
-                         for g, group in groups]
+                calls = [(g, group, str(sd / "slots.npy"), int(places.file_first[g]), str(sd), n_inputs, str(data), cfg,
+                          direct) for g, group in groups]
                 for entries in run_all(write_group, calls, min(workers, len(calls)), pool):
                     for name, md5 in entries:
                         out.add_file(prefix + name, md5)

@@ -131,6 +131,7 @@ from preprocessing.hdf5_io import chunks, reading, stage_params, tmp_path, verif
 from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' shared pieces
     MAX_STRATEGIES,
     TAKE_RUNS,
+    ImageOutputs,
     check_strategy_space,
     distinct_argsort,
     h5_reserved,
@@ -1075,9 +1076,10 @@ def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:
     vlen_write(ds.id, h5s.create_simple((n,)), ds.id.get_space(), hvl, h5t.vlen_create(h5t.py_create(flat.dtype)))
 
 
-def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
+def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray, outputs: ImageOutputs | None = None) -> None:
     """One packed shard: the seven datasets of ``create_packed_trainset.py`` for packs of ``pack_counts``
-    consecutive ``rows``."""
+    consecutive ``rows``. ``outputs``: built in memory and written in one go (packing.ImageOutputs), else by HDF5's
+    file driver (packing.h5_reserved): the same bytes."""
     import h5py
 
     n = len(pack_counts)
@@ -1099,7 +1101,7 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray) -> None:
     # 16 bytes a row in the dataset and ~24 in the global heap, the heaps' collections' slack, the metadata
     data = sum(values[name][0].size * np.dtype(dt).itemsize for name, dt in PACKED_DATASETS)
     bound = 2 * data + 64 * n * len(PACKED_DATASETS) + (1 << 20)
-    with h5_reserved(path, bound) as f:
+    with (outputs.create(path, bound) if outputs is not None else h5_reserved(path, bound)) as f:
         for name, dt in PACKED_DATASETS:
             ds = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dt)), compression=None)
             flat, counts = values[name]
@@ -1126,6 +1128,10 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
     prd = np.concatenate([[0], np.cumsum(rows.pred)])
     done: list[str] = []
     empty = 0
+    # the shards built in memory, written past the page cache where the scratch is (the outputs are as large), and
+    # hashed from memory
+    outputs = ImageOutputs(pack_fast.process_space(SPACE_OWNER),
+                           direct=(sd / DIRECT_FLAG).exists() and bool(_load(sd / DIRECT_FLAG)[0]))
     try:
         with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
             for s in range(s0, s1):
@@ -1139,8 +1145,8 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
                 done.append(final.name)
                 final = od / shard_name(s, cfg)
                 tmp = tmp_path(final)
-                write_packed_shard(tmp, rows.slice(r0, r1, tok, prd), np.diff(offs[a:b + 1]))
-                os.replace(tmp, final)
+                write_packed_shard(tmp, rows.slice(r0, r1, tok, prd), np.diff(offs[a:b + 1]), outputs)
+                outputs.rename(tmp, final)
                 done.append(final.name)
                 empty += b == a
     except BaseException as exc:
@@ -1150,7 +1156,8 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
         raise
     paths = [od / n for n in done]
     return {"kind": "shards", "s0": s0, "s1": s1, "empty": empty,
-            "entries": [[n, p.stat().st_size, md5] for n, p, md5 in zip(done, paths, md5_then_fsync(paths), strict=True)]}
+            "entries": [[n, p.stat().st_size, md5]
+                        for n, p, md5 in zip(done, paths, md5_then_fsync(paths, outputs.md5s()), strict=True)]}
 
 
 # -- the manifest, and all steps in one call ------------------------------------------------------------------------

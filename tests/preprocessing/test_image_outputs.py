@@ -1,0 +1,164 @@
+"""preprocessing.packing.ImageOutputs: the packers' HDF5 files built in memory by HDF5's core driver (its memory a
+reused buffer, through file-image callbacks in preprocessing/_pack_native), written in one go (past the page cache
+where asked) and hashed from memory. The same bytes as HDF5's own file driver writes (packing.h5_reserved), for
+variable-length, contiguous and gzip'd datasets and either superblock; a file larger than its buffer; more files
+than the md5 lanes; an error inside the block or a full disk at the write leave no file and a working arena."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from core.manifest import md5_then_fsync
+from preprocessing import pack_fast, packing, scratch
+from preprocessing.hdf5_io import h5_create, libhdf5
+
+
+def _usable() -> None:
+    if pack_fast.native() is None or libhdf5() is None:
+        pytest.skip("the packing C extension or HDF5's library is not at hand (ImageOutputs falls back)")
+
+
+def _write(f: h5py.File, seed: int = 0, rows: int = 3000) -> None:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 700, rows)
+    ds = f.create_dataset("v", (rows,), dtype=h5py.vlen_dtype(np.int16))
+    flat = rng.integers(-30000, 30000, int(lens.sum())).astype(np.int16)
+    ds[:] = np.array(np.split(flat, np.cumsum(lens)[:-1]), dtype=object)
+    f.create_dataset("a", data=rng.integers(0, 30000, (rows, 64)).astype(np.int32), compression="gzip")
+    f.create_dataset("b", data=rng.integers(0, 2, (rows, 512)).astype(np.int8))
+
+
+def _md5(p: Path) -> str:
+    return hashlib.md5(p.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_same_bytes_as_hdf5s_own_driver_and_md5s_from_memory(tmp_path, direct):
+    _usable()
+    want = []
+    for i in range(3):
+        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 64 << 20) as f:
+            _write(f, i)
+        want.append(_md5(tmp_path / f"ref{i}.h5"))
+    out = packing.ImageOutputs(pack_fast.Space(), direct=direct)
+    for i in range(3):
+        with out.create(tmp_path / f"t{i}.tmp", 64 << 20) as f:
+            assert f.driver == "core"
+            _write(f, i)
+        out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+    assert [_md5(tmp_path / f"img{i}.h5") for i in range(3)] == want
+    known = out.md5s()
+    assert {Path(p).name: m for p, m in known.items()} == {f"img{i}.h5": want[i] for i in range(3)}
+    paths = [tmp_path / f"img{i}.h5" for i in range(3)]
+    assert md5_then_fsync(paths, known) == want
+    with h5py.File(paths[1], "r") as f:  # and h5py reads it back
+        assert f["b"].shape == (3000, 512) and f["v"].dtype.metadata["vlen"] == np.int16
+
+
+def test_a_file_larger_than_its_buffer_moves_to_malloced_memory(tmp_path):
+    _usable()
+    with packing.h5_reserved(tmp_path / "ref.h5", 64 << 20) as f:
+        _write(f, 5)
+    out = packing.ImageOutputs(None, direct=True)
+    views = []
+
+    class Spy:  # the C module, image_view's answers recorded
+        def __getattr__(self, name):
+            return getattr(pack_fast.native(), name)
+
+        def image_view(self):
+            views.append(pack_fast.native().image_view())
+            return views[-1]
+
+    out.mod = Spy()
+    with out.create(tmp_path / "img.h5", 4096) as f:  # far too small a bound: the image outgrows the buffer
+        _write(f, 5)
+    assert views and views[0][2] is False  # not in the buffer: malloc'd
+    assert _md5(tmp_path / "img.h5") == _md5(tmp_path / "ref.h5") == out.md5s()[str(tmp_path / "img.h5")]
+
+
+def test_more_files_than_lanes_are_hashed_in_batches_without_reusing_a_held_buffer(tmp_path, monkeypatch):
+    _usable()
+    monkeypatch.setattr(packing.ImageOutputs, "LANES", 3)
+    space = pack_fast.Space()
+    out = packing.ImageOutputs(space, direct=False)
+    names = []
+    for i in range(8):
+        with out.create(tmp_path / f"f{i}.h5", 32 << 20) as f:
+            _write(f, 10 + i, rows=500 + 100 * i)
+        names.append(tmp_path / f"f{i}.h5")
+        assert len(out.held) <= 3
+    assert sorted(k for k in space._bufs if k.startswith("h5-image")) == ["h5-image-0", "h5-image-1", "h5-image-2"]
+    got = out.md5s()
+    assert [got[str(p)] for p in names] == [_md5(p) for p in names]
+
+
+def test_superblock_sizes_for_old_and_new_formats(tmp_path):
+    for libver in ("earliest", "latest"):
+        p = tmp_path / f"{libver}.h5"
+        with h5py.File(p, "w", libver=libver) as f:
+            _write(f, 1, rows=200)
+        assert packing.image_size(p.read_bytes()) == p.stat().st_size, libver
+    with pytest.raises(Exception, match="superblock"):
+        packing.image_size(b"not an HDF5 file" * 8)
+
+
+def test_an_error_inside_the_block_leaves_no_file_and_the_arena_free(tmp_path):
+    _usable()
+    out = packing.ImageOutputs(pack_fast.Space(), direct=True)
+    with pytest.raises(RuntimeError, match="inside"), out.create(tmp_path / "x.h5", 1 << 20) as f:
+        f.create_dataset("a", data=np.zeros(10))
+        raise RuntimeError("inside")
+    assert not (tmp_path / "x.h5").exists() and out.held == []
+    assert pack_fast.native().image_view()[1] == 0  # the arena forgotten
+    with out.create(tmp_path / "y.h5", 1 << 20) as f:  # and the next file is fine
+        f.create_dataset("a", data=np.arange(10))
+    with h5py.File(tmp_path / "y.h5", "r") as f:
+        assert f["a"][-1] == 9
+
+
+def test_a_full_disk_at_the_write_is_a_plain_error(tmp_path, monkeypatch):
+    _usable()
+
+    def full(fd, path, view, direct):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(scratch, "write_all", full)
+    out = packing.ImageOutputs(None, direct=True)
+    with pytest.raises(OSError) as e, out.create(tmp_path / "x.h5", 1 << 20) as f:
+        _write(f, 2, rows=100)
+    assert e.value.errno == errno.ENOSPC
+    assert out.held == [] and pack_fast.native().image_view()[1] == 0
+
+
+def test_without_the_extension_the_files_are_hdf5s_own(tmp_path, monkeypatch):
+    with h5_create(tmp_path / "mem.h5", in_memory=True) as f:
+        _write(f, 3, rows=300)
+    monkeypatch.setattr(pack_fast, "native", lambda: None)
+    out = packing.ImageOutputs(None, direct=True)
+    with out.create(tmp_path / "x.h5", 32 << 20) as f:
+        assert f.driver == "sec2"
+        _write(f, 3, rows=300)
+    assert _md5(tmp_path / "x.h5") == _md5(tmp_path / "mem.h5")
+    assert out.md5s() == {}  # hashed from the page cache by md5_then_fsync instead
+    assert md5_then_fsync([tmp_path / "x.h5"], out.md5s()) == [_md5(tmp_path / "x.h5")]
+
+
+def test_direct_writes_fall_back_where_the_file_system_refuses_them(tmp_path, monkeypatch):
+    """A file system without O_DIRECT (tmpfs): scratch.open_for_write gives a page-cache descriptor, same bytes."""
+    _usable()
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
+    with packing.h5_reserved(tmp_path / "ref.h5", 32 << 20) as f:
+        _write(f, 4, rows=300)
+    out = packing.ImageOutputs(None, direct=True)
+    with out.create(tmp_path / "x.h5", 32 << 20) as f:
+        _write(f, 4, rows=300)
+    assert _md5(tmp_path / "x.h5") == _md5(tmp_path / "ref.h5")
+    assert os.path.getsize(tmp_path / "x.h5") == os.path.getsize(tmp_path / "ref.h5")
