@@ -913,6 +913,34 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
             print(f"  --target {target:<17} by {basis:<6} +{extra / 3600:.2f} core-hours ({', '.join(parts)}){total}")
 
 
+def marginal_projection(fig_n: dict[str, dict[str, float]], fig_m: dict[str, dict[str, float]]) -> None:
+    """Each target's extra core-hours from what a stage's CPU grows by from N parts to M (``--marginal-parts``):
+    the cost a part adds once the process runs, without what a process pays once however many parts it runs (the
+    first touch of the arrays it keeps from call to call, its imports, its plan): at full size each of a stage's
+    workers runs hundreds of parts, so that is paid a few times over the set, where a run on N parts counts it
+    N times in 500. Prints each stage's fixed and per-part CPU and the projections from the growth alone (the
+    packers' recipe still counted once); today's projection (from N parts) stays the upper bound."""
+    growth = {}
+    for what, fm in fig_m.items():
+        fn = fig_n.get(what)
+        if fn is None or what == "nvidia_eval":
+            continue
+        dn, dm = fn["cpu"] - _once(fn), fm["cpu"] - _once(fm)
+        rows = fm["rows"] - fn["rows"]
+        if rows <= 0:
+            continue
+        per_row = (dm - dn) / rows
+        fixed = dn - per_row * fn["rows"]
+        print(f"  {what:<22} {dn:6.2f} CPU-s on {fn['rows']:,} rows, {dm:6.2f} on {fm['rows']:,}: "
+              f"{rows / max(dm - dn, 1e-9) / 1e3:6.1f} k rows/CPU-s past the first, {fixed:+.2f} CPU-s once a process")
+        growth[what] = {**fn, "cpu": dm - dn + _once(fn), "rows": rows,
+                        "tokens": (fm.get("tokens") or fm["rows"]) - (fn.get("tokens") or fn["rows"])}
+        growth[what].pop("floor", None)
+    if growth:
+        print("  projected from the growth alone (each part's own cost; the fixed cost above is paid once a worker):")
+        target_projection(growth, None)
+
+
 # -- one real-size part ----------------------------------------------------------------------------------------
 def fit_projection(fig_a: dict[str, dict[str, float]], fig_b: dict[str, dict[str, float]]) -> dict[str, float]:
     """Each target's extra core-hours at full size from two parts of different mean lengths (``--fit-lengths``):
@@ -1269,6 +1297,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
     ap.add_argument("--target-workers", type=int, default=1, help="also run each target stage on this many workers "
                     "and print its speed-up over 1 (wall, the packers' serial recipe taken off; bytes compared)")
+    ap.add_argument("--marginal-parts", type=int, default=0,
+                    help="with --targets-only: run the target stages again on this many parts (more than "
+                    "--target-parts) and project each target also from what its CPU grows by (a part's own cost, "
+                    "without the once-a-process cost a full-size worker pays once for hundreds of parts)")
     ap.add_argument("--only-stages", default="", help="comma-separated target stages to run (default: all of "
                     + ", ".join(TARGET_STAGES) + ")")
     ap.add_argument("--target-parts", type=int, default=1, help="the target stages read the part's HDF5 under this "
@@ -1339,7 +1371,13 @@ def main(argv: list[str] | None = None) -> int:
             fit_projection(*figs)
         elif args.targets_only:
             h5 = real_part_hdf5(args, tmp)
-            target_projection(target_stages(args, h5, tmp), None)
+            fig = target_stages(args, h5, tmp)
+            target_projection(fig, None)
+            if args.marginal_parts:
+                more = argparse.Namespace(**{**vars(args), "target_parts": args.marginal_parts, "target_workers": 1})
+                print(f"\n## the same stages on {args.marginal_parts} parts: each part's cost past the first "
+                      f"{args.target_parts} (--marginal-parts)")
+                marginal_projection(fig, target_stages(more, h5, tmp))
         elif not args.no_real_part:
             fig = real_part(args, tmp)
             today, bins = projection(fig)

@@ -165,3 +165,21 @@ def test_median_run_reports_the_middle_run_besides_the_recipe_and_lists_every_ru
     assert bench_scale.median_run(runs[2:])["runs"] == pytest.approx([1.90])
     with pytest.raises(ValueError):
         bench_scale.median_run([])
+
+
+def test_marginal_projection_takes_a_process_once_cost_off_and_keeps_the_recipe(bench_scale, capsys) -> None:
+    """``--marginal-parts``: a stage's CPU on N and M parts = fixed + per-row x rows; the projection from the growth
+    alone is per-row x the full set's rows plus the packers' recipe once, the fixed cost printed apart."""
+    per_row, fixed, recipe = 1.1e-6, 0.9, 50.0
+    rows_n, rows_m = 4 * 185_595, 8 * 185_595
+    fig_n = {"nvidia_packed": _fig(fixed + per_row * rows_n, rows_n, rows_n * 404, recipe)}
+    fig_m = {"nvidia_packed": _fig(fixed + per_row * rows_m, rows_m, rows_m * 404, recipe)}
+    bench_scale.marginal_projection(fig_n, fig_m)
+    out = capsys.readouterr().out
+    assert "+0.90 CPU-s once a process" in out
+    want = (per_row * bench_scale.FULL_ROWS + recipe) / 3600
+    line = next(x for x in out.splitlines() if "--target nvidia-packed" in x and "by rows" in x)
+    assert f"+{want:.2f} core-hours" in line, line
+    # today's projection from N parts alone counts the fixed cost 500/4 times over: higher
+    naive = ((fixed + per_row * rows_n) * bench_scale.FULL_ROWS / rows_n + recipe) / 3600
+    assert naive > want + 0.02

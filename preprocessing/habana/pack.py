@@ -91,7 +91,9 @@ then each row's place, 4 bytes): a synthetic full set (the real part's lengths a
 the largest input's compact rows (the scatter) or a group's rows and packs; scratch disk about the inputs'
 unpadded size, and 12 bytes a pack for the packs' slots, while it runs; where that scratch would fill more than half
 the memory available (the full set's), its big arrays are written and read back past the page cache
-(``O_DIRECT``: preprocessing.packing.save_array / read_slices), as the shuffles' scratch is. The script holds every row of the input in
+(``O_DIRECT``: preprocessing.packing.save_array / read_slices), as the shuffles' scratch is, and so are the packed
+files, each built in memory by HDF5's core driver, written in one call and hashed from memory
+(preprocessing.packing.ImageOutputs: the bytes HDF5's file driver writes). The script holds every row of the input in
 Python objects.
 """
 

@@ -58,7 +58,9 @@ c. :func:`scatter_input` per input (parallel): the input's rows, compacted, sort
    preprocessing.packing.save_segments), other ones as a byte a token;
 d. :func:`write_shard_group` per group of shards (parallel): the shard lists and packed shards, from the
    contiguous slices of every input's scratch that the group's packs hold; every file to a temporary name,
-   closed, renamed; :func:`finish_pack` writes the manifest last.
+   closed, renamed; :func:`finish_pack` writes the manifest last. A shard is built in memory by HDF5's core driver
+   and written in one call, past the page cache where the scratch is, then hashed from memory
+   (preprocessing.packing.ImageOutputs: the bytes HDF5's file driver writes).
 
 The loops run in C where ``preprocessing._pack_native`` is available (:mod:`preprocessing.pack_fast`): a padded
 input is memory-mapped and its rows read in the file's order, each row's valid prefix converted, range-checked and

@@ -75,7 +75,7 @@ from core.pools import can_fork, default_workers, even_calls, run_all, worker_po
 from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
-from preprocessing.hdf5_io import chunks, h5_create, reading, tmp_path, verify_inputs, vlen_write
+from preprocessing.hdf5_io import chunks, reading, tmp_path, verify_inputs, vlen_write
 from preprocessing.scratch import RecordWriter, use_direct
 
 log = logging.getLogger(__name__)
@@ -709,6 +709,9 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
     buffers hold them."""
     import h5py
 
+    from preprocessing import pack_fast
+    from preprocessing.packing import ImageOutputs
+
     out_dir = Path(out_dir)
     data, addrs, bufs = _read_bucket(Path(plan.scratch), bucket)
     k0, k1 = plan.bucket_shards[bucket], plan.bucket_shards[bucket + 1]
@@ -729,14 +732,21 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
     del data, addrs, dst, order
     t_cum = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])
     perm = np.load(Path(plan.scratch) / "perm.npy", mmap_mode="r") if plan.cfg.index_lists else None
+    p_cum = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])
     finals: list[Path] = []
+    # each shard built in memory by HDF5's core driver, written in one call (past the page cache as the scratch is)
+    # and hashed from memory (preprocessing.packing.ImageOutputs: the bytes HDF5's file driver writes)
+    outputs = ImageOutputs(pack_fast.process_space("shuffle-gather"), direct=_direct(Path(plan.scratch)))
     with late_fsyncs():  # each shard's writeback started as it closes; all fsynced after their md5s
         for k in range(k0, k1):
             a, b = int(starts[k] - starts[k0]), int(starts[k + 1] - starts[k0])
             final = out_dir / shard_name(k, plan.n_shards)
             tmp = tmp_path(final)
+            # at most its values (3 bytes a token, 4 a masked position), 16 bytes a row in each vlen dataset and
+            # ~24 in the global heap, the heaps' collections' slack and the metadata
+            data = 3 * int(t_cum[b] - t_cum[a]) + 4 * int(p_cum[b] - p_cum[a]) + (b - a)
             try:
-                with h5_create(tmp, in_memory=(t_cum[b] - t_cum[a]) * 3 <= (8 << 20)) as f:
+                with outputs.create(tmp, 2 * data + 64 * (b - a) * len(VLEN) + (1 << 20)) as f:
                     dsets = {name: f.create_dataset(name, (b - a,), dtype=h5py.vlen_dtype(np.dtype(dt)))
                              for name, dt in VLEN}
                     labels = f.create_dataset("next_sentence_labels", data=np.zeros(b - a, dtype="i1"), dtype="i1")
@@ -746,7 +756,7 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                             lens = seq if name in ("input_ids", "segment_ids") else pred
                             write_vlen_at(dsets[name], lens[r0:r1], where[name][r0:r1], c0)  # one HDF5 write
                         labels[c0:c1] = nsl[r0:r1]
-                os.replace(tmp, final)
+                outputs.rename(tmp, final)
             except BaseException as exc:
                 tmp.unlink(missing_ok=True)
                 from core.manifest import raise_if_disk_full
@@ -763,7 +773,8 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                 finals.append(lst)
     del bufs
     return {"kind": "shards", "bucket": bucket,
-            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_then_fsync(finals), strict=True)]}
+            "entries": [[p.name, p.stat().st_size, md5]
+                        for p, md5 in zip(finals, md5_then_fsync(finals, outputs.md5s()), strict=True)]}
 
 
 # -- step 4: the manifest ------------------------------------------------------------------------------------------
