@@ -387,8 +387,11 @@ class ImageOutputs:
     pack_fast.Space: the same pages from one file to the next; ``pack_fast.native()``'s image arena). Without the C
     extension or HDF5's library at hand, the files are h5_reserved's and hashed from the page cache."""
 
-    #: Images held for hashing at once (the md5 kernels' 8 lanes; at full size ~0.3 GB of a group's shards).
+    #: Images held for hashing at once: at most the md5 kernels' 8 lanes, and hashed as soon as they hold
+    #: HELD_BYTES (a stage's peak memory stays under 1.5 GB: 8 of the 2,048 shuffle's shards on 8 parts took it to
+    #: 1.76 GB). The held images' buffers stay with the worker (pack_fast.Space), so this also bounds them.
     LANES = 8
+    HELD_BYTES = 192 << 20
 
     def __init__(self, space: Any = None, direct: bool = False) -> None:
         from preprocessing.hdf5_io import libhdf5
@@ -437,6 +440,8 @@ class ImageOutputs:
                 raise BertpipeError(f"{path}: the HDF5 image holds {grown} bytes, its superblock says {size} (a bug)")
             _write_image(path, memoryview(buf) if in_buf else image, size, self.direct and in_buf)
             self.held.append((os.fspath(path), image[:size]))
+            if sum(v.nbytes for _, v in self.held) >= self.HELD_BYTES:
+                self._hash()
         finally:
             mod.image_arena(None)
 

@@ -98,6 +98,16 @@ def test_more_files_than_lanes_are_hashed_in_batches_without_reusing_a_held_buff
     assert sorted(k for k in space._bufs if k.startswith("h5-image")) == ["h5-image-0", "h5-image-1", "h5-image-2"]
     got = out.md5s()
     assert [got[str(p)] for p in names] == [_md5(p) for p in names]
+    # and by bytes: images hashed as soon as they hold HELD_BYTES (the stage's memory bound), whatever the lanes
+    monkeypatch.setattr(packing.ImageOutputs, "LANES", 8)
+    monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", 1)
+    out = packing.ImageOutputs(pack_fast.Space(), direct=False)
+    for i in range(3):
+        with out.create(tmp_path / f"g{i}.h5", 32 << 20) as f:
+            _write(f, 30 + i, rows=300)
+        assert out.held == []
+    got = out.md5s()
+    assert [got[str(tmp_path / f"g{i}.h5")] for i in range(3)] == [_md5(tmp_path / f"g{i}.h5") for i in range(3)]
 
 
 def test_superblock_sizes_for_old_and_new_formats(tmp_path):
