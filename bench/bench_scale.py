@@ -88,9 +88,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_state import FullPageCache, balloon_reporting, kswapd_cpu, machine_busy, meminfo  # noqa: E402
+from memory_state import (  # noqa: E402
+    FullPageCache,
+    balloon_reporting,
+    block_device,
+    disk_io,
+    kswapd_cpu,
+    machine_busy,
+    meminfo,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -242,6 +251,9 @@ KSWAPD = {"last": 0.0}
 #: The whole machine's busy core-seconds during the last timed child (memory_state.machine_busy): its own CPU, the
 #: kernel's threads beside it (writeback, reclaim), and anything else running.
 BUSY = {"last": 0.0}
+#: The disk's bytes read and written and its seconds with I/O in flight during the last timed child
+#: (memory_state.disk_io; ``DISK["device"]``: the device of the bench's work folder, set by main).
+DISK: dict[str, Any] = {"last": (0.0, 0.0, 0.0), "device": None}
 
 
 def _memory_ready() -> None:
@@ -269,7 +281,7 @@ def timed_child(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[
     back while this one runs, and a 2-worker run timed right after its 1-worker run paid for both."""
     os.sync()
     _memory_ready()
-    k0, b0 = kswapd_cpu(), machine_busy()
+    k0, b0, d0 = kswapd_cpu(), machine_busy(), disk_io(DISK["device"])
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = p.stdout.read() if p.stdout else b""
@@ -277,6 +289,7 @@ def timed_child(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[
     p.returncode = os.waitstatus_to_exitcode(status)
     dt = time.perf_counter() - t0
     KSWAPD["last"], BUSY["last"] = kswapd_cpu() - k0, machine_busy() - b0
+    DISK["last"] = tuple(b - a for a, b in zip(d0, disk_io(DISK["device"]), strict=True))
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out.decode(errors='replace')[-3000:]}")
     return dt, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime
@@ -315,6 +328,67 @@ def disk_speed(folder: Path, mb: int = 512) -> float:
     dt = time.perf_counter() - t
     p.unlink()
     return mb * 1.048576 / dt
+
+
+def disk_ceiling(folder: Path, mb: int = 1024) -> dict[str, float] | None:
+    """MB/s the disk under ``folder`` moves past the page cache (``O_DIRECT``, 8 MB requests, two threads, as two
+    workers' scratch and shards go): ``write`` (two writers), ``read`` (two readers) and ``mixed`` (one of each,
+    reads and writes added). None where the file system refuses ``O_DIRECT``."""
+    import mmap
+
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    step = 8 << 20
+    half = max(1, mb // 2) << 20
+    paths = [folder / f".disk-ceiling-{i}" for i in range(3)]
+
+    def write(p: Path, n: int) -> None:
+        buf = mmap.mmap(-1, step)
+        buf.write(os.urandom(step))
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+        try:
+            for _ in range(n // step):
+                os.write(fd, buf)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+            buf.close()
+
+    def read(p: Path, at: int, n: int) -> None:
+        buf = mmap.mmap(-1, step)
+        fd = os.open(p, os.O_RDONLY | flag)
+        try:
+            for off in range(at, at + n, step):
+                os.preadv(fd, [buf], off)
+        finally:
+            os.close(fd)
+            buf.close()
+
+    def timed(jobs: list[tuple[Any, tuple]]) -> float:
+        threads = [threading.Thread(target=fn, args=a) for fn, a in jobs]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - t
+
+    try:
+        write(paths[2], 2 * half)  # what the readers read
+    except OSError:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        return None
+    try:
+        w = timed([(write, (paths[0], half)), (write, (paths[1], half))])
+        r = timed([(read, (paths[2], 0, half)), (read, (paths[2], half, half))])
+        m = timed([(write, (paths[0], half)), (read, (paths[2], 0, half))])
+    finally:
+        for p in paths:
+            p.unlink(missing_ok=True)
+    mbs = 2 * half / 1e6
+    return {"write": mbs / w, "read": mbs / r, "mixed": mbs / m}
 
 
 # -- the DAG run -------------------------------------------------------------------------------------------
@@ -668,9 +742,14 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
               + ("past the page cache (O_DIRECT)" if direct else "through the page cache"))
     figures = {}
     disk = 0.0
+    ceiling = None
     if args.target_workers > 1:  # what a stage's fsyncs wait for: at some worker count its writes outrun the disk
         disk = disk_speed(out, 2048)
         print(f"  the disk: {disk:,.0f} MB/s (2 GB written and fdatasync'd)")
+        ceiling = disk_ceiling(out, 2048)
+        if ceiling:
+            print(f"  the disk past the page cache (O_DIRECT, 8 MB requests, 2 threads): {ceiling['write']:,.0f} MB/s "
+                  f"writing, {ceiling['read']:,.0f} reading, {ceiling['mixed']:,.0f} one of each")
     stages = [w for w in TARGET_STAGES if not args.only_stages or w in args.only_stages.split(",")]
     # every stage's runs first, the stages taken in turn (run i of each stage, then run i + 1): each stage's runs
     # spread over the same phases of the machine as the others'
@@ -714,7 +793,7 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             w = args.target_workers
             dt_w, _, _ = timed_child([sys.executable, "-c", TARGET_CALL, str(part), str(out), what, str(w),
                                       str(args.target_parts)], env)
-            busy_w = BUSY["last"]
+            busy_w, disk_w = BUSY["last"], DISK["last"]
             fw = json.loads((out / f"{what}.w{w}.json").read_text())
             serial1, serial_w = f.get("recipe_wall", 0.0), fw.get("recipe_wall", 0.0)  # the recipe: once, serial
             ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
@@ -733,6 +812,19 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             cores = os.cpu_count() or 1
             r1, rw = busy1 / max(dt, 1e-9), busy_w / max(dt_w, 1e-9)
             f["busy_cores_1"], f["busy_cores_w"] = r1, rw
+            if DISK["device"] and ceiling:  # what the disk did: a run that moves its bytes at the disk's speed is
+                # bound by it, whatever its cores do
+                d1 = f["disk"]
+                mb1, mbw = (d1[0] + d1[1]) / 1e6, (disk_w[0] + disk_w[1]) / 1e6
+                least = mbw / ceiling["mixed"]
+                f["disk_moved"], f["disk_least"] = [d1, list(disk_w)], least
+                print(f"    the disk ({DISK['device']}, /proc/diskstats): the 1-worker run read {d1[0] / 1e6:,.0f} MB "
+                      f"and wrote {d1[1] / 1e6:,.0f} MB ({mb1 / max(dt, 1e-9):,.0f} MB/s, I/O in flight "
+                      f"{d1[2] / max(dt, 1e-9):.0%} of its wall); the {w}-worker run read {disk_w[0] / 1e6:,.0f} MB and "
+                      f"wrote {disk_w[1] / 1e6:,.0f} MB ({mbw / max(dt_w, 1e-9):,.0f} MB/s, in flight "
+                      f"{disk_w[2] / max(dt_w, 1e-9):.0%}); at its ceiling ({ceiling['mixed']:,.0f} MB/s, one reader "
+                      f"and one writer) those bytes take {least:.2f} s: at most {dt / max(least, 1e-9):.2f}x on this "
+                      "disk, start-up included")
             print(f"    the machine's busy cores (/proc/stat): {r1:.2f} during the 1-worker run (its own CPU "
                   f"{own:.2f} s of {busy1:.2f} core-s in {dt:.2f} s; the rest the kernel's threads and anything "
                   f"else), {rw:.2f} of {cores} during the {w}-worker run: at most {min(w, cores) / max(r1, 1e-9):.2f}x "
@@ -788,6 +880,7 @@ def target_run(part: Path, out: Path, what: str, nparts: int, env: dict[str, str
     f = json.loads((out / f"{what}{'.' + tag if tag else ''}.json").read_text())
     f["wall"], f["rss"], f["own"], f["busy"] = dt, rss, own, BUSY["last"]
     f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
+    f["disk"] = list(DISK["last"])
     f["cpu"] += f["kswapd"]
     return f
 
@@ -1340,6 +1433,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found: pass the MLPerf vocab.txt")
     tmp = args.keep_work or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    DISK["device"] = block_device(tmp)
     # 20 GB of disk kept free beside the fill: the DAG's run of the real part writes ~8 GB (4 parts' TFRecords,
     # HDF5s and bins) after the fill's last top-up; 8 GB spare ran it out of disk (15:52, 34 GB free at the start)
     fill = FullPageCache(tmp / "memory-fill", leave_mb=args.leave_mb, disk_spare_mb=20480) \

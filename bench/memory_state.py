@@ -74,6 +74,35 @@ def machine_busy() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def block_device(path: Path | str) -> str | None:
+    """The /proc/diskstats name of the block device holding ``path`` (None: not a block device, e.g. tmpfs)."""
+    st = os.stat(path)
+    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/uevent")
+    try:
+        for line in dev.read_text().splitlines():
+            if line.startswith("DEVNAME="):
+                return line.split("=", 1)[1]
+    except OSError:
+        return None
+    return None
+
+
+def disk_io(device: str | None) -> tuple[float, float, float]:
+    """(bytes read, bytes written, seconds with I/O in flight) of ``device`` so far (/proc/diskstats: sectors of
+    512 bytes, io_ticks); zeros where it is unknown."""
+    if device is None:
+        return 0.0, 0.0, 0.0
+    try:
+        lines = Path("/proc/diskstats").read_text().splitlines()
+    except OSError:
+        return 0.0, 0.0, 0.0
+    for line in lines:
+        f = line.split()
+        if len(f) > 12 and f[2] == device:
+            return int(f[5]) * 512.0, int(f[9]) * 512.0, int(f[12]) / 1000.0
+    return 0.0, 0.0, 0.0
+
+
 def meminfo(key: str) -> int:
     """A /proc/meminfo figure in MB."""
     for line in Path("/proc/meminfo").read_text().splitlines():
