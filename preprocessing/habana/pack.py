@@ -1148,7 +1148,9 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
     space = pack_fast.process_space("pack-habana")
     outputs = ImageOutputs(space, direct)
     try:
-        with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
+        # each file's writeback started as it closes, all fsynced after their md5s; the images written behind
+        # (ImageOutputs.BEHIND), every write done when the block ends
+        with outputs, late_fsyncs():
             for i, (p0, p1) in enumerate(bounds, start=first):
                 part = slots[p0 - a:p1 - a]
                 k = int((part >= 0).sum())
@@ -1165,7 +1167,8 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
                 tmps.append(tmp_path(final))
                 names.append(name)
                 write_packed_file(tmps[-1], arrays, cfg.compression, dataset_dtypes(cfg), outputs)
-        md5s = md5_then_fsync(tmps, outputs.md5s())  # on the disk before the renames
+            known = outputs.md5s()
+        md5s = md5_then_fsync(tmps, known)  # on the disk before the renames
         for name, tmp in zip(names, tmps, strict=True):
             os.replace(tmp, Path(data) / name)
     except BaseException as exc:

@@ -1135,7 +1135,9 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
     outputs = ImageOutputs(pack_fast.process_space(SPACE_OWNER),
                            direct=(sd / DIRECT_FLAG).exists() and bool(_load(sd / DIRECT_FLAG)[0]))
     try:
-        with late_fsyncs():  # each file's writeback started as it closes; all fsynced after their md5s
+        # each file's writeback started as it closes, all fsynced after their md5s; the images written behind
+        # (ImageOutputs.BEHIND), every write done when the block ends
+        with outputs, late_fsyncs():
             for s in range(s0, s1):
                 a, b = int(bounds[s]) - p0, int(bounds[s + 1]) - p0
                 r0, r1 = int(offs[a]), int(offs[b])
@@ -1151,6 +1153,7 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
                 outputs.rename(tmp, final)
                 done.append(final.name)
                 empty += b == a
+            known = outputs.md5s()
     except BaseException as exc:
         for p in od.glob(f".*.tmp-{os.getpid()}"):
             p.unlink(missing_ok=True)
@@ -1159,7 +1162,7 @@ def write_shard_group(s0: int, s1: int, scratch: str, out_dir: str, cfg: PackNvi
     paths = [od / n for n in done]
     return {"kind": "shards", "s0": s0, "s1": s1, "empty": empty,
             "entries": [[n, p.stat().st_size, md5]
-                        for n, p, md5 in zip(done, paths, md5_then_fsync(paths, outputs.md5s()), strict=True)]}
+                        for n, p, md5 in zip(done, paths, md5_then_fsync(paths, known), strict=True)]}
 
 
 # -- the manifest, and all steps in one call ------------------------------------------------------------------------

@@ -737,7 +737,9 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
     # each shard built in memory by HDF5's core driver, written in one call (past the page cache as the scratch is)
     # and hashed from memory (preprocessing.packing.ImageOutputs: the bytes HDF5's file driver writes)
     outputs = ImageOutputs(pack_fast.process_space("shuffle-gather"), direct=_direct(Path(plan.scratch)))
-    with late_fsyncs():  # each shard's writeback started as it closes; all fsynced after their md5s
+    # each shard's writeback started as it closes, all fsynced after their md5s; the images written behind
+    # (ImageOutputs.BEHIND), every write done when the block ends
+    with outputs, late_fsyncs():
         for k in range(k0, k1):
             a, b = int(starts[k] - starts[k0]), int(starts[k + 1] - starts[k0])
             final = out_dir / shard_name(k, plan.n_shards)
@@ -771,10 +773,11 @@ def gather(plan: ShufflePlan, bucket: int, out_dir: str | Path) -> dict[str, Any
                                 encoding="ascii")
                 os.replace(ltmp, lst)
                 finals.append(lst)
+        known = outputs.md5s()
     del bufs
     return {"kind": "shards", "bucket": bucket,
             "entries": [[p.name, p.stat().st_size, md5]
-                        for p, md5 in zip(finals, md5_then_fsync(finals, outputs.md5s()), strict=True)]}
+                        for p, md5 in zip(finals, md5_then_fsync(finals, known), strict=True)]}
 
 
 # -- step 4: the manifest ------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """preprocessing.packing.ImageOutputs: the packers' HDF5 files built in memory by HDF5's core driver (its memory a
 reused buffer, through file-image callbacks in preprocessing/_pack_native), written in one go (past the page cache
-where asked) and hashed from memory. The same bytes as HDF5's own file driver writes (packing.h5_reserved), for
+where asked, behind the caller: by a writer thread) and hashed from memory. The same bytes as HDF5's own file driver writes (packing.h5_reserved), for
 variable-length, contiguous and gzip'd datasets and either superblock; a file larger than its buffer; more files
 than the md5 lanes; an error inside the block or a full disk at the write leave no file and a working arena."""
 
@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from core.errors import DiskFullError
 from core.manifest import md5_then_fsync
 from preprocessing import pack_fast, packing, scratch
 from preprocessing.hdf5_io import h5_create, libhdf5
@@ -53,8 +54,9 @@ def test_the_same_bytes_as_hdf5s_own_driver_and_md5s_from_memory(tmp_path, direc
             assert f.driver == "core"
             _write(f, i)
         out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+    known = out.md5s()  # the held images hashed, and every write (behind) and rename done
     assert [_md5(tmp_path / f"img{i}.h5") for i in range(3)] == want
-    known = out.md5s()
+    assert not list(tmp_path.glob("t*.tmp"))
     assert {Path(p).name: m for p, m in known.items()} == {f"img{i}.h5": want[i] for i in range(3)}
     paths = [tmp_path / f"img{i}.h5" for i in range(3)]
     assert md5_then_fsync(paths, known) == want
@@ -81,7 +83,8 @@ def test_a_file_larger_than_its_buffer_moves_to_malloced_memory(tmp_path):
     with out.create(tmp_path / "img.h5", 4096) as f:  # far too small a bound: the image outgrows the buffer
         _write(f, 5)
     assert views and views[0][2] is False  # not in the buffer: malloc'd
-    assert _md5(tmp_path / "img.h5") == _md5(tmp_path / "ref.h5") == out.md5s()[str(tmp_path / "img.h5")]
+    got = out.md5s()[str(tmp_path / "img.h5")]
+    assert _md5(tmp_path / "img.h5") == _md5(tmp_path / "ref.h5") == got
 
 
 def test_more_files_than_lanes_are_hashed_in_batches_without_reusing_a_held_buffer(tmp_path, monkeypatch):
@@ -128,7 +131,7 @@ def test_an_error_inside_the_block_leaves_no_file_and_the_arena_free(tmp_path):
         raise RuntimeError("inside")
     assert not (tmp_path / "x.h5").exists() and out.held == []
     assert pack_fast.native().image_view()[1] == 0  # the arena forgotten
-    with out.create(tmp_path / "y.h5", 1 << 20) as f:  # and the next file is fine
+    with out, out.create(tmp_path / "y.h5", 1 << 20) as f:  # and the next file is fine (written when `out` ends)
         f.create_dataset("a", data=np.arange(10))
     with h5py.File(tmp_path / "y.h5", "r") as f:
         assert f["a"][-1] == 9
@@ -141,11 +144,76 @@ def test_a_full_disk_at_the_write_is_a_plain_error(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(scratch, "write_all", full)
+    monkeypatch.setattr(packing.ImageOutputs, "BEHIND", False)  # written before create returns: raised there
     out = packing.ImageOutputs(None, direct=True)
     with pytest.raises(OSError) as e, out.create(tmp_path / "x.h5", 1 << 20) as f:
         _write(f, 2, rows=100)
     assert e.value.errno == errno.ENOSPC
     assert out.held == [] and pack_fast.native().image_view()[1] == 0
+
+
+def test_a_full_disk_behind_is_raised_naming_the_file_and_its_rename_is_not_done(tmp_path, monkeypatch):
+    """Written behind: the error comes at md5s() (or wait, or the with block's end), as core.manifest's
+    DiskFullError naming the file, after every write in flight ended; the rename queued after it is not done, so
+    the final name never holds a partial file. The other files are written and renamed."""
+    _usable()
+    real = scratch.write_all
+
+    def full_for_one(fd, path, view, direct):
+        if Path(path).name == "b.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, path, view, direct)
+
+    monkeypatch.setattr(scratch, "write_all", full_for_one)
+    out = packing.ImageOutputs(pack_fast.Space(), direct=True)
+    for name in "abc":
+        with out.create(tmp_path / f"{name}.tmp", 1 << 20) as f:
+            _write(f, 2, rows=100)
+        out.rename(tmp_path / f"{name}.tmp", tmp_path / f"{name}.h5")
+    with pytest.raises(DiskFullError, match=r"no space left on the device while writing .*b\.tmp"):
+        out.md5s()
+    assert (tmp_path / "a.h5").exists() and (tmp_path / "c.h5").exists()
+    assert not (tmp_path / "b.h5").exists()
+    out.close()
+    assert out._writer is None
+
+
+def test_writes_behind_never_reuse_a_buffer_before_its_write_and_the_caller_goes_on(tmp_path, monkeypatch):
+    """A slow disk: each write starts only when the test lets it. The caller builds the next files meanwhile (no
+    file on disk yet); a held buffer is not filled again before its write is done (else the bytes would differ);
+    the final names appear only after their writes."""
+    _usable()
+    want = []
+    for i in range(5):
+        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 32 << 20) as f:
+            _write(f, 40 + i, rows=400)
+        want.append(_md5(tmp_path / f"ref{i}.h5"))
+    import threading
+
+    go = threading.Event()
+    real = scratch.write_all
+
+    def slow(fd, path, view, direct):
+        assert go.wait(30)
+        return real(fd, path, view, direct)
+
+    monkeypatch.setattr(scratch, "write_all", slow)
+    monkeypatch.setattr(packing.ImageOutputs, "LANES", 2)  # slot 0 comes back at the third file
+    out = packing.ImageOutputs(pack_fast.Space(), direct=True)
+    for i in range(2):
+        with out.create(tmp_path / f"t{i}.tmp", 32 << 20) as f:
+            _write(f, 40 + i, rows=400)
+        out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+    assert not list(tmp_path.glob("img*.h5"))  # both still waiting for the disk: the caller went on
+    threading.Timer(0.3, go.set).start()  # the third file waits for slot 0's write, then the disk is let go
+    with out:
+        for i in range(2, 5):
+            with out.create(tmp_path / f"t{i}.tmp", 32 << 20) as f:
+                _write(f, 40 + i, rows=400)
+            out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+        got = out.md5s()
+    assert [_md5(tmp_path / f"img{i}.h5") for i in range(5)] == want
+    assert [got[str(tmp_path / f"img{i}.h5")] for i in range(5)] == want
 
 
 def test_without_the_extension_the_files_are_hdf5s_own(tmp_path, monkeypatch):
@@ -167,8 +235,7 @@ def test_direct_writes_fall_back_where_the_file_system_refuses_them(tmp_path, mo
     monkeypatch.setenv("BERTPIPE_DIRECT_IO", "0")
     with packing.h5_reserved(tmp_path / "ref.h5", 32 << 20) as f:
         _write(f, 4, rows=300)
-    out = packing.ImageOutputs(None, direct=True)
-    with out.create(tmp_path / "x.h5", 32 << 20) as f:
+    with packing.ImageOutputs(None, direct=True) as out, out.create(tmp_path / "x.h5", 32 << 20) as f:
         _write(f, 4, rows=300)
     assert _md5(tmp_path / "x.h5") == _md5(tmp_path / "ref.h5")
     assert os.path.getsize(tmp_path / "x.h5") == os.path.getsize(tmp_path / "ref.h5")
