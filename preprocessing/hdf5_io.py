@@ -139,6 +139,15 @@ def set_image_callbacks(fapl_id: int, callbacks: int) -> None:
         raise BertpipeError("HDF5 refused the file-image callbacks (H5Pset_file_image_callbacks)")
 
 
+def close_after_failure(f: h5py.File) -> None:
+    """Close ``f`` after an error in the block that wrote it, without fsync, never raising: the error on its way is
+    the one that counts, and the file is removed (or, in memory, never reaches the disk)."""
+    try:
+        h5_close_for_good(f, fsync=False)
+    except Exception:  # noqa: BLE001,S110 - closing after a failure: the file is removed anyway
+        pass
+
+
 def h5_close_for_good(f: h5py.File, *, fsync: bool = True) -> None:
     """Close ``f`` (from :func:`h5_open_new`) so that its bytes on disk are final, then fsync it.
 
@@ -207,10 +216,7 @@ def h5_create(path: Path | str, *, in_memory: bool = False, fsync: bool = True, 
     try:
         yield f
     except BaseException:
-        try:
-            h5_close_for_good(f, fsync=False)
-        except Exception:  # noqa: BLE001,S110 - closing after a failure: the file is removed anyway
-            pass
+        close_after_failure(f)
         raise
     h5_close_for_good(f, fsync=fsync)
 

@@ -390,60 +390,6 @@ static Py_ssize_t *largest_first(const char *const *paths, Py_ssize_t n) {
     return order;
 }
 
-static PyObject *md5_files(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"paths", "kernel", "mapped", NULL};
-    PyObject *seq;
-    const char *kname = NULL;
-    int mapped = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|zp", kwlist, &seq, &kname, &mapped)) return NULL;
-    const Kernel *k = NULL;
-    if (kname && !(k = by_name(kname))) return NULL;
-    PyObject *fast = PySequence_Fast(seq, "md5_files expects a sequence of paths");
-    if (!fast) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    PyObject **encoded = calloc((size_t)(n ? n : 1), sizeof *encoded);
-    const char **paths = calloc((size_t)(n ? n : 1), sizeof *paths);
-    uint8_t (*digests)[16] = calloc((size_t)(n ? n : 1), 16);
-    PyObject *result = NULL;
-    if (!encoded || !paths || !digests) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &encoded[i])) goto done;
-        paths[i] = PyBytes_AS_STRING(encoded[i]);
-    }
-    Job job = {.paths = paths, .order = NULL, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0,
-               .mapped = mapped};
-    if (!k) k = pick(n); /* and narrower ones for the last files (a kernel named by the caller is kept) */
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    job.order = largest_first(paths, n);
-    rc = n ? run_job(&job, k, kname == NULL) : 0;
-    free((void *)job.order);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        errno = job.err_no;
-        if (job.err_file >= 0) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PySequence_Fast_GET_ITEM(fast, job.err_file));
-        else PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
-    }
-    result = PyList_New(n);
-    if (!result) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char hex[33];
-        for (int j = 0; j < 16; j++) snprintf(hex + 2 * j, 3, "%02x", digests[i][j]);
-        PyObject *s = PyUnicode_FromStringAndSize(hex, 32);
-        if (!s) { Py_CLEAR(result); goto done; }
-        PyList_SET_ITEM(result, i, s);
-    }
-done:
-    if (encoded)
-        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(encoded[i]);
-    free(encoded);
-    free((void *)paths);
-    free(digests);
-    Py_DECREF(fast);
-    return result;
-}
-
 /* The lanes' order for buffers: the longest first (stable), as largest_first's for files. */
 static Py_ssize_t *longest_first(const size_t *lens, Py_ssize_t n) {
     if (n < 2) return NULL;
@@ -470,6 +416,60 @@ static PyObject *hex_digests(uint8_t (*digests)[16], Py_ssize_t n) {
     return result;
 }
 
+/* A job's files or buffers hashed with the GIL released, the lanes taking them in their order (largest_first,
+ * longest_first). k NULL: the kernel picked for the count (and narrower ones for the last files); a kernel named by
+ * the caller is kept. */
+static int run_in_order(Job *job, const Kernel *k) {
+    int narrow = k == NULL, rc;
+    if (!k) k = pick(job->n);
+    Py_BEGIN_ALLOW_THREADS
+    job->order = job->bufs ? longest_first(job->lens, job->n) : largest_first(job->paths, job->n);
+    rc = job->n ? run_job(job, k, narrow) : 0;
+    free((void *)job->order);
+    job->order = NULL;
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+static PyObject *md5_files(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"paths", "kernel", "mapped", NULL};
+    PyObject *seq;
+    const char *kname = NULL;
+    int mapped = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|zp", kwlist, &seq, &kname, &mapped)) return NULL;
+    const Kernel *k = NULL;
+    if (kname && !(k = by_name(kname))) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "md5_files expects a sequence of paths");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **encoded = calloc((size_t)(n ? n : 1), sizeof *encoded);
+    const char **paths = calloc((size_t)(n ? n : 1), sizeof *paths);
+    uint8_t (*digests)[16] = calloc((size_t)(n ? n : 1), 16);
+    PyObject *result = NULL;
+    if (!encoded || !paths || !digests) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &encoded[i])) goto done;
+        paths[i] = PyBytes_AS_STRING(encoded[i]);
+    }
+    Job job = {.paths = paths, .order = NULL, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0,
+               .mapped = mapped};
+    if (run_in_order(&job, k) < 0) {
+        errno = job.err_no;
+        if (job.err_file >= 0) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PySequence_Fast_GET_ITEM(fast, job.err_file));
+        else PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = hex_digests(digests, n);
+done:
+    if (encoded)
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(encoded[i]);
+    free(encoded);
+    free((void *)paths);
+    free(digests);
+    Py_DECREF(fast);
+    return result;
+}
+
 static PyObject *md5_buffers(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"buffers", "kernel", NULL};
     PyObject *seq;
@@ -493,14 +493,7 @@ static PyObject *md5_buffers(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     Job job = {.paths = NULL, .order = NULL, .n = n, .next = 0, .digests = digests, .err_file = -1, .err_no = 0,
                .mapped = 0, .bufs = bufs, .lens = lens};
-    if (!k) k = pick(n);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    job.order = longest_first(lens, n);
-    rc = n ? run_job(&job, k, kname == NULL) : 0;
-    free((void *)job.order);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    if (run_in_order(&job, k) < 0) {
         errno = job.err_no;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
