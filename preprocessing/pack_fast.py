@@ -307,6 +307,13 @@ class Space:
         want = max(n, 1) + max(n, 1) // 16
         return -(-want // step) * step
 
+    def spare(self, name: str) -> np.ndarray | None:
+        """Buffer ``name`` whole, as bytes (None: there is none): memory a caller whose arrays from it are dead may
+        use until the buffer's next :meth:`get` (pack-nvidia's group builds its shards' images in its read
+        buffer)."""
+        buf = self._bufs.get(name)
+        return None if buf is None else buf.reshape(-1).view(np.uint8)
+
     def clear(self) -> None:
         """Every buffer freed."""
         self._bufs.clear()

@@ -400,10 +400,17 @@ class ImageOutputs:
     #: The images written by a writer thread while the caller goes on (False: each written before create returns).
     BEHIND = True
 
-    def __init__(self, space: Any = None, direct: bool = False) -> None:
+    def __init__(self, space: Any = None, direct: bool = False, spare: np.ndarray | None = None) -> None:
         from preprocessing.hdf5_io import libhdf5
 
         self.space, self.direct = space, direct
+        #: memory the caller no longer needs until the block of files ends (pack-nvidia: its group's read buffer,
+        #: dead once the rows are in place order): the images are built there, one after the other, before any
+        #: buffer of ``space`` is made for them. Held images there do not count towards HELD_BYTES (the memory is
+        #: the caller's anyway): up to LANES are hashed at once, and the spare is used again once they are.
+        self.spare = spare if spare is not None and spare.dtype == np.uint8 and spare.ndim == 1 else None
+        self._bump = 0  # the spare's first free byte
+        self._own = 0  # bytes of held images in buffers of their own (``space``'s, or malloc'd)
         self.mod = pack_fast.native()
         self.usable = self.mod is not None and libhdf5() is not None
         self.held: list[tuple[str, memoryview]] = []  # written (or being written), not hashed yet
@@ -482,9 +489,15 @@ class ImageOutputs:
         mod, path = self.mod, Path(path)
         n = int(bound) + scratch.ALIGN
         slot = len(self.held)
-        self._reuse(slot)
-        buf = (scratch.aligned_from(self.space, f"h5-image-{slot}", n) if self.space is not None
-               else scratch.aligned_empty(n))
+        buf = self._carve(n)
+        if buf is None and self.spare is not None and self.held:  # the spare full of held images: hashed, free
+            self._hash()
+            slot, buf = 0, self._carve(n)
+        carved = buf is not None
+        if buf is None:
+            self._reuse(slot)
+            buf = (scratch.aligned_from(self.space, f"h5-image-{slot}", n) if self.space is not None
+                   else scratch.aligned_empty(n))
         mod.image_arena(buf)
         try:
             f = h5_open_new(path, in_memory=True, backing_store=False, block_size=1 << 16,
@@ -504,13 +517,19 @@ class ImageOutputs:
             if size > grown:
                 raise BertpipeError(f"{path}: the HDF5 image holds {grown} bytes, its superblock says {size} (a bug)")
             whole = memoryview(buf) if in_buf else image
+            if carved and in_buf:  # the spare taken up to its written end (the direct write's zeroed tail)
+                self._bump += -(-size // scratch.ALIGN) * scratch.ALIGN
+            else:
+                self._own += size
             if self.BEHIND:
                 fd, direct = _open_image(path, self.direct and in_buf)  # here: a rename after it finds the file
-                self._slot[slot] = self._behind(os.fspath(path), partial(_finish_image, fd, path, whole, size, direct))
+                fut = self._behind(os.fspath(path), partial(_finish_image, fd, path, whole, size, direct))
+                if not carved:
+                    self._slot[slot] = fut
             else:
                 _write_image(path, whole, size, self.direct and in_buf)
             self.held.append((os.fspath(path), image[:size]))
-            if sum(v.nbytes for _, v in self.held) >= self.HELD_BYTES:
+            if self._own >= self.HELD_BYTES:
                 self._hash()
         finally:
             mod.image_arena(None)
@@ -522,6 +541,23 @@ class ImageOutputs:
             for (p, _), md5 in zip(self.held, md5_buffers([v for _, v in self.held]), strict=True):
                 self.known[p] = md5
             self.held.clear()
+            self._own = 0
+
+    def _carve(self, n: int) -> np.ndarray | None:
+        """The rest of the spare (from an :data:`scratch.ALIGN` boundary) as the next image's memory, if ``n``
+        bytes fit; None else (or without a spare). With no image held, the spare starts over, once every write
+        that reads it is done."""
+        if self.spare is None:
+            return None
+        if not self.held and self._bump:
+            self.wait()
+            self._bump = 0
+        base = self.spare.ctypes.data
+        at = -(-(base + self._bump) // scratch.ALIGN) * scratch.ALIGN - base
+        if len(self.spare) - at < n:
+            return None
+        self._bump = at
+        return self.spare[at:]
 
     def rename(self, tmp: Path | str, final: Path | str) -> None:
         """``os.replace(tmp, final)``, the md5 following the file; a file being written behind is renamed once it

@@ -239,3 +239,49 @@ def test_direct_writes_fall_back_where_the_file_system_refuses_them(tmp_path, mo
         _write(f, 4, rows=300)
     assert _md5(tmp_path / "x.h5") == _md5(tmp_path / "ref.h5")
     assert os.path.getsize(tmp_path / "x.h5") == os.path.getsize(tmp_path / "ref.h5")
+
+
+def test_images_built_in_the_callers_spare_memory_then_in_its_space(tmp_path, monkeypatch):
+    """A spare (pack-nvidia: its group's dead read buffer): images are built there one after another, no buffer of
+    the space is made while they fit, held images there do not count towards HELD_BYTES, a full spare is hashed and
+    used again (after its writes, which the slow disk here holds back), and an image that does not fit goes to the
+    space. The same bytes and md5s throughout."""
+    _usable()
+    import threading
+
+    want = []
+    for i in range(6):
+        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 32 << 20) as f:
+            _write(f, 60 + i, rows=400)
+        want.append(_md5(tmp_path / f"ref{i}.h5"))
+    size = os.path.getsize(tmp_path / "ref0.h5")
+    real = scratch.write_all
+    go = threading.Event()
+
+    def slow(fd, path, view, direct):
+        assert go.wait(30)
+        return real(fd, path, view, direct)
+
+    monkeypatch.setattr(scratch, "write_all", slow)
+    monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", 1)  # would hash each image alone, were it the space's
+    space = pack_fast.Space()
+    whole = -(-size // scratch.ALIGN) * scratch.ALIGN  # what an image takes of the spare
+    spare = scratch.aligned_empty(3 * whole + size + scratch.ALIGN)  # a 4th with a bound of size + ALIGN: no room
+    out = packing.ImageOutputs(space, direct=True, spare=spare)
+    threading.Timer(0.3, go.set).start()
+    held = []
+    with out:
+        for i in range(6):
+            with out.create(tmp_path / f"t{i}.tmp", size + scratch.ALIGN) as f:
+                _write(f, 60 + i, rows=400)
+            out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+            held.append(len(out.held))
+        assert held == [1, 2, 3, 1, 2, 3]  # hashed only when the spare is full
+        assert not any(k.startswith("h5-image") for k in space._bufs)  # all in the spare
+        with out.create(tmp_path / "big.tmp", len(spare)) as f:  # more than the whole spare: the space's buffer
+            _write(f, 66, rows=400)
+        assert [k for k in space._bufs if k.startswith("h5-image")] == ["h5-image-0"]
+        got = out.md5s()
+    assert [_md5(tmp_path / f"img{i}.h5") for i in range(6)] == want
+    assert [got[str(tmp_path / f"img{i}.h5")] for i in range(6)] == want
+    assert got[str(tmp_path / "big.tmp")] == _md5(tmp_path / "big.tmp")
