@@ -652,6 +652,14 @@ elif what == "nvidia_packed":
     # calls of 1-2 shards, hashed at a third of that speed. More parts (--target-parts): the stage's own groups
     if workers == 1 and nparts == 1:
         mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
+    elif workers == 1:  # more parts on one worker: its groups as big as a full-size run's (~SEQS_PER_GROUP sequences;
+        # the stage's own minimum of 4 groups a worker, for small runs' parallelism, made them smaller here), so
+        # that the peak memory and the costs a group are full size's
+        import math
+        def full_size_groups(n_seq, shards_num, workers):
+            k = max(1, min(shards_num, math.ceil(n_seq / mod.SEQS_PER_GROUP)))
+            return [(shards_num * g // k, shards_num * (g + 1) // k) for g in range(k)]
+        mod.group_bounds = full_size_groups
     m = run_pack_nvidia(parts, dest, PackNvidiaConfig(shards_num=shards), workers=workers)
 elif what in ("habana_packed", "habana_packed_raw", "habana_packed_narrow"):
     import preprocessing.habana.pack as mod
