@@ -236,17 +236,28 @@ class Rows:
     seg: np.ndarray  # int8, segment ids likewise
     pos: np.ndarray  # int16, the rows' first pred[i] masked positions, concatenated
     mlm: np.ndarray  # int16, masked_lm_ids likewise
+    #: ``seg`` None: each row's segment ids are ``segb[i]`` 0s then 1s (pack_fast.fill_segments makes the values
+    #: where they are written: a shard's, not a whole group's, 0.2 GB at full size's group size)
+    segb: np.ndarray | None = None
 
     @staticmethod
     def concat(parts: Sequence[Rows]) -> Rows:
         if not parts:
             return Rows(*(np.zeros(0, dt) for dt in ("i8", "i8", "i1", "i2", "i1", "i2", "i2")))
-        return Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rows.__dataclass_fields__))
+        return Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in Rows.__dataclass_fields__
+                      if f != "segb"))
 
     def slice(self, a: int, b: int, tok: np.ndarray, prd: np.ndarray) -> Rows:
         """Rows a..b-1 (views); ``tok``/``prd``: cumulative token / masked-position counts, from 0."""
         return Rows(seq=self.seq[a:b], pred=self.pred[a:b], nsl=self.nsl[a:b], ids=self.ids[tok[a]:tok[b]],
-                    seg=self.seg[tok[a]:tok[b]], pos=self.pos[prd[a]:prd[b]], mlm=self.mlm[prd[a]:prd[b]])
+                    seg=self.seg[tok[a]:tok[b]] if self.seg is not None else None, pos=self.pos[prd[a]:prd[b]],
+                    mlm=self.mlm[prd[a]:prd[b]], segb=self.segb[a:b] if self.segb is not None else None)
+
+    def segment_ids(self, space: Any = None) -> np.ndarray:
+        """``seg``, or the values ``segb`` stands for (in ``space``'s buffer ``"shard-seg"``)."""
+        if self.seg is not None:
+            return self.seg
+        return pack_fast.fill_segments(self.segb, self.seq, space, "shard-seg")
 
     def take(self, order: np.ndarray) -> Rows:
         """The rows in ``order`` (a permutation or selection of row indices)."""
@@ -1050,13 +1061,14 @@ def _gather_native(sd: Path, n_inputs: int, q0: int, q1: int) -> Rows:
                                         space=space, name=name)
         return got
 
-    if segs and all(isinstance(it[0], np.ndarray) for it in segs):  # one number a row: filled in place order
-        seg = pack_fast.fill_segments(np.concatenate([it[0] for it in segs])[order], seq, space, "seg")
+    segb = None
+    if segs and all(isinstance(it[0], np.ndarray) for it in segs):  # one number a row: kept so, in place order
+        seg, segb = None, np.concatenate([it[0] for it in segs])[order]
     else:
         srcs["seg"] = segment_slices(segs, space, "gather-seg")
         seg = runs("seg", "tok", "int8")
     return Rows(seq=seq, pred=pred, nsl=cat["nsl"][order].astype(np.int8), ids=runs("ids", "tok", "int16"),
-                seg=seg, pos=runs("pos", "prd", "int16"), mlm=runs("mlm", "prd", "int16"))
+                seg=seg, pos=runs("pos", "prd", "int16"), mlm=runs("mlm", "prd", "int16"), segb=segb)
 
 
 def _write_vlen(ds: Any, flat: np.ndarray, counts: np.ndarray) -> None:
@@ -1094,7 +1106,8 @@ def write_packed_shard(path: Path, rows: Rows, pack_counts: np.ndarray, outputs:
     pos = np.add(rows.pos, np.repeat(shift.astype(np.int16), rows.pred), dtype=np.int16)
     tok_counts = np.bincount(row_pack, weights=rows.seq, minlength=n).astype(np.int64)
     pred_counts = np.bincount(row_pack, weights=rows.pred, minlength=n).astype(np.int64)
-    values = {"input_ids": (rows.ids, tok_counts), "segment_ids": (rows.seg, tok_counts),
+    values = {"input_ids": (rows.ids, tok_counts),
+              "segment_ids": (rows.segment_ids(pack_fast.process_space(SPACE_OWNER)), tok_counts),
               "packed_input_len": (rows.seq.astype(np.int16), pack_counts),
               "masked_lm_positions": (pos, pred_counts), "masked_lm_ids": (rows.mlm, pred_counts),
               "packed_masked_lm_len": (rows.pred.astype(np.int16), pack_counts),
