@@ -652,6 +652,9 @@ elif what == "nvidia_packed":
     # calls of 1-2 shards, hashed at a third of that speed. More parts (--target-parts): the stage's own groups
     if workers == 1 and nparts == 1:
         mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
+    elif workers == 1 and os.environ.get("BENCH_GROUPS_OF_WORKERS"):  # the w-worker run's groups, on one worker
+        _own = mod.group_bounds
+        mod.group_bounds = lambda n_seq, shards_num, w: _own(n_seq, shards_num, int(os.environ["BENCH_GROUPS_OF_WORKERS"]))
     elif workers == 1:  # more parts on one worker: its groups as big as a full-size run's (~SEQS_PER_GROUP sequences;
         # the stage's own minimum of 4 groups a worker, for small runs' parallelism, made them smaller here), so
         # that the peak memory and the costs a group are full size's
@@ -805,6 +808,17 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             fw = json.loads((out / f"{what}.w{w}.json").read_text())
             serial1, serial_w = f.get("recipe_wall", 0.0), fw.get("recipe_wall", 0.0)  # the recipe: once, serial
             ratio = (f["costs"]["wall"] - serial1) / max(fw["costs"]["wall"] - serial_w, 1e-9)
+            if what == "nvidia_packed" and args.target_parts > 1:  # its 1-worker run above has full size's groups,
+                # fewer and larger than the w workers' (4 a worker at least): the same calls on one worker as well
+                g = target_run(part, out, what, args.target_parts, dict(env, BENCH_GROUPS_OF_WORKERS=str(w)),
+                               tag=f"g{w}")
+                same_calls = (g["costs"]["wall"] - g.get("recipe_wall", 0.0)) / max(fw["costs"]["wall"] - serial_w,
+                                                                                     1e-9)
+                shutil.rmtree(out / f"{what}.g{w}", ignore_errors=True)
+                print(f"    the {w} workers' groups on 1 worker: {g['costs']['wall'] - g.get('recipe_wall', 0.0):.2f} s "
+                      f"besides the recipe ({g['cpu'] - _once(g):.2f} CPU-s): {w} workers {same_calls:.2f}x that; "
+                      f"against its full-size groups {ratio:.2f}x")
+                f["speedup_same_calls"] = same_calls
             same = _same_files(out / what, out / f"{what}.w{w}", data_only=True)
             f["speedup"] = ratio
             floor = f["bytes"] / 1e6 / max(disk, 1e-9)  # the disk's own time for the stage's output files
