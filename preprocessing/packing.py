@@ -211,12 +211,35 @@ def read_slices(slices: Sequence[tuple[Path | str, int, int]], space: Any, name:
     if wanted:
         buf = scratch.aligned_from(space, name, total)
         at = 0
+        reads = []
         for i, path, dtype, first, end, skip, n in wanted:
             if n:
-                scratch.read_range(path, first, memoryview(buf)[at:at + end - first], need=skip + n * dtype.itemsize)
+                reads.append((path, first, memoryview(buf)[at:at + end - first], skip + n * dtype.itemsize))
             out[i] = buf[at + skip:at + skip + n * dtype.itemsize].view(dtype)
             at += end - first
+        _read_ranges(reads)
     return out  # type: ignore[return-value]
+
+
+#: Direct reads in flight at once (:func:`read_slices`). A full-size group reads ~1 MB from each of 500 parts'
+#: scratch: one at a time, each waits for the disk (0.7 GB/s on the 2-core VM's disk in 0.87 MB reads); two to four
+#: at once keep it busy (2.0-2.3 GB/s).
+READ_THREADS = 4
+
+
+def _read_ranges(reads: Sequence[tuple[Path | str, int, memoryview, int]]) -> None:
+    """``scratch.read_range(path, offset, into, need)`` for each read (into distinct memory), up to
+    :data:`READ_THREADS` at once; the first error raised once all have ended."""
+    if len(reads) < 2 or READ_THREADS < 2:
+        for path, first, into, need in reads:
+            scratch.read_range(path, first, into, need=need)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(READ_THREADS, len(reads)), thread_name_prefix="bertpipe-read") as ex:
+        futs = [ex.submit(scratch.read_range, path, first, into, need=need) for path, first, into, need in reads]
+    for f in futs:
+        f.result()
 
 
 def segment_slices(items: Sequence[tuple[Path | str, int, int] | tuple[np.ndarray, np.ndarray]], space: Any,

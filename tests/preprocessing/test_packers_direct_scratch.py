@@ -66,6 +66,46 @@ def test_direct_arrays_round_trip_whole_and_in_slices(tmp_path, monkeypatch, mod
         read_slices([(next(iter(arrays)), 3, 2)], pack_fast.Space(), "x")
 
 
+def test_slices_are_read_several_at_once_and_a_failed_read_is_raised(tmp_path, monkeypatch):
+    """read_slices reads the direct files' slices up to READ_THREADS at once (a full-size group: ~1 MB from each
+    of 500 parts), each into its own place; one read that fails is raised (after the others end), and with
+    READ_THREADS 1 the same values come one read at a time."""
+    import threading
+
+    from preprocessing import packing
+
+    arrays = _arrays(tmp_path, True)
+    slices = [(p, len(a) // 3, len(a)) for p, a in arrays.items()] * 3
+    threads = set()
+    real = scratch.read_range
+
+    def spy(*a, **k):
+        threads.add(threading.get_ident())
+        return real(*a, **k)
+
+    monkeypatch.setattr(scratch, "read_range", spy)
+    got = read_slices(slices, pack_fast.Space(), "x")
+    assert all(np.array_equal(g, arrays[p][x:y]) for (p, x, y), g in zip(slices, got, strict=True))
+    assert len(threads) > 1 and threading.get_ident() not in threads
+    monkeypatch.setattr(packing, "READ_THREADS", 1)
+    threads.clear()
+    again = read_slices(slices, pack_fast.Space(), "x")
+    assert all(np.array_equal(a, b) for a, b in zip(got, again, strict=True))
+    assert threads == {threading.get_ident()}
+    monkeypatch.setattr(packing, "READ_THREADS", 4)
+    bad = next(p for p, a in arrays.items() if len(a) > 100)
+
+    def failing(path, *a, **k):
+        if Path(path) == bad:
+            raise OSError(5, "Input/output error", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(scratch, "read_range", failing)
+    with pytest.raises(OSError, match="Input/output error") as e:
+        read_slices(slices, pack_fast.Space(), "x")
+    assert e.value.filename == str(bad)
+
+
 def _md5s(folder: Path) -> dict[str, str]:
     """Every output file's md5, and the manifest's entries (its ``seconds`` are the run's own: not compared)."""
     got = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
