@@ -183,3 +183,11 @@ def test_marginal_projection_takes_a_process_once_cost_off_and_keeps_the_recipe(
     # today's projection from N parts alone counts the fixed cost 500/4 times over: higher
     naive = ((fixed + per_row * rows_n) * bench_scale.FULL_ROWS / rows_n + recipe) / 3600
     assert naive > want + 0.02
+
+
+def test_disk_ceiling_measures_reads_writes_and_both_and_leaves_no_file(bench_scale, tmp_path) -> None:
+    got = bench_scale.disk_ceiling(tmp_path, 16)
+    assert not list(tmp_path.iterdir())
+    if got is None:  # a file system without O_DIRECT (tmpfs)
+        return
+    assert set(got) == {"write", "read", "mixed"} and all(v > 0 for v in got.values())

@@ -98,3 +98,31 @@ def test_bench_scale_help_names_the_memory_states_and_the_parts_lengths() -> Non
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--help"], capture_output=True,
                          text=True, cwd=ROOT, check=True).stdout
     assert "--memory {full,free}" in out and "--leave-mb" in out and "--target-short-seq-prob" in out
+
+
+def test_disk_io_counts_a_direct_write_on_this_folders_device(tmp_path: Path) -> None:
+    """block_device names the device under a folder as /proc/diskstats does (None on a file system without one,
+    e.g. tmpfs), and disk_io's written bytes grow by at least a synced write's size; unknown devices read zeros."""
+    assert ms.disk_io(None) == (0.0, 0.0, 0.0)
+    assert ms.disk_io("no-such-device") == (0.0, 0.0, 0.0)
+    dev = ms.block_device(tmp_path)
+    if dev is None or not Path("/proc/diskstats").exists():
+        pytest.skip("this folder is on no block device /proc/diskstats lists")
+    r0, w0, b0 = ms.disk_io(dev)
+    p = tmp_path / "x"
+    with open(p, "wb") as f:
+        f.write(b"\x01" * (8 << 20))
+        f.flush()
+        import os
+
+        os.fsync(f.fileno())
+    r1, w1, b1 = ms.disk_io(dev)
+    assert w1 - w0 >= 8 << 20 and r1 >= r0 and b1 >= b0
+
+
+def test_read_slices_bench_runs_and_compares_the_reads() -> None:
+    """bench/bench_read_slices.py on tiny sizes: both thread counts, their ratio, every slice compared."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_read_slices.py"), "--parts", "12",
+                          "--mb-each", "0.02", "--rounds", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "1 at once:" in out.stdout and "4 at once against 1:" in out.stdout and "the same values read" in out.stdout
