@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import h5py
@@ -38,6 +39,29 @@ def _write(f: h5py.File, seed: int = 0, rows: int = 3000) -> None:
 
 def _md5(p: Path) -> str:
     return hashlib.md5(p.read_bytes()).hexdigest()
+
+
+def _references(tmp_path: Path, seeds) -> list[str]:
+    """``ref<i>.h5`` written by HDF5's own driver from each seed (400 rows): their md5s."""
+    want = []
+    for i, seed in enumerate(seeds):
+        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 32 << 20) as f:
+            _write(f, seed, rows=400)
+        want.append(_md5(tmp_path / f"ref{i}.h5"))
+    return want
+
+
+def _held_disk(monkeypatch):
+    """A slow disk: every image write waits until the returned event is set."""
+    go = threading.Event()
+    real = scratch.write_all
+
+    def slow(fd, path, view, direct):
+        assert go.wait(30)
+        return real(fd, path, view, direct)
+
+    monkeypatch.setattr(scratch, "write_all", slow)
+    return go
 
 
 @pytest.mark.parametrize("direct", [False, True])
@@ -183,21 +207,8 @@ def test_writes_behind_never_reuse_a_buffer_before_its_write_and_the_caller_goes
     file on disk yet); a held buffer is not filled again before its write is done (else the bytes would differ);
     the final names appear only after their writes."""
     _usable()
-    want = []
-    for i in range(5):
-        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 32 << 20) as f:
-            _write(f, 40 + i, rows=400)
-        want.append(_md5(tmp_path / f"ref{i}.h5"))
-    import threading
-
-    go = threading.Event()
-    real = scratch.write_all
-
-    def slow(fd, path, view, direct):
-        assert go.wait(30)
-        return real(fd, path, view, direct)
-
-    monkeypatch.setattr(scratch, "write_all", slow)
+    want = _references(tmp_path, range(40, 45))
+    go = _held_disk(monkeypatch)
     monkeypatch.setattr(packing.ImageOutputs, "LANES", 2)  # slot 0 comes back at the third file
     out = packing.ImageOutputs(pack_fast.Space(), direct=True)
     for i in range(2):
@@ -247,22 +258,9 @@ def test_images_built_in_the_callers_spare_memory_then_in_its_space(tmp_path, mo
     used again (after its writes, which the slow disk here holds back), and an image that does not fit goes to the
     space. The same bytes and md5s throughout."""
     _usable()
-    import threading
-
-    want = []
-    for i in range(6):
-        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 32 << 20) as f:
-            _write(f, 60 + i, rows=400)
-        want.append(_md5(tmp_path / f"ref{i}.h5"))
+    want = _references(tmp_path, range(60, 66))
     size = os.path.getsize(tmp_path / "ref0.h5")
-    real = scratch.write_all
-    go = threading.Event()
-
-    def slow(fd, path, view, direct):
-        assert go.wait(30)
-        return real(fd, path, view, direct)
-
-    monkeypatch.setattr(scratch, "write_all", slow)
+    go = _held_disk(monkeypatch)
     monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", 1)  # would hash each image alone, were it the space's
     space = pack_fast.Space()
     whole = -(-size // scratch.ALIGN) * scratch.ALIGN  # what an image takes of the spare
