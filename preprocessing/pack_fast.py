@@ -124,10 +124,12 @@ def _checked(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np
 
 def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray, lens: np.ndarray,
                 dtype: np.dtype | type | str, lo: int | None = None, hi: int | None = None,
-                space: Space | None = None, name: str = "gather") -> np.ndarray:
+                space: Space | None = None, name: str = "gather", out: np.ndarray | None = None) -> np.ndarray:
     """``concatenate([sources[which[i]][starts[i]:starts[i] + lens[i]] for i ...]).astype(dtype)`` (``which``
     None: one source), checked: every value must fit ``dtype`` (and lie in ``lo..hi`` where given: a check of
-    the values folded into the copy). With ``space``, the result is a view of its buffer ``name``.
+    the values folded into the copy). With ``space``, the result is a view of its buffer ``name``; with ``out``
+    (C-contiguous, of ``dtype``, holding exactly the runs' values in any shape), written there and returned (at an
+    address that is not a multiple of the type's size: gathered into ``space``'s buffer, then copied there).
 
     Raises:
         OutOfRange: a value does not fit (or lies outside ``lo..hi``); ``.index`` is its place in the output.
@@ -137,9 +139,17 @@ def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts:
     sources = [np.asarray(s) for s in sources]
     which, starts, lens = _checked(sources, which, starts, lens)
     total = int(lens.sum())
-    out = space.get(name, total, out_dt) if space is not None else np.empty(total, dtype=out_dt)
+    given = out
+    if given is not None:
+        if given.dtype != out_dt or given.size != total or not given.flags.c_contiguous or not given.flags.writeable:
+            raise ValueError(f"gather_runs: out must be a writable C-contiguous array of {total} {out_dt} values")
+        # an array at an odd address (a dataset HDF5 put there: ImageLayout) is filled by NumPy from an aligned one
+        out = given.reshape(-1) if given.flags.aligned else (
+            space.get(name, total, out_dt) if space is not None else np.empty(total, dtype=out_dt))
+    else:
+        out = space.get(name, total, out_dt) if space is not None else np.empty(total, dtype=out_dt)
     if not len(out):
-        return out
+        return out if given is None else given
     src_dt = sources[0].dtype
     if out_dt.kind != "i" or src_dt.kind not in "iu" or out_dt.itemsize not in (1, 2, 4, 8):
         raise ValueError(f"gather_runs: {src_dt} -> {out_dt} is not a supported integer conversion")
@@ -156,8 +166,13 @@ def gather_runs(sources: Sequence[np.ndarray], which: np.ndarray | None, starts:
         del srcs
         if bad >= 0:
             raise OutOfRange(int(bad))
+    else:
+        _gather_numpy(sources, which, starts, lens, out, lo, hi)
+    if given is None:
         return out
-    return _gather_numpy(sources, which, starts, lens, out, lo, hi)
+    if not given.flags.aligned:
+        given.reshape(-1)[...] = out
+    return given
 
 
 def place_runs(sources: np.ndarray | Sequence[np.ndarray], which: np.ndarray | None, starts: np.ndarray,

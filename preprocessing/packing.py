@@ -11,6 +11,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -507,20 +508,8 @@ class ImageOutputs:
             with h5_reserved(path, bound) as f:
                 yield f
             return
-        if len(self.held) >= self.LANES:
-            self._hash()
         mod, path = self.mod, Path(path)
-        n = int(bound) + scratch.ALIGN
-        slot = len(self.held)
-        buf = self._carve(n)
-        if buf is None and self.spare is not None and self.held:  # the spare full of held images: hashed, free
-            self._hash()
-            slot, buf = 0, self._carve(n)
-        carved = buf is not None
-        if buf is None:
-            self._reuse(slot)
-            buf = (scratch.aligned_from(self.space, f"h5-image-{slot}", n) if self.space is not None
-                   else scratch.aligned_empty(n))
+        slot, buf, carved = self._buffer(int(bound) + scratch.ALIGN)
         mod.image_arena(buf)
         try:
             f = h5_open_new(path, in_memory=True, backing_store=False, block_size=1 << 16,
@@ -539,23 +528,66 @@ class ImageOutputs:
             size = image_size(image)
             if size > grown:
                 raise BertpipeError(f"{path}: the HDF5 image holds {grown} bytes, its superblock says {size} (a bug)")
-            whole = memoryview(buf) if in_buf else image
-            if carved and in_buf:  # the spare taken up to its written end (the direct write's zeroed tail)
-                self._bump += -(-size // scratch.ALIGN) * scratch.ALIGN
-            else:
-                self._own += size
-            if self.BEHIND:
-                fd, direct = _open_image(path, self.direct and in_buf)  # here: a rename after it finds the file
-                fut = self._behind(os.fspath(path), partial(_finish_image, fd, path, whole, size, direct))
-                if not carved:
-                    self._slot[slot] = fut
-            else:
-                _write_image(path, whole, size, self.direct and in_buf)
-            self.held.append((os.fspath(path), image[:size]))
-            if self._own >= self.HELD_BYTES:
-                self._hash()
+            self._written(path, buf if in_buf else None, image, size, slot, carved)
         finally:
             mod.image_arena(None)
+
+    @contextmanager
+    def create_laid_out(self, path: Path | str, layout: ImageLayout) -> Iterator[dict[str, np.ndarray]]:
+        """``with outputs.create_laid_out(tmp, layout) as arrays:`` the new HDF5 file of ``layout``'s shape
+        (:func:`image_layout`), its datasets' values written by the caller straight into ``arrays`` (name ->
+        array of the dataset's shape and type: views of the file's image, their contents undefined until then);
+        when the block ends the image is written to ``path`` as :meth:`create`'s. The same bytes as the datasets
+        created with those values by HDF5 (the layout's other bytes are HDF5's), without HDF5's copy of each value
+        into its image or its zeroing of the image first. Needs :attr:`usable`."""
+        if not self.usable:
+            raise BertpipeError("ImageOutputs.create_laid_out without the C extension and HDF5's library (a bug)")
+        path = Path(path)
+        slot, buf, carved = self._buffer(layout.size + scratch.ALIGN)
+        for at, head in layout.gaps:
+            buf[at:at + len(head)] = head
+        yield {name: np.ndarray(shape, dt, buffer=buf, offset=at) for name, at, shape, dt in layout.datasets}
+        image = memoryview(buf)[:layout.size]
+        if image_size(image) != layout.size:  # pragma: no cover - the layout's own bytes say its size
+            raise BertpipeError(f"{path}: a laid-out HDF5 image whose superblock disagrees with its size (a bug)")
+        self._written(path, buf, image, layout.size, slot, carved)
+
+    def _buffer(self, n: int) -> tuple[int, np.ndarray, bool]:
+        """The next image's memory, ``n`` bytes or more: (held slot, buffer, whether carved from the spare)."""
+        if len(self.held) >= self.LANES:
+            self._hash()
+        slot = len(self.held)
+        buf = self._carve(n)
+        if buf is None and self.spare is not None and self.held:  # the spare full of held images: hashed, free
+            self._hash()
+            slot, buf = 0, self._carve(n)
+        carved = buf is not None
+        if buf is None:
+            self._reuse(slot)
+            buf = (scratch.aligned_from(self.space, f"h5-image-{slot}", n) if self.space is not None
+                   else scratch.aligned_empty(n))
+        return slot, buf, carved
+
+    def _written(self, path: Path, buf: np.ndarray | None, image: memoryview, size: int, slot: int,
+                 carved: bool) -> None:
+        """The image ``image`` (``size`` bytes: the file) of held ``slot``'s buffer ``buf`` (None: a copy of its
+        own) written to ``path``, behind or now, and held for hashing."""
+        in_buf = buf is not None
+        whole = memoryview(buf) if in_buf else image
+        if carved and in_buf:  # the spare taken up to its written end (the direct write's zeroed tail)
+            self._bump += -(-size // scratch.ALIGN) * scratch.ALIGN
+        else:
+            self._own += size
+        if self.BEHIND:
+            fd, direct = _open_image(path, self.direct and in_buf)  # here: a rename after it finds the file
+            fut = self._behind(os.fspath(path), partial(_finish_image, fd, path, whole, size, direct))
+            if not carved:
+                self._slot[slot] = fut
+        else:
+            _write_image(path, whole, size, self.direct and in_buf)
+        self.held.append((os.fspath(path), image[:size]))
+        if self._own >= self.HELD_BYTES:
+            self._hash()
 
     def _hash(self) -> None:
         from core.manifest import md5_buffers
@@ -622,6 +654,102 @@ def image_size(image: memoryview | bytes) -> int:
     else:
         raise BertpipeError(f"an HDF5 image with superblock version {version}, which bertpipe does not read")
     return base + eof
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """An HDF5 file of contiguous, uncompressed datasets, as HDF5 writes it for one shape of them
+    (:func:`image_layout`): ``size`` bytes, of which each dataset's values lie at an offset of their own (``datasets``:
+    name, offset, shape, type, in the order created) and every other byte is HDF5's and the same for every file of
+    that shape (``gaps``: offset and bytes, its superblock and object headers). A file of that shape with other
+    values is the gaps' bytes with its values at their offsets (ImageOutputs.create_laid_out)."""
+
+    size: int
+    gaps: tuple[tuple[int, np.ndarray], ...]  # uint8, read-only
+    datasets: tuple[tuple[str, int, tuple[int, ...], np.dtype], ...]
+
+
+#: Layouts already taken, by their caller's key (a worker writes hundreds of files of one shape): the last few kept.
+_LAYOUTS: dict[Any, ImageLayout | None] = {}
+_LAYOUTS_KEPT = 8
+
+
+def image_layout(key: Any, build: Any, names: Sequence[str]) -> ImageLayout | None:
+    """The :class:`ImageLayout` of the file that ``build(f)`` makes (it creates datasets ``names`` in the new HDF5
+    file ``f``, their values 0: the layout depends on their shapes and types, never on the values), taken from the
+    image HDF5's core driver holds for it, once per ``key`` (which must name everything ``build`` depends on) in a
+    process. None where a dataset is not contiguous and uncompressed, or has no storage though it holds values (the
+    caller writes such a file through HDF5). A dataset may lie at an offset that is not a multiple of its type's
+    size (HDF5's small-data aggregator puts a short file's small datasets so): its array is then unaligned."""
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
+    mod = pack_fast.native()
+    if mod is None:
+        return None
+    buf = np.zeros(1 << 20, np.uint8)  # the arena; a larger image moves to memory of its own (image_view)
+    mod.image_arena(buf)
+    try:
+        return _take_layout(key, build, names, mod, buf)
+    finally:
+        mod.image_arena(None)
+
+
+def _take_layout(key: Any, build: Any, names: Sequence[str], mod: Any, buf: np.ndarray) -> ImageLayout | None:
+    # built as ImageOutputs.create builds a file (the same driver, block size and callbacks), read after its close
+    f = h5_open_new(f"bertpipe-layout-{os.getpid()}", in_memory=True, backing_store=False, block_size=1 << 16,
+                    image_callbacks=mod.image_callbacks())
+    closed = False
+    try:
+        build(f)
+        datasets, ok = [], True
+        for name in names:
+            ds = f[name]
+            dt = np.dtype(ds.dtype)
+            nbytes = int(np.prod(ds.shape, dtype=np.int64)) * dt.itemsize
+            at = ds.id.get_offset()
+            if (ds.chunks is not None or ds.compression is not None or dt.kind not in "iuf"
+                    or (dt.itemsize > 1 and not dt.isnative) or (nbytes and at is None)
+                    or ds.id.get_storage_size() != nbytes):
+                ok = False
+                break
+            datasets.append((name, int(at or 0), tuple(int(x) for x in ds.shape), dt))
+        del ds
+        h5_close_for_good(f, fsync=False)
+        closed = True
+    finally:
+        if not closed:
+            close_after_failure(f)
+    at, grown, in_buf = mod.image_view()
+    image = memoryview(buf)[:grown] if in_buf else memoryview(bytes((ctypes.c_char * grown).from_address(at)))
+    layout = None
+    if ok:
+        size = image_size(image)
+        if size > len(image):  # pragma: no cover
+            raise BertpipeError(f"image_layout: the image holds {len(image)} bytes, its superblock says {size} (a bug)")
+        used = sorted((at, at + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+                      for _, at, shape, dt in datasets if np.prod(shape, dtype=np.int64))
+        gaps, end = [], 0
+        for a, b in used:
+            if a < end:  # pragma: no cover - HDF5 never overlaps two datasets' storage
+                raise BertpipeError("image_layout: two datasets' values overlap (a bug)")
+            if a > end:
+                gaps.append((end, _frozen(image[end:a])))
+            end = b
+        if end > size:  # pragma: no cover
+            raise BertpipeError("image_layout: a dataset's values reach past the file's end (a bug)")
+        if end < size:
+            gaps.append((end, _frozen(image[end:size])))
+        layout = ImageLayout(size, tuple(gaps), tuple(datasets))
+    while len(_LAYOUTS) >= _LAYOUTS_KEPT:
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[key] = layout
+    return layout
+
+
+def _frozen(b: bytes) -> np.ndarray:
+    a = np.frombuffer(bytes(b), np.uint8)
+    a.flags.writeable = False
+    return a
 
 
 def _write_image(path: Path, image: memoryview, size: int, direct: bool) -> None:

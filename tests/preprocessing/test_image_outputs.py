@@ -283,3 +283,71 @@ def test_images_built_in_the_callers_spare_memory_then_in_its_space(tmp_path, mo
     assert [_md5(tmp_path / f"img{i}.h5") for i in range(6)] == want
     assert [got[str(tmp_path / f"img{i}.h5")] for i in range(6)] == want
     assert got[str(tmp_path / "big.tmp")] == _md5(tmp_path / "big.tmp")
+
+
+def _contiguous(f: h5py.File, values: dict[str, np.ndarray]) -> None:
+    for name, v in values.items():
+        f.create_dataset(name, data=v, dtype=v.dtype)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_laid_out_files_are_the_bytes_hdf5_writes_for_those_values(tmp_path, direct):
+    """ImageOutputs.create_laid_out: the layout taken once for a shape (packing.image_layout), the values written
+    straight into the image, file after file: each file the bytes HDF5's own driver writes for its values."""
+    _usable()
+    rng = np.random.default_rng(7)
+    shapes = {"ids": ((900, 512), np.int16), "mask": ((900, 512), np.int8), "pos": ((900, 79), np.int32),
+              "w": ((900, 3), np.int64)}
+
+    def values(seed):
+        r = np.random.default_rng(seed)
+        return {k: r.integers(-100, 100, s).astype(dt) for k, (s, dt) in shapes.items()}
+
+    layout = packing.image_layout(("test", 900), lambda f: _contiguous(f, {k: np.zeros(s, dt) for k, (s, dt)
+                                                                           in shapes.items()}), list(shapes))
+    assert layout is not None and [d[0] for d in layout.datasets] == list(shapes)
+    assert packing.image_layout(("test", 900), None, list(shapes)) is layout  # taken once a key
+    out = packing.ImageOutputs(pack_fast.Space(), direct=direct)
+    want = []
+    for i in range(3):
+        v = values(i)
+        with packing.h5_reserved(tmp_path / f"ref{i}.h5", 16 << 20) as f:
+            _contiguous(f, v)
+        want.append(_md5(tmp_path / f"ref{i}.h5"))
+        with out.create_laid_out(tmp_path / f"t{i}.tmp", layout) as arrays:
+            assert {k: (a.shape, a.dtype) for k, a in arrays.items()} == {k: (s, np.dtype(dt)) for k, (s, dt)
+                                                                          in shapes.items()}
+            arrays["ids"][...] = rng.integers(0, 5, shapes["ids"][0])  # garbage first: every byte is the caller's
+            for k, a in arrays.items():
+                a[...] = v[k]
+        out.rename(tmp_path / f"t{i}.tmp", tmp_path / f"img{i}.h5")
+    known = out.md5s()
+    assert [_md5(tmp_path / f"img{i}.h5") for i in range(3)] == want
+    assert {Path(p).name: m for p, m in known.items()} == {f"img{i}.h5": want[i] for i in range(3)}
+    with h5py.File(tmp_path / "img2.h5", "r") as f:
+        np.testing.assert_array_equal(f["pos"][:], values(2)["pos"])
+
+
+def test_no_layout_for_compressed_datasets_and_odd_offsets_laid_out_too(tmp_path):
+    """image_layout is None where a dataset's values cannot be written straight (gzip'd: chunked). A dataset that
+    HDF5's small-data aggregator puts at an offset that is not a multiple of its type's size gets an unaligned
+    array, filled (by the packers' C gather through an aligned buffer) to the same bytes HDF5 writes."""
+    _usable()
+    gz = packing.image_layout(("test-gz",), lambda f: f.create_dataset("a", data=np.zeros((64, 64), np.int32),
+                                                                       compression="gzip"), ["a"])
+    assert gz is None
+    v = {"a": np.array([1, 2, 3], np.int8), "b": np.array([[70000, -5, 9]] * 2, np.int32)}
+    odd = packing.image_layout(("test-odd",), lambda f: _contiguous(f, {k: np.zeros_like(x) for k, x in v.items()}),
+                               list(v))
+    assert odd is not None and dict((d[0], d[1]) for d in odd.datasets)["b"] % 4  # "b" right after "a"'s 3 bytes
+    with packing.h5_reserved(tmp_path / "ref.h5", 1 << 20) as f:
+        _contiguous(f, v)
+    out = packing.ImageOutputs(pack_fast.Space())
+    with out.create_laid_out(tmp_path / "img.h5", odd) as arrays:
+        assert not arrays["b"].flags.aligned
+        arrays["a"][...] = v["a"]
+        pack_fast.gather_runs([v["b"].reshape(-1)], None, np.array([0]), np.array([6]), np.int32, out=arrays["b"],
+                              space=pack_fast.Space())
+    assert out.md5s()[str(tmp_path / "img.h5")] == _md5(tmp_path / "img.h5") == _md5(tmp_path / "ref.h5")
+    empty = packing.image_layout(("test-empty",), lambda f: _contiguous(f, {"a": np.zeros((0, 4), np.int16)}), ["a"])
+    assert empty is not None and empty.datasets[0][2] == (0, 4)

@@ -122,6 +122,26 @@ def test_gather_runs_equals_concatenated_slices(mode, src_dt, out_dt):
     assert np.array_equal(one, plain_gather([sources[2]], None, starts[which == 2], lens[which == 2], out_dt))
 
 
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_gather_runs_into_a_given_array_aligned_or_not(mode, misaligned):
+    """``out=``: the runs written into the caller's array (any shape holding exactly their values), returned; one at
+    an odd address (a dataset HDF5 placed so, in a laid-out image) gets the same values through an aligned buffer."""
+    rng = np.random.default_rng(9)
+    src = rng.integers(-30000, 30000, 4000).astype(np.int32)
+    starts, lens = np.array([5, 100, 0, 3000]), np.array([40, 0, 60, 100])
+    raw = np.zeros(2 * 200 + 8, np.uint8)
+    out = np.ndarray((2, 100), np.int16, buffer=raw, offset=1 if misaligned else 2)
+    assert out.flags.aligned is not misaligned
+    got = pack_fast.gather_runs([src], None, starts, lens, np.int16, out=out, space=pack_fast.Space())
+    assert got is out
+    np.testing.assert_array_equal(out.reshape(-1), plain_gather([src], None, starts, lens, np.int16))
+    assert raw[0] == 0 and not raw[402:].any()  # nothing written outside it
+    with pytest.raises(ValueError, match="out must be a writable C-contiguous array of 200 int16"):
+        pack_fast.gather_runs([src], None, starts, lens, np.int16, out=np.zeros(199, np.int16))
+    with pytest.raises(ValueError, match="out must be"):
+        pack_fast.gather_runs([src], None, starts, lens, np.int16, out=np.zeros(200, np.int32))
+
+
 def test_gather_runs_names_the_first_value_out_of_range(mode):
     src = np.arange(-10, 40_000, dtype=np.int32)
     starts, lens = np.array([0, 32_700, 39_000, 5]), np.array([3, 100, 10, 2])
