@@ -108,6 +108,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +123,12 @@ from preprocessing import pack_fast
 from preprocessing.hdf5_check import check_compact, check_padded, folder_entries
 from preprocessing.hdf5_io import reading, stage_params, verify_inputs
 from preprocessing.packing import (
+    ImageLayout,
     ImageOutputs,
     check_strategy_space,
     distinct_argsort,
     h5_reserved,
+    image_layout,
     padded_lengths,
     padded_maps,
     read_slices,
@@ -906,10 +909,51 @@ def _scatter_mapped(p: Path, maps: dict[str, np.ndarray], keys: np.ndarray, seq:
     return keys[rows_at], s, q, nsl, out
 
 
-def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class RowRuns:
+    """Rows' values in place order, left where the group read them (not copied into place order first): row r's
+    values are ``sources[which[r]][starts[r]:starts[r] + n]`` for its length n (the caller's). build_packs copies
+    each straight into its pack's row."""
+
+    sources: tuple[np.ndarray, ...]
+    which: np.ndarray  # int64, per row
+    starts: np.ndarray  # int64, per row
+
+    def __getitem__(self, rows: slice) -> RowRuns:
+        return RowRuns(self.sources, self.which[rows], self.starts[rows])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.sources[0].dtype)
+
+    def values(self, lens: np.ndarray) -> np.ndarray:
+        """The rows' values back to back (rows of ``lens`` values)."""
+        return pack_fast.gather_runs(list(self.sources), self.which, self.starts, lens, self.dtype)
+
+
+@dataclass(frozen=True)
+class SegmentRuns:
+    """Rows' segment ids in place order as one number a row, its 0s (then 1s to its length): build_packs writes
+    each pack's row of them straight from these."""
+
+    bounds: np.ndarray
+
+    def __getitem__(self, rows: slice) -> SegmentRuns:
+        return SegmentRuns(self.bounds[rows])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.int8)
+
+    def values(self, lens: np.ndarray) -> np.ndarray:
+        return pack_fast.fill_segments(self.bounds, lens)
+
+
+def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, Any]:
     """The compact rows placed at ``q0..q1-1``, in place order, from every input's sorted scratch: ``seq``,
     ``pred``, ``next_sentence_labels`` per row; ``input_ids``, ``segment_ids`` (``masked_lm_positions``,
-    ``masked_lm_ids``) the rows' values back to back. The big arrays' slices: :func:`read_slices` (memory-mapped,
+    ``masked_lm_ids``) the rows' values back to back; with the C loop, ``input_ids`` as :class:`RowRuns` and
+    ``segment_ids`` (kept as one number a row) as :class:`SegmentRuns` instead, copied once, into the packs. The big arrays' slices: :func:`read_slices` (memory-mapped,
     or read past the page cache into the worker's buffers where the scatter saved them so)."""
     sd = Path(scratch)
     cols: dict[str, list[np.ndarray]] = {n: [] for n in ("keys", "seq", "pred", "nsl", "ids", "pos", "mlm")}
@@ -940,8 +984,9 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
     seq, pred = small["seq"][order], small["pred"][order]
     out = {"seq": seq, "pred": pred, "next_sentence_labels": small["nsl"][order]}
     if segs and all(isinstance(it[0], np.ndarray) for it in segs):  # one number a row: filled in place order
-        out["segment_ids"] = pack_fast.fill_segments(np.concatenate([it[0] for it in segs])[order], seq, space,
-                                                     "gather-seg-placed")
+        bounds = np.concatenate([it[0] for it in segs])[order]
+        out["segment_ids"] = SegmentRuns(bounds) if pack_fast.available() else pack_fast.fill_segments(
+            bounds, seq, space, "gather-seg-placed")
     else:
         cols["seg"] = segment_slices(segs, space, "gather-seg")
     # each input's slice read in its order, each row written to its place (pack_fast.place_runs), where the C loop
@@ -956,6 +1001,9 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
         placed = None
         if srcs and len({np.dtype(x.dtype) for x in srcs}) == 1:
             starts = np.concatenate([np.cumsum(x) - x for x in (cols["seq"] if lens is small["seq"] else cols["pred"])])
+            if short == "ids" and pack_fast.available():  # left where they were read: build_packs copies them once
+                out[name] = RowRuns(tuple(srcs), which[order], starts[order])
+                continue
             dests = np.empty(len(order), np.int64)
             dests[order] = np.cumsum(lens[order]) - lens[order]
             placed = pack_fast.place_runs(srcs, which, starts, lens, dests, srcs[0].dtype, space=space,
@@ -968,7 +1016,8 @@ def _gather(scratch: str, n_inputs: int, q0: int, q1: int) -> dict[str, np.ndarr
 
 
 def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict[str, np.ndarray],
-                cfg: HabanaPackConfig, where: str, space: pack_fast.Space | None = None) -> dict[str, np.ndarray]:
+                cfg: HabanaPackConfig, where: str, space: pack_fast.Space | None = None,
+                into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The nine packed arrays (the values the script's int32 arrays hold, in the dtypes it stores, or in
     :data:`NARROW_DTYPES` with ``cfg.dtypes == "narrow"``) of packs
     ``slots``; ``seq``, ``pred`` and ``rows``: the lengths, predictions and compact rows (:func:`_gather`: each row's
@@ -977,7 +1026,9 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     sequences' values, then zeros to the row's end; NumPy's masked assignments otherwise (the same arrays). With
     ``space`` the C loop's arrays are views of its buffers, valid until the next call with it (a file's arrays are
     written before the next file's are built: the pages of fresh 30 MB arrays, zeroed by the kernel on first touch
-    for every file, are touched once per group)."""
+    for every file, are touched once per group). ``into``: each array written there instead (name -> an array of
+    its shape and stored type, contents undefined: a laid-out file's image, packing.ImageOutputs.create_laid_out),
+    and ``into`` returned."""
     n, depth = slots.shape
     length, width = cfg.max_sequence_length, cfg.max_predictions_per_sequence + depth
     real = slots >= 0
@@ -1001,16 +1052,25 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     # each array in its stored dtype (the script's int32 arrays, converted by HDF5 to i1 where it stores i1: the
     # same values, so the same bytes, without HDF5's conversion; or the narrow dtypes, the same values)
     dts = dataset_dtypes(cfg)
+    if not pack_fast.available():  # the NumPy path takes values back to back
+        rows = {k: v.values(seq) if isinstance(v, (RowRuns, SegmentRuns)) else v for k, v in rows.items()}
     if cfg.dtypes == "narrow":
         for name in ("input_ids", "masked_lm_ids"):
             v, info = rows[name], np.iinfo(dts[name])
-            if v.size and v.dtype.itemsize > info.bits // 8 and (int(v.min()) < info.min or int(v.max()) > info.max):
+            if isinstance(v, RowRuns) and v.dtype.itemsize > info.bits // 8:
+                v = v.values(seq)
+            if v.dtype.itemsize > info.bits // 8 and v.size and (int(v.min()) < info.min or int(v.max()) > info.max):
                 raise InputError(f"pack-habana --dtypes narrow: {where}: the inputs hold {name} values from "
                                  f"{int(v.min())} to {int(v.max())}, outside {dts[name]}'s {info.min}..{info.max} "
                                  "(a vocabulary over 32,768 tokens): use --dtypes script (the habana-packed-raw "
                                  "target)")
     cols = {"L": length, "P+S": width, "S": depth}
     small = {name: np.zeros((n, cols[w]), dts[name]) for name, _, w in PACKED_DATASETS if w == "S"}
+    if into is not None:
+        for name in small:
+            into[name][...] = 0
+            small[name] = into[name]
+    dest = into if into is not None else {}
     small["next_sentence_positions"][pack, j] = off
     small["next_sentence_labels"][pack, j] = rows["next_sentence_labels"]
     small["next_sentence_weights"][pack, j] = 1
@@ -1018,14 +1078,16 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     if pack_fast.available():
         tok = tok.astype(np.int64)
         cnt = real.sum(axis=1)
-        return {**{name: _padded_rows(rows[name], tok, length, dts[name], space, name)
+        return {**{name: _padded_rows(rows[name], tok, length, dts[name], space, name, dest.get(name), seq, cnt)
                    for name in ("input_ids", "segment_ids")},
-                "input_mask": _padded_seqs(j + 1, seq, cnt, length, dts["input_mask"], space, "input_mask"),
-                "positions": _padded_seqs(np.zeros_like(j), seq, cnt, length, dts["positions"], space, "positions"),
+                "input_mask": _padded_seqs(j + 1, seq, cnt, length, dts["input_mask"], space, "input_mask",
+                                           dest.get("input_mask")),
+                "positions": _padded_seqs(np.zeros_like(j), seq, cnt, length, dts["positions"], space, "positions",
+                                          dest.get("positions")),
                 "masked_lm_positions": _padded_rows(mpos, total, width, dts["masked_lm_positions"], space,
-                                                    "masked_lm_positions"),
+                                                    "masked_lm_positions", dest.get("masked_lm_positions")),
                 "masked_lm_ids": _padded_rows(rows["masked_lm_ids"], total, width, dts["masked_lm_ids"], space,
-                                              "masked_lm_ids"), **small}
+                                              "masked_lm_ids", dest.get("masked_lm_ids")), **small}
     out = {name: np.zeros((n, cols[w]), dts[name]) for name, _, w in PACKED_DATASETS if w != "S"}
     out.update(small)
     # Each pack's tokens (its masked positions) are its sequences' back to back, then zeros: a row-major boolean
@@ -1038,13 +1100,21 @@ def build_packs(slots: np.ndarray, seq: np.ndarray, pred: np.ndarray, rows: dict
     filled = np.arange(width) < total[:, None]
     out["masked_lm_positions"][filled] = mpos
     out["masked_lm_ids"][filled] = rows["masked_lm_ids"]
-    return {name: out[name] for name, _, _ in PACKED_DATASETS}
+    for name, v in dest.items():
+        if v is not out[name]:
+            v[...] = out[name]
+    return {name: dest.get(name, out[name]) for name, _, _ in PACKED_DATASETS}
 
 
-def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtype,
-                 space: pack_fast.Space | None = None, name: str = "gather") -> np.ndarray:
+def _padded_rows(values: Any, counts: np.ndarray, width: int, dt: np.dtype,
+                 space: pack_fast.Space | None = None, name: str = "gather", out: np.ndarray | None = None,
+                 seq: np.ndarray | None = None, cnt: np.ndarray | None = None) -> np.ndarray:
     """``(len(counts), width)``: row i = the next ``counts[i]`` of ``values`` (back to back), then zeros; each value
-    copied once (the C loop), converted to ``dt`` (into ``space``'s buffer ``name`` where given)."""
+    copied once (the C loop), converted to ``dt`` (into ``out``, or ``space``'s buffer ``name``, where given).
+    ``values`` a :class:`RowRuns` or :class:`SegmentRuns` (``seq``: its rows' lengths; ``cnt``: each pack's rows):
+    each row's values copied from where they are into their pack's row."""
+    if isinstance(values, (RowRuns, SegmentRuns)):
+        return _padded_runs(values, seq, cnt, counts, width, dt, space, name, out)
     n = len(counts)
     values = np.ascontiguousarray(values)
     zeros = np.zeros(width, values.dtype)
@@ -1054,18 +1124,49 @@ def _padded_rows(values: np.ndarray, counts: np.ndarray, width: int, dt: np.dtyp
     lens = np.empty(2 * n, np.int64)
     lens[0::2] = counts
     lens[1::2] = width - counts
-    return pack_fast.gather_runs([values, zeros], which, starts, lens, dt, space=space, name=name).reshape(n, width)
+    return pack_fast.gather_runs([values, zeros], which, starts, lens, dt, space=space, name=name,
+                                 out=out).reshape(n, width)
+
+
+def _padded_runs(values: RowRuns | SegmentRuns, seq: np.ndarray, cnt: np.ndarray, tok: np.ndarray, width: int,
+                 dt: np.dtype, space: pack_fast.Space | None, name: str, out: np.ndarray | None) -> np.ndarray:
+    """:func:`_padded_rows` of rows that are :class:`RowRuns` (one run a row, from where the group read it) or
+    :class:`SegmentRuns` (two a row: its 0s, then its 1s), each pack's zeros after its rows: one C gather."""
+    n, k = len(cnt), len(seq)
+    per = 1 if isinstance(values, RowRuns) else 2  # runs a row
+    pack_of = np.repeat(np.arange(n), cnt)
+    at = per * np.arange(k) + pack_of  # a row's (first) run: after its pack's earlier rows' and earlier packs'
+    pad = per * np.cumsum(cnt) + np.arange(n)  # each pack's zeros, after its rows
+    which = np.empty(per * k + n, np.int64)
+    starts = np.empty(per * k + n, np.int64)
+    lens = np.empty(per * k + n, np.int64)
+    if isinstance(values, RowRuns):
+        srcs = [*values.sources, np.zeros(width, values.dtype)]
+        which[at], starts[at], lens[at] = values.which, values.starts, seq
+    else:  # one source: width 0s, then width 1s
+        srcs = [np.repeat(np.arange(2, dtype=np.int8), width)]
+        b = values.bounds.astype(np.int64)
+        which[at], starts[at], lens[at] = 0, 0, b
+        which[at + 1], starts[at + 1], lens[at + 1] = 0, width, seq - b
+    which[pad] = len(srcs) - 1 if isinstance(values, RowRuns) else 0
+    starts[pad] = 0
+    lens[pad] = width - tok
+    return pack_fast.gather_runs(srcs, which, starts, lens, dt, space=space, name=name, out=out).reshape(n, width)
 
 
 def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int, dt: np.dtype,
-                 space: pack_fast.Space | None = None, name: str = "gather") -> np.ndarray:
+                 space: pack_fast.Space | None = None, name: str = "gather", out: np.ndarray | None = None) -> np.ndarray:
     """``(len(cnt), width)``: pack i holds the next ``cnt[i]`` sequences; sequence r's cells are ``level[r]``
     (``level`` > 0: input_mask) or 0, 1, ... (``level`` 0: positions), then zeros to ``width``."""
     n = len(cnt)
     depth = int(level.max()) if len(level) else 0
-    # one source: [0, 1, ..., width-1], then width zeros, then width 1s, 2s, ...: every run is a slice of it
-    src = np.concatenate([np.arange(width), np.zeros(width, np.int64),
-                          np.repeat(np.arange(1, depth + 1), width)]).astype(np.int32)
+    # one source: [0, 1, ..., width-1] (zeros where no sequence counts its positions), then width zeros, then width
+    # 1s, 2s, ...: every run is a slice of it; in the output's type where its values fit (a plain copy a run)
+    counts = bool(len(level)) and not (level > 0).all()
+    top = max(width - 1 if counts else 0, depth)
+    src_dt = np.dtype(dt) if top <= np.iinfo(np.dtype(dt)).max else np.dtype(np.int32)
+    src = np.concatenate([np.arange(width) if counts else np.zeros(width, np.int64), np.zeros(width, np.int64),
+                          np.repeat(np.arange(1, depth + 1), width)]).astype(src_dt)
     end = np.cumsum(cnt)
     runs = len(seq) + n
     starts = np.empty(runs, np.int64)
@@ -1078,7 +1179,7 @@ def _padded_seqs(level: np.ndarray, seq: np.ndarray, cnt: np.ndarray, width: int
     pad = end + np.arange(n)  # each pack's zeros, after its sequences
     starts[pad] = width
     lens[pad] = width - tok
-    return pack_fast.gather_runs([src], None, starts, lens, dt, space=space, name=name).reshape(n, width)
+    return pack_fast.gather_runs([src], None, starts, lens, dt, space=space, name=name, out=out).reshape(n, width)
 
 
 def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: str = "gzip",
@@ -1095,8 +1196,27 @@ def write_packed_file(path: Path, arrays: dict[str, np.ndarray], compression: st
     bound = sum(dts[name].itemsize * arrays[name].size for name, _, _ in PACKED_DATASETS)
     bound += bound // 8 + (1 << 20)
     with (outputs.create(path, bound) if outputs is not None else h5_reserved(path, bound)) as f:
-        for name, _, _ in PACKED_DATASETS:
-            f.create_dataset(name, data=arrays[name], dtype=dts[name], compression=gzip)
+        _create_datasets(f, arrays, gzip, dts)
+
+
+def _create_datasets(f: Any, arrays: dict[str, np.ndarray], gzip: str | None, dts: dict[str, np.dtype]) -> None:
+    for name, _, _ in PACKED_DATASETS:
+        f.create_dataset(name, data=arrays[name], dtype=dts[name], compression=gzip)
+
+
+def packed_layout(n: int, cfg: HabanaPackConfig) -> ImageLayout | None:
+    """With ``compression="none"``: the :class:`~preprocessing.packing.ImageLayout` of a packed file of ``n`` packs
+    (write_packed_file's datasets, created as it creates them), or None (gzip; or HDF5 put a dataset where its
+    values cannot be written straight: the file goes through HDF5)."""
+    if cfg.compression != "none":
+        return None
+    dts = dataset_dtypes(cfg)
+    cols = {"L": cfg.max_sequence_length, "P+S": cfg.max_predictions_per_sequence + cfg.max_sequences_per_pack,
+            "S": cfg.max_sequences_per_pack}
+    shapes = {name: (n, cols[w]) for name, _, w in PACKED_DATASETS}
+    key = ("pack-habana", tuple((name, shapes[name], dts[name].str) for name, _, _ in PACKED_DATASETS))
+    return image_layout(key, lambda f: _create_datasets(f, {k: np.zeros(v, dts[k]) for k, v in shapes.items()},
+                                                         None, dts), [name for name, _, _ in PACKED_DATASETS])
 
 
 def metadata_json(stats: dict[str, Any]) -> str:
@@ -1116,6 +1236,12 @@ def _prepare_out(data: Path) -> None:
         elif not (_DEBRIS.match(e.name) and e.is_file(follow_symlinks=False)):  # debris: StageOutput sweeps it
             raise InputError(f"{data} holds {e.name}; Habana's trainer reads every file of its --input_dir as "
                              "packed data: choose an empty folder, or remove it")
+
+
+def _rows_of(v: Any, t0: int, t1: int, r0: int, r1: int) -> Any:
+    """Rows ``r0 .. r1 - 1`` (tokens ``t0 .. t1 - 1``) of a group's values: :class:`RowRuns` and
+    :class:`SegmentRuns` by rows, arrays by tokens."""
+    return v[r0:r1] if isinstance(v, (RowRuns, SegmentRuns)) else v[t0:t1]
 
 
 def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarray, q0: int, scratch: str,
@@ -1156,17 +1282,22 @@ def write_group(first: int, bounds: list[tuple[int, int]], slots: str | np.ndarr
                 k = int((part >= 0).sum())
                 name = PART_NAME.format(i)
                 t0, t1, m0, m1 = int(tok[done]), int(tok[done + k]), int(prd[done]), int(prd[done + k])
-                arrays = build_packs(part, seq[done:done + k], pred[done:done + k],
-                                     {"input_ids": rows["input_ids"][t0:t1], "segment_ids": rows["segment_ids"][t0:t1],
-                                      "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
-                                      "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
-                                      "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name,
-                                     space)
+                make = partial(build_packs, part, seq[done:done + k], pred[done:done + k],
+                               {"input_ids": _rows_of(rows["input_ids"], t0, t1, done, done + k),
+                                "segment_ids": _rows_of(rows["segment_ids"], t0, t1, done, done + k),
+                                "masked_lm_positions": rows["masked_lm_positions"][m0:m1],
+                                "masked_lm_ids": rows["masked_lm_ids"][m0:m1],
+                                "next_sentence_labels": rows["next_sentence_labels"][done:done + k]}, cfg, name, space)
                 done += k
                 final = Path(data) / name
                 tmps.append(tmp_path(final))
                 names.append(name)
-                write_packed_file(tmps[-1], arrays, cfg.compression, dataset_dtypes(cfg), outputs)
+                layout = packed_layout(len(part), cfg) if outputs.usable else None
+                if layout is not None:  # the values built straight into the file's image
+                    with outputs.create_laid_out(tmps[-1], layout) as into:
+                        make(into=into)
+                else:
+                    write_packed_file(tmps[-1], make(), cfg.compression, dataset_dtypes(cfg), outputs)
             known = outputs.md5s()
         md5s = md5_then_fsync(tmps, known)  # on the disk before the renames
         for name, tmp in zip(names, tmps, strict=True):

@@ -275,7 +275,7 @@ def test_the_seed_and_local_rank_decide_the_packs(golden_128, tmp_path):
 def test_scattered_rows_come_back_by_place(every_128, chunk, tmp_path):
     """Each input's rows, scattered into scratch sorted by their place (some rows in no written pack), come back
     compact and in place order for any range of places, read in blocks of any size."""
-    from preprocessing.habana.pack import _gather, read_inputs, scatter_input
+    from preprocessing.habana.pack import RowRuns, SegmentRuns, _gather, read_inputs, scatter_input
 
     inputs = read_inputs(training_files(every_128), HabanaPackConfig(max_sequence_length=128))
     cols = {}
@@ -302,7 +302,10 @@ def test_scattered_rows_come_back_by_place(every_128, chunk, tmp_path):
         for name, lens in (("input_ids", seq), ("segment_ids", seq), ("masked_lm_positions", pred),
                            ("masked_lm_ids", pred)):
             want = np.concatenate([full[name][r, :m] for r, m in zip(rows, lens, strict=True)])
-            np.testing.assert_array_equal(got[name], want, err_msg=name)
+            v = got[name]
+            if isinstance(v, (RowRuns, SegmentRuns)):  # the C path: left where read, one run (or two) a row
+                v = v.values(lens)
+            np.testing.assert_array_equal(v, want, err_msg=name)
 
 
 def plain_assignment(seq, recipe, cfg):
@@ -839,3 +842,44 @@ def test_build_packs_into_a_space_used_again_gives_what_fresh_arrays_give():
     assert set(got) == set(want)
     for name in want:
         assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("dtypes", ["narrow", "script"])
+def test_uncompressed_files_written_straight_into_their_images_are_hdf5s_bytes(golden_128, tmp_path, monkeypatch,
+                                                                                 dtypes):
+    """--compression none: each file's values are built straight into its image at the offsets HDF5 gives them
+    (packed_layout; the file's other bytes HDF5's, taken once per shape): the same bytes, file for file, as the
+    files HDF5 itself writes from the same arrays (the layout turned off), the last, shorter file included."""
+    import preprocessing.habana.pack as hp
+
+    if pack_fast.native() is None:
+        pytest.skip("without the C extension every file goes through HDF5")
+    cfg = HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=76, compression="none",
+                           dtypes=dtypes, keep_partial_last=True)
+    used = []
+    real = hp.packed_layout
+
+    def spy(n, c):
+        got = real(n, c)
+        used.append((n, got is not None))
+        return got
+
+    monkeypatch.setattr(hp, "packed_layout", spy)
+    kinds = set()
+    real_build = hp.build_packs
+
+    def seen(slots, seq, pred, rows, *a, **k):
+        kinds.update(type(rows[n]).__name__ for n in ("input_ids", "segment_ids"))
+        return real_build(slots, seq, pred, rows, *a, **k)
+
+    monkeypatch.setattr(hp, "build_packs", seen)
+    laid = run_pack_habana(training_files(golden_128), tmp_path / "laid", cfg, manifest_name="../laid.manifest.json")
+    assert any(ok for _, ok in used), used
+    assert kinds == {"RowRuns", "SegmentRuns"}  # token ids and segment ids copied once, from where the group read them
+    monkeypatch.setattr(hp, "packed_layout", lambda n, c: None)
+    plain = run_pack_habana(training_files(golden_128), tmp_path / "plain", cfg,
+                            manifest_name="../plain.manifest.json")
+    assert [(f.name, f.md5) for f in laid.files] == [(f.name, f.md5) for f in plain.files] != []
+    for f in laid.files:
+        assert hashlib.md5((tmp_path / "laid" / f.name).read_bytes()).hexdigest() == f.md5
+    assert hp.packed_layout(5, HabanaPackConfig()) is None  # gzip: through HDF5
