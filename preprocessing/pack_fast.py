@@ -293,9 +293,15 @@ CUT_TYPES = {"input_mask": "int8", "input_ids": "int32", "segment_ids": "int8", 
              "masked_lm_ids": "int32", "next_sentence_labels": "int8"}
 
 
+#: Where each :class:`Space` buffer starts: on a block boundary (preprocessing.scratch.ALIGN), so that an array
+#: from it can be written past the page cache as it is (packing.save_array), not through a bounce buffer.
+BUFFER_ALIGN = 4096
+
+
 class Space:
     """Output buffers used again from one call to the next (``cut_padded(rows, space)``, ``gather_runs(...,
-    space=...)``): a chunk's arrays are views of them, valid until the next call that writes the same buffer.
+    space=...)``): a chunk's arrays are views of them, valid until the next call that writes the same buffer; each
+    starts on a :data:`BUFFER_ALIGN` boundary.
 
     A fresh array of tens of MB is a fresh mapping: the kernel zeroes every page of it on first touch (on this
     VM, ~1 GB/s), for each chunk again. Used again, its pages are zeroed once per process."""
@@ -309,7 +315,10 @@ class Space:
         buf = self._bufs.get(name)
         if buf is None or buf.dtype != dt or len(buf) < n:
             self._bufs.pop(name, None)  # the old one freed before the larger one is made
-            buf = self._bufs[name] = np.empty(self.room(n, dt), dtype=dt)
+            room = self.room(n, dt)
+            raw = np.empty(room + BUFFER_ALIGN // dt.itemsize, dtype=dt)
+            off = (-raw.ctypes.data) % BUFFER_ALIGN // dt.itemsize  # NumPy's 16-byte alignment: a whole item
+            buf = self._bufs[name] = raw[off:off + room]
         return buf[:n]
 
     @staticmethod

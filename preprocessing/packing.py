@@ -140,8 +140,9 @@ def npy_block_header(arr: np.ndarray) -> bytes:
 def save_array(path: Path, arr: np.ndarray, direct: bool = False) -> None:
     """``np.save`` to a temporary name, renamed into place (the packers' scratch arrays). ``direct``: past the page
     cache (``O_DIRECT`` where the file system takes it; :mod:`preprocessing.scratch`), its header one block long
-    (:func:`npy_block_header`), read back with :func:`read_slices`; the bytes go through an aligned buffer of
-    :data:`_PIECE` bytes, the last block padded and the file cut to its size."""
+    (:func:`npy_block_header`), read back with :func:`read_slices`. An array that starts on a block boundary (a
+    pack_fast.Space buffer's) is written from where it is, its last partial block through an aligned buffer;
+    another goes through that buffer of :data:`_PIECE` bytes; the last block padded and the file cut to its size."""
     if not direct:
         _save_cached(path, arr)
         return
@@ -155,6 +156,12 @@ def save_array(path: Path, arr: np.ndarray, direct: bool = False) -> None:
             data = arr.reshape(-1).view(np.uint8)
             buf[:len(head)] = np.frombuffer(head, np.uint8)
             fill, at = len(head), 0
+            whole = len(data) // scratch.ALIGN * scratch.ALIGN
+            if whole and data.ctypes.data % scratch.ALIGN == 0 and len(head) % scratch.ALIGN == 0:
+                # the header block, then the array's whole blocks from where they are (no copy), the rest below
+                fd, is_direct = scratch.write_all(fd, tmp, memoryview(buf)[:len(head)], is_direct)
+                fd, is_direct = scratch.write_all(fd, tmp, memoryview(data)[:whole], is_direct)
+                fill, at = 0, whole
             while True:
                 k = min(len(buf) - fill, len(data) - at)
                 buf[fill:fill + k] = data[at:at + k]

@@ -36,6 +36,35 @@ def _arrays(tmp_path: Path, direct: bool) -> dict[Path, np.ndarray]:
 
 
 @pytest.mark.parametrize("mode", ["1", "0"])
+def test_an_array_on_a_block_boundary_is_written_from_where_it_is(tmp_path, monkeypatch, mode):
+    """A pack_fast.Space buffer starts on a block boundary; save_array(direct=True) writes its whole blocks from
+    the array itself (no copy through the bounce buffer), the rest through it: the same file as any other array's,
+    np.load and read_slices read it back."""
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", mode)
+    space = pack_fast.Space()
+    writes = []
+    real = scratch.write_all
+    monkeypatch.setattr(scratch, "write_all", lambda fd, path, view, d: (
+        writes.append((np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0, len(view))),
+        real(fd, path, view, d))[1])
+    rng = np.random.default_rng(3)
+    for i, (n, dt) in enumerate([(10_000, np.int16), (4096, np.int8), (4095, np.int8), (3, np.int64)]):
+        a = space.get(f"b{i}", n, dt)
+        assert a.ctypes.data % scratch.ALIGN == 0
+        a[...] = rng.integers(-100, 100, n)
+        writes.clear()
+        save_array(tmp_path / f"s{i}.npy", a, direct=True)
+        save_array(tmp_path / f"c{i}.npy", a.copy()[:], direct=True)
+        assert (tmp_path / f"s{i}.npy").read_bytes() == (tmp_path / f"c{i}.npy").read_bytes()
+        assert np.array_equal(np.load(tmp_path / f"s{i}.npy"), a)
+        whole = a.nbytes // scratch.ALIGN * scratch.ALIGN
+        from_array = [w for w in writes if w[0] == a.ctypes.data]
+        assert from_array == ([(a.ctypes.data, whole)] if whole else []), writes
+        got = read_slices([(tmp_path / f"s{i}.npy", 1, n)], pack_fast.Space(), "r")
+        assert np.array_equal(got[0], a[1:])
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
 def test_direct_arrays_round_trip_whole_and_in_slices(tmp_path, monkeypatch, mode):
     """``BERTPIPE_DIRECT_IO=0``: no ``O_DIRECT`` anywhere, the same file layout through the page cache."""
     monkeypatch.setenv("BERTPIPE_DIRECT_IO", mode)
