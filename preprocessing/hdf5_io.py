@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import h5py
 
 #: Config fields that change how fast a stage runs, never what it writes: kept out of the stage key.
-EXECUTION_ONLY = frozenset({"batch_size", "chunk_rows", "validate_batch"})
+EXECUTION_ONLY = frozenset({"batch_size", "chunk_rows", "group_files", "validate_batch"})
 
 
 def stage_params(cfg: object) -> dict:

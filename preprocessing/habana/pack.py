@@ -68,8 +68,8 @@ assignment made in one process (the packs written to the scratch folder as they 
 each row's place in them); then each input is read once more (memory-mapped where it is stored as
 tfrecord-to-hdf5 writes it, the C loop of preprocessing.pack_fast copying each kept row's valid prefix once; else in
 blocks), and its rows that the written packs hold, compact, sorted by their place in the packs, go to a scratch
-folder beside the trainer's folder (:func:`scatter_input`, one call per input); each group of ``chunk_rows`` packs
-(whole files) then takes its places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`),
+folder beside the trainer's folder (:func:`scatter_input`, one call per input); each group of ``group_files`` files
+then takes its places' rows from every input's scratch, a contiguous slice of each (:func:`_gather`),
 and builds (each pack's row written once by the C loop) and writes its files (:func:`write_group`). Inputs and
 groups run on ``workers`` processes.
 
@@ -127,12 +127,14 @@ from preprocessing.packing import (
     ImageOutputs,
     check_strategy_space,
     distinct_argsort,
+    forget_scratch_maps,
     h5_reserved,
     image_layout,
     padded_lengths,
     padded_maps,
     read_slices,
     save_segments,
+    scratch_map,
     segment_item,
     segment_slices,
     stable_argsort,
@@ -189,7 +191,12 @@ class HabanaPackConfig:
     seed: int = 42
     local_rank: int = -1  # the script's default is $LOCAL_RANK, else -1 (the CLI reads it; the DAG does not)
     keep_partial_last: bool = True  # False: drop the packs after the last whole file, as the script does
-    chunk_rows: int = 8 * PACKS_PER_FILE  # packs built at once (whole files), input rows read at once; speed only
+    chunk_rows: int = 8 * PACKS_PER_FILE  # input rows read at once where an input is not mapped; speed only
+    #: files one call writes (a group: its places' rows gathered from every input's scratch at once); speed and
+    #: memory only. Each group reads a slice of each input's scratch files: at full size 500 inputs a group, so
+    #: groups of 8 files (3,500 of them) cost ~0.2 CPU-s a group in that alone (~0.2 core-hours); 64 files, ~430
+    #: groups of ~0.36 M rows (~0.3 GB of token ids read at once)
+    group_files: int = 64
     #: "gzip": the script's files (every dataset gzip level 4, zlib's deflate: the bytes depend on it); "none": the
     #: same datasets, values, dtypes and shapes stored uncompressed (contiguous), which Habana's trainer reads alike
     #: (h5py decompresses transparently) for none of the deflate's CPU, at ~5.7x the bytes on the real set
@@ -748,7 +755,7 @@ def scratch_dir(data: Path) -> Path:
 
 
 def _load(path: Path) -> np.ndarray:
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    return scratch_map(path)
 
 
 def check_narrow_scratch(scratch: Path, files: Sequence[str]) -> None:
@@ -1320,7 +1327,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
     ``out_dir``: the CLI keeps it outside the trainer's folder). The metadata is one of the stage's files when it
     lies inside ``out_dir`` (the DAG's layout: ``data_dir="packed"``). Counters: sequences, packs, files,
     dropped_packs, dropped_sequences, padding_slots, empty_packs, strategies_used, avg_seq_per_sample, speedup.
-    ``workers`` processes scatter the inputs, then write groups of ``chunk_rows`` packs (whole files); the bytes
+    ``workers`` processes scatter the inputs, then write groups of ``group_files`` files; the bytes
     do not depend on it. Scratch: a hidden folder beside the trainer's folder (:func:`scratch_dir`), removed.
     """
     check_config(cfg)
@@ -1362,7 +1369,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
         prefix = f"{data_dir}/" if data_dir else ""
         # groups of whole files, at most chunk_rows packs each, as many for each worker and of even sizes
         # (core.pools.even_calls: 9 files on 2 workers are 2 groups of 5 and 4, not 8 and 1)
-        n_groups = even_calls(len(bounds), max(1, cfg.chunk_rows // PACKS_PER_FILE), workers)
+        n_groups = even_calls(len(bounds), max(1, cfg.group_files), workers)
         cuts = [len(bounds) * g // n_groups for g in range(n_groups + 1)]
         groups = [(a, bounds[a:b]) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
         written = bounds[-1][1] if bounds else 0
@@ -1395,6 +1402,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
                     for name, md5 in entries:
                         out.add_file(prefix + name, md5)
             log.info("pack-habana: %d file(s) written in %.1f s", len(bounds), time.perf_counter() - t2)
+            forget_scratch_maps(sd)
             shutil.rmtree(sd, ignore_errors=True)
             text = metadata_json(st)
             if inside:
@@ -1413,6 +1421,7 @@ def run_pack_habana(input_files: Sequence[Path | str], out_dir: Path | str,
             out.count("avg_seq_per_sample", round(st["avg_seq_per_sample"], 6))
             out.count("speedup", round(st["expected_speed_up"], 6))
     finally:
+        forget_scratch_maps(sd)  # this process's maps of it: the space freed
         shutil.rmtree(sd, ignore_errors=True)
     return out.manifest
 

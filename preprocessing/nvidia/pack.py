@@ -136,12 +136,14 @@ from preprocessing.packing import (  # noqa: F401 - re-exported: both packers' s
     ImageOutputs,
     check_strategy_space,
     distinct_argsort,
+    forget_scratch_maps,
     h5_reserved,
     padded_lengths,
     padded_maps,
     read_slices,
     save_array,
     save_segments,
+    scratch_map,
     segment_item,
     segment_slices,
     stable_argsort,
@@ -414,7 +416,7 @@ _save = save_array
 
 
 def _load(path: Path, mmap: bool = False) -> np.ndarray:
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return scratch_map(path) if mmap else np.load(path, allow_pickle=False)
 
 
 def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dict[str, Any]:
@@ -1273,6 +1275,7 @@ def run_pack_nvidia(input_files: Sequence[Path | str], out_dir: Path | str,
                 p.unlink(missing_ok=True)
         raise
     finally:
+        forget_scratch_maps(sd)  # this process's maps of it: the space freed
         shutil.rmtree(sd, ignore_errors=True)
 
 

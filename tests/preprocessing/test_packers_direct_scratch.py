@@ -196,3 +196,26 @@ def test_pack_habana_writes_the_same_files_with_its_scratch_past_the_page_cache(
         got[mode] = _md5s(tmp_path / mode)
         assert bool(reads) == (mode == "1")
     assert got["0"] == got["1"] and got["0"]
+
+
+def test_scratch_maps_are_kept_until_the_file_changes_or_is_forgotten(tmp_path):
+    """packing.scratch_map: a group's np.load of each input's scratch files, kept in the process (the same map the
+    next time); a file saved again (a new inode) is mapped anew, never the old values; forget_scratch_maps drops
+    a folder's maps (their files' space freed once removed)."""
+    from preprocessing import packing
+
+    p = tmp_path / "s" / "a.npy"
+    p.parent.mkdir()
+    save_array(p, np.arange(10, dtype=np.int16))
+    m = packing.scratch_map(p)
+    assert packing.scratch_map(p) is m and np.array_equal(m, np.arange(10))
+    save_array(p, np.arange(5, 15, dtype=np.int16))
+    m2 = packing.scratch_map(p)
+    assert m2 is not m and np.array_equal(m2, np.arange(5, 15))
+    other = tmp_path / "b.npy"
+    save_array(other, np.zeros(3, np.int8))
+    kept = packing.scratch_map(other)
+    packing.forget_scratch_maps(tmp_path / "s")
+    assert str(p) not in packing._MAPS and packing.scratch_map(other) is kept
+    packing.forget_scratch_maps()
+    assert not packing._MAPS

@@ -220,13 +220,19 @@ def test_keep_partial_last_false_writes_the_scripts_files_exactly(packed_every, 
 
 
 def test_workers_and_groups_write_the_same_bytes(packed_every, every_128, tmp_path):
-    """Two processes, one file each (chunk_rows = one file): the same files, hashed in the workers."""
+    """Two processes, one file a group (group_files = 1, blocks of one file's rows): the same files, hashed in the
+    workers; and one process writing both files as one group."""
     _ours, _info, m, _tmp = packed_every
     m2 = run_pack_habana(training_files(every_128), tmp_path / "w2",
-                         HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, chunk_rows=4480),
+                         HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, chunk_rows=4480,
+                                          group_files=1),
                          manifest_name="../w2.manifest.json", workers=2)
     assert [(f.name, f.md5) for f in m2.files] == [(f.name, f.md5) for f in m.files] and len(m.files) == 2
-    assert m2.key == m.key  # chunk_rows and workers are not in the key
+    assert m2.key == m.key  # chunk_rows, group_files and workers are not in the key
+    m1 = run_pack_habana(training_files(every_128), tmp_path / "w1",
+                         HabanaPackConfig(max_sequence_length=128, max_predictions_per_sequence=20, group_files=1),
+                         manifest_name="../w1.manifest.json")
+    assert [(f.name, f.md5) for f in m1.files] == [(f.name, f.md5) for f in m.files] and m1.key == m.key
     assert [hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tmp_path / "w2").iterdir())] == [
         f.md5 for f in m.files]
 
