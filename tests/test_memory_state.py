@@ -126,3 +126,13 @@ def test_read_slices_bench_runs_and_compares_the_reads() -> None:
                           "--mb-each", "0.02", "--rounds", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "1 at once:" in out.stdout and "4 at once against 1:" in out.stdout and "the same values read" in out.stdout
+
+
+def test_group_gather_bench_runs_and_compares_the_rows() -> None:
+    """bench/bench_group_gather.py on tiny sizes: both kinds of group, the projection, the rows compared."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_group_gather.py"), "--inputs", "20",
+                          "--rows-per-input", "100", "--rows-per-file", "50", "--files", "16", "--groups", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "before: 8 files a group" in out.stdout and "now: 16 files a group, the maps kept" in out.stdout
+    assert "the full set:" in out.stdout and "the same rows through kept maps" in out.stdout
