@@ -1,7 +1,9 @@
 """What both packers share (NVIDIA's ``preprocessing.nvidia.pack`` and Habana's ``preprocessing.habana.pack``): the
 size of the packing-strategy space (refused before any work when it would not fit), gathers of runs of values
-(the C loop of ``preprocessing.pack_fast`` where it runs, NumPy otherwise: the same values), and scratch arrays
-saved under temporary names."""
+(the C loop of ``preprocessing.pack_fast`` where it runs, NumPy otherwise: the same values), scratch arrays
+saved under temporary names (and their maps kept per process: :func:`scratch_map`), and HDF5 files built in memory
+and written behind (:class:`ImageOutputs`; files of contiguous datasets laid out once per shape and their values
+written straight into the image: :func:`image_layout`)."""
 
 from __future__ import annotations
 
