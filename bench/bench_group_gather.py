@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +28,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from memory_state import peak_rss_mb, temp_folder  # noqa: E402
 
 from preprocessing import packing  # noqa: E402
 from preprocessing.habana import pack as hp  # noqa: E402
@@ -105,34 +105,35 @@ def main(argv: list[str] | None = None) -> int:
     if groups < 1:
         raise SystemExit(f"--inputs x --rows-per-input ({total:,} rows) is less than one group of {args.files} files "
                          f"({args.files * args.rows_per_file:,} rows): raise --rows-per-input")
-    work = Path(tempfile.mkdtemp(prefix="bench-group-gather-", dir=args.dir))
-    try:
-        t = time.perf_counter()
-        write_scratch(work, args.inputs, args.rows_per_input)
-        print(f"{args.inputs} inputs' scratch, {args.rows_per_input:,} rows each ({total:,} in all; written in "
-              f"{time.perf_counter() - t:.1f} s); a file holds {args.rows_per_file:,} rows")
-        figures = {}
-        for label, files, keep in (("before: 8 files a group, every file opened again each group", 8, False),
-                                   (f"now: {args.files} files a group, the maps kept", args.files, True)):
-            rows = files * args.rows_per_file
-            cpus, walls, first = run(work, args.inputs, rows, groups, keep)
-            n_full = -(-FULL_ROWS // rows)
-            nxt = statistics.median(cpus[1:]) if len(cpus) > 1 else cpus[0]
-            full = cpus[0] + (n_full - 1) * nxt
-            figures[label] = (full, first)
-            print(f"  {label}: {rows:,} rows a group")
-            print("    CPU a group: " + ", ".join(f"{x:.3f}" for x in cpus) + " s; wall " +
-                  ", ".join(f"{x:.3f}" for x in walls) + f" s; {rows / nxt:,.0f} rows a CPU-second after the first")
-            print(f"    the full set: {n_full:,} groups, {full:,.0f} CPU-s ({full / 3600:.2f} core-hours) in the gathers")
-        (before, d0), (now, _) = figures.values()
-        if digest(hp._gather(str(work), args.inputs, 0, 8 * args.rows_per_file)) != d0:  # the same rows through kept maps
-            raise SystemExit("the gather through kept maps differs from the one through fresh ones (a bug)")
-        packing.forget_scratch_maps()
-        print(f"  now against before: {before / now:.1f}x less CPU in the full set's gathers; the same rows through "
-              f"kept maps; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with temp_folder("bench-group-gather-", args.dir) as work:
+        _run(args, work, total, groups)
     return 0
+
+
+def _run(args: argparse.Namespace, work: Path, total: int, groups: int) -> None:
+    t = time.perf_counter()
+    write_scratch(work, args.inputs, args.rows_per_input)
+    print(f"{args.inputs} inputs' scratch, {args.rows_per_input:,} rows each ({total:,} in all; written in "
+          f"{time.perf_counter() - t:.1f} s); a file holds {args.rows_per_file:,} rows")
+    figures = {}
+    for label, files, keep in (("before: 8 files a group, every file opened again each group", 8, False),
+                               (f"now: {args.files} files a group, the maps kept", args.files, True)):
+        rows = files * args.rows_per_file
+        cpus, walls, first = run(work, args.inputs, rows, groups, keep)
+        n_full = -(-FULL_ROWS // rows)
+        nxt = statistics.median(cpus[1:]) if len(cpus) > 1 else cpus[0]
+        full = cpus[0] + (n_full - 1) * nxt
+        figures[label] = (full, first)
+        print(f"  {label}: {rows:,} rows a group")
+        print("    CPU a group: " + ", ".join(f"{x:.3f}" for x in cpus) + " s; wall " +
+              ", ".join(f"{x:.3f}" for x in walls) + f" s; {rows / nxt:,.0f} rows a CPU-second after the first")
+        print(f"    the full set: {n_full:,} groups, {full:,.0f} CPU-s ({full / 3600:.2f} core-hours) in the gathers")
+    (before, d0), (now, _) = figures.values()
+    if digest(hp._gather(str(work), args.inputs, 0, 8 * args.rows_per_file)) != d0:  # the same rows through kept maps
+        raise SystemExit("the gather through kept maps differs from the one through fresh ones (a bug)")
+    packing.forget_scratch_maps()
+    print(f"  now against before: {before / now:.1f}x less CPU in the full set's gathers; the same rows through "
+          f"kept maps; peak RSS {peak_rss_mb():,.0f} MB")
 
 
 if __name__ == "__main__":

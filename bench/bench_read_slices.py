@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from memory_state import peak_rss_mb, temp_folder  # noqa: E402
 
 from preprocessing import pack_fast, packing  # noqa: E402
 
@@ -38,41 +37,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each (default 3)")
     ap.add_argument("--dir", type=Path, default=None, help="where the files go (default: the system's temp)")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-read-slices-", dir=args.dir))
-    try:
-        n = int(args.mb_each * 1e6) // 2  # int16 values a slice
-        rng = np.random.default_rng(0)
-        slices = []
-        for k in range(args.parts):
-            p = work / f"in_{k:05d}_ids.npy"
-            packing.save_array(p, rng.integers(0, 30000, 4 * n).astype(np.int16), direct=True)
-            a = int(rng.integers(0, 3 * n))
-            slices.append((p, a, a + n))
-        total = args.parts * n * 2 / 1e6
-        print(f"{args.parts} scratch files, one slice of {n * 2 / 1e6:.2f} MB from each ({total:,.0f} MB a round), "
-              f"past the page cache where the file system allows")
-        times: dict[int, list[float]] = {1: [], packing.READ_THREADS: []}
-        spaces = {threads: pack_fast.Space() for threads in times}  # kept from round to round, as a worker's are
-        first = None
-        for _ in range(args.rounds):
-            for threads in times:
-                packing.READ_THREADS = threads
-                t = time.perf_counter()
-                got = packing.read_slices(slices, spaces[threads], "x")
-                times[threads].append(time.perf_counter() - t)
-                digest = [hashlib.md5(g).hexdigest() for g in got]
-                first = first or digest
-                if digest != first:
-                    raise SystemExit("the reads differ between thread counts (a bug)")
-        one, many = (statistics.median(v) for v in times.values())
-        for threads, v in times.items():
-            print(f"  {threads} at once: " + ", ".join(f"{x:.3f}" for x in v) + f" s a round; median "
-                  f"{statistics.median(v):.3f} s, {total / statistics.median(v):,.0f} MB/s")
-        print(f"  {max(times)} at once against 1: {one / many:.2f}x (medians); the same values read; peak RSS "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with temp_folder("bench-read-slices-", args.dir) as work:
+        _run(args, work)
     return 0
+
+
+def _run(args: argparse.Namespace, work: Path) -> None:
+    n = int(args.mb_each * 1e6) // 2  # int16 values a slice
+    rng = np.random.default_rng(0)
+    slices = []
+    for k in range(args.parts):
+        p = work / f"in_{k:05d}_ids.npy"
+        packing.save_array(p, rng.integers(0, 30000, 4 * n).astype(np.int16), direct=True)
+        a = int(rng.integers(0, 3 * n))
+        slices.append((p, a, a + n))
+    total = args.parts * n * 2 / 1e6
+    print(f"{args.parts} scratch files, one slice of {n * 2 / 1e6:.2f} MB from each ({total:,.0f} MB a round), "
+          f"past the page cache where the file system allows")
+    times: dict[int, list[float]] = {1: [], packing.READ_THREADS: []}
+    spaces = {threads: pack_fast.Space() for threads in times}  # kept from round to round, as a worker's are
+    first = None
+    for _ in range(args.rounds):
+        for threads in times:
+            packing.READ_THREADS = threads
+            t = time.perf_counter()
+            got = packing.read_slices(slices, spaces[threads], "x")
+            times[threads].append(time.perf_counter() - t)
+            digest = [hashlib.md5(g).hexdigest() for g in got]
+            first = first or digest
+            if digest != first:
+                raise SystemExit("the reads differ between thread counts (a bug)")
+    one, many = (statistics.median(v) for v in times.values())
+    for threads, v in times.items():
+        print(f"  {threads} at once: " + ", ".join(f"{x:.3f}" for x in v) + f" s a round; median "
+              f"{statistics.median(v):.3f} s, {total / statistics.median(v):,.0f} MB/s")
+    print(f"  {max(times)} at once against 1: {one / many:.2f}x (medians); the same values read; peak RSS "
+          f"{peak_rss_mb():,.0f} MB")
 
 
 if __name__ == "__main__":

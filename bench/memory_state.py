@@ -24,11 +24,31 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 FILL_PREFIX = ".memory-fill-"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MB (``ru_maxrss``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextmanager
+def temp_folder(prefix: str, under: Path | None = None) -> Iterator[Path]:
+    """A new temporary folder (under ``under``, default the system's temp), removed with everything in it at the
+    end: a bench's scratch."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=under))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 BLOCK = 16 << 20  # bytes a write of the fill file
 
 
