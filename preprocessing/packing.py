@@ -836,14 +836,16 @@ def _finish_image(fd: int, path: Path, image: memoryview, size: int, direct: boo
         os.close(fd)
 
 
-def padded_lengths(path: Path, first: int, rows: dict[str, np.ndarray]) -> np.ndarray:
+def padded_lengths(path: Path, first: int, rows: dict[str, np.ndarray],
+                   lengths: tuple[np.ndarray, int] | None = None) -> np.ndarray:
     """The lengths (int64) of a block of padded rows (``rows``: ``input_mask`` and any of ``masked_lm_positions``,
     ``masked_lm_ids``, ``next_sentence_labels``, the file's rows ``first``...), checked by hdf5_check.check_padded's
     rules: the mask 1s then 0s (one pass of the C loop), positions 0 or inside their row, ids >= 0, labels 0 or 1.
-    A block that breaks a rule goes to check_padded itself, whose one-line error names the dataset and row."""
+    A block that breaks a rule goes to check_padded itself, whose one-line error names the dataset and row.
+    ``lengths``: what ``pack_fast.mask_lengths(rows["input_mask"])`` gave the caller already (not taken again)."""
     from preprocessing.hdf5_check import check_padded
 
-    seq, bad = pack_fast.mask_lengths(rows["input_mask"])
+    seq, bad = lengths if lengths is not None else pack_fast.mask_lengths(rows["input_mask"])
     ok = bad < 0
     if ok and "masked_lm_positions" in rows:
         p = np.asarray(rows["masked_lm_positions"])

@@ -336,7 +336,7 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
             b = min(n, a + step)
             with reading(path, f"rows {a}..{b - 1}"):
                 mask, pos, ids = (maps[k][a:b] if maps else f[k][a:b] for k in names)
-            s, wrong = pack_fast.mask_lengths(mask)  # one pass: the lengths of well-formed masks
+            s, wrong = given = pack_fast.mask_lengths(mask)  # one pass: the lengths of well-formed masks
             if wrong >= 0:
                 s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
             bad = np.flatnonzero((s < 1) | (s > min(L, mask.shape[1])))
@@ -346,7 +346,7 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
                         else ": the file is corrupt, re-create it")
                 raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
                                   f"Habana's packer needs 1..{L}{more}")
-            padded_lengths(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids})
+            padded_lengths(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids}, given)
             p = np.count_nonzero(ids, axis=1)
             seq[a:b] = s
             pred[a:b] = p
@@ -1212,6 +1212,19 @@ def _create_datasets(f: Any, arrays: dict[str, np.ndarray], gzip: str | None, dt
 
 
 def packed_layout(n: int, cfg: HabanaPackConfig) -> ImageLayout | None:
+    """:func:`_packed_layout`, looked up once per file count and configuration (a group asks for each of its files)."""
+    key = (n, cfg)
+    if key not in _PACKED_LAYOUTS:
+        if len(_PACKED_LAYOUTS) >= 8:
+            _PACKED_LAYOUTS.clear()
+        _PACKED_LAYOUTS[key] = _packed_layout(n, cfg)
+    return _PACKED_LAYOUTS[key]
+
+
+_PACKED_LAYOUTS: dict[tuple[int, HabanaPackConfig], ImageLayout | None] = {}
+
+
+def _packed_layout(n: int, cfg: HabanaPackConfig) -> ImageLayout | None:
     """With ``compression="none"``: the :class:`~preprocessing.packing.ImageLayout` of a packed file of ``n`` packs
     (write_packed_file's datasets, created as it creates them), or None (gzip; or HDF5 put a dataset where its
     values cannot be written straight: the file goes through HDF5)."""
