@@ -140,7 +140,8 @@ def start_forkserver() -> None:
 
 def terminate(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
     """Stop ``pool`` now: drop queued work, SIGTERM its workers (SIGKILL after ``timeout``), reap them."""
-    procs = list(getattr(pool, "_processes", {}).values())  # the executor exposes no public handle
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # the executor exposes no public handle
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the executor's reference
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         if p.is_alive():
@@ -151,6 +152,11 @@ def terminate(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
         if p.is_alive():
             p.kill()
             p.join(1.0)
+    # Wait for the executor's manager thread to see its workers gone and close its wake-up pipe. Left running,
+    # it can close that pipe while the interpreter's exit hook writes to it (3.11's hook takes no lock), and
+    # the exit prints "Exception ignored ... Bad file descriptor" under the command's one-line error.
+    if manager is not None:
+        manager.join(max(1.0, deadline - time.monotonic()))
 
 
 def make_pool(workers: int, *, initializer: Callable[..., None] | None = None,
