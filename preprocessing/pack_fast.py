@@ -29,7 +29,7 @@ import numpy as np
 
 from core.native import NativeModule
 
-ABI = 3
+ABI = 4
 _NATIVE = NativeModule("preprocessing._pack_native", Path(__file__).with_name("_pack_native"), "pack.c", ABI,
                        "packing C core")
 #: Runs gathered per step of the NumPy fallback (its index arrays stay small).
@@ -411,6 +411,23 @@ def mask_lengths(mask: np.ndarray) -> tuple[np.ndarray, int]:
     ok = ((m == 0) | (m == 1)).all(axis=1) & ~(m[:, 1:] > m[:, :-1]).any(axis=1) if m.size else np.ones(n, bool)
     bad = np.flatnonzero(~ok)
     return m.sum(axis=1, dtype=np.int64), int(bad[0]) if bad.size else -1
+
+
+def padded_counts(mask: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``(lengths, predictions, bad)`` of a block of padded rows in one pass of the C loop: each row's number of
+    leading 1s of its 1-byte ``input_mask`` and of non-zero ``masked_lm_ids`` (int64), and the first row whose
+    mask is not 1s then 0s, or a position negative or (non-zero) not below its length, or an id negative (-1:
+    none). None without the C extension, or for types it does not take (the caller checks with NumPy then)."""
+    mod = native()
+    m, p, d = np.asarray(mask), np.asarray(pos), np.asarray(ids)
+    if mod is None or m.ndim != 2 or p.ndim != 2 or d.shape != p.shape or len(p) != len(m) or m.shape[1] == 0 \
+            or m.dtype.itemsize != 1 or m.dtype.kind not in "iu" or any(
+                a.dtype != np.dtype(np.int32) or not a.dtype.isnative for a in (p, d)):
+        return None
+    seq, pred = np.empty(len(m), np.int64), np.empty(len(m), np.int64)
+    bad = mod.padded_counts(np.ascontiguousarray(m), np.ascontiguousarray(p), np.ascontiguousarray(d), m.shape[1],
+                            p.shape[1], seq, pred)
+    return seq, pred, int(bad)
 
 
 def prefix_lengths(values: np.ndarray) -> tuple[np.ndarray, int]:

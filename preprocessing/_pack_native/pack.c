@@ -19,6 +19,10 @@
  *   number of non-zero values that open row r, each row checked to be those then only 0s. Returns the first row
  *   that is not, or -1 (out is complete).
  *
+ * padded_counts(mask, pos, ids, width, pwidth, seq, pred): padded rows' int8 input_mask (width a row) and int32
+ *   masked_lm_positions and masked_lm_ids (pwidth a row): seq[r] (int64) = row r's mask's leading 1s, pred[r] its
+ *   non-zero ids, each row checked: its mask 1s then 0s, its positions 0 or below its length and not negative, its
+ *   ids not negative. Returns the first row that breaks one (seq/pred written up to it), or -1.
  * format_packs(lengths, indices, pack_off): json.dumps of the packs [[[length, index], ...], ...] (pack p: items
  *   pack_off[p] .. pack_off[p+1]-1; int64 arrays), as ASCII bytes: NVIDIA's shard lists.
  * cut_padded(mask, ids, seg, pos, mlm, nsl, out_ids, out_seg, out_pos, out_mlm, seq, pred): padded MLPerf rows
@@ -458,6 +462,63 @@ static char *put_int(char *p, int64_t v) {
     do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
     while (n) *p++ = tmp[--n];
     return p;
+}
+
+/* padded_counts: what a packer reads of a padded row, its length and its number of predictions, checked, in one
+ * pass: mask_lengths' loop, then the row's positions (0, or inside its length) and its ids (>= 0, the non-zero
+ * ones counted). */
+static PyObject *padded_counts(PyObject *self, PyObject *args) {
+    PyObject *mask_obj, *pos_obj, *ids_obj, *seq_obj, *pred_obj;
+    Py_ssize_t width, pwidth;
+    if (!PyArg_ParseTuple(args, "OOOnnOO", &mask_obj, &pos_obj, &ids_obj, &width, &pwidth, &seq_obj, &pred_obj))
+        return NULL;
+    Py_buffer bufs[5];
+    PyObject *objs[5] = {mask_obj, pos_obj, ids_obj, seq_obj, pred_obj};
+    int got = 0;
+    PyObject *ret = NULL;
+    for (; got < 5; got++)
+        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_C_CONTIGUOUS | (got >= 3 ? PyBUF_WRITABLE : 0)) < 0)
+            goto done;
+    Py_ssize_t rows = bufs[3].len / 8;
+    if (width <= 0 || pwidth < 0 || bufs[0].itemsize != 1 || bufs[1].itemsize != 4 || bufs[2].itemsize != 4 ||
+        bufs[3].itemsize != 8 || bufs[4].itemsize != 8 || bufs[4].len != bufs[3].len ||
+        bufs[0].len != rows * width || bufs[1].len != rows * pwidth * 4 || bufs[2].len != rows * pwidth * 4) {
+        PyErr_SetString(PyExc_ValueError, "padded_counts: len(seq) rows of width 1-byte mask values and of pwidth "
+                                          "4-byte positions and ids; seq and pred 8-byte integers");
+        goto done;
+    }
+    int64_t bad = -1;
+    const int8_t *m = (const int8_t *)bufs[0].buf;
+    const int32_t *pos = (const int32_t *)bufs[1].buf, *ids = (const int32_t *)bufs[2].buf;
+    int64_t *seq = (int64_t *)bufs[3].buf, *pred = (int64_t *)bufs[4].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int8_t *row = m + r * width;
+        Py_ssize_t k = 0;
+        for (uint64_t w; k + 8 <= width; k += 8) {
+            memcpy(&w, row + k, 8);
+            if (w != 0x0101010101010101ULL) break;
+        }
+        while (k < width && row[k] == 1) k++;
+        int8_t rest = 0;
+        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        const int32_t *p = pos + r * pwidth, *d = ids + r * pwidth;
+        int wrong = rest != 0;
+        int64_t n = 0;
+        for (Py_ssize_t i = 0; i < pwidth; i++) { /* loops of their own: vectorized */
+            wrong |= (p[i] < 0) | ((p[i] != 0) & (p[i] >= k));
+            wrong |= d[i] < 0;
+            n += d[i] != 0;
+        }
+        seq[r] = k;
+        pred[r] = n;
+        if (wrong) { bad = r; break; }
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromLongLong(bad);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    return ret;
 }
 
 static PyObject *format_packs(PyObject *self, PyObject *args) {
@@ -913,6 +974,8 @@ static PyMethodDef methods[] = {
      "mask_lengths(mask, width, out) -> first row whose mask is not 1s then 0s, or -1; out: each row's 1s"},
     {"prefix_lengths", prefix_lengths, METH_VARARGS,
      "prefix_lengths(values, width, out) -> first row whose values are not non-zeros then zeros, or -1"},
+    {"padded_counts", padded_counts, METH_VARARGS,
+     "padded_counts(mask, pos, ids, width, pwidth, seq, pred) -> first row breaking the padded rules, or -1"},
     {"format_packs", format_packs, METH_VARARGS,
      "format_packs(lengths, indices, pack_off) -> json.dumps(packs) as bytes, pack p = [[length, index], ...]"},
     {"cut_padded", cut_padded, METH_VARARGS,
@@ -936,7 +999,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_pack_native", "the 
 PyMODINIT_FUNC PyInit__pack_native(void) {
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    PyModule_AddIntConstant(m, "ABI", 3);
+    PyModule_AddIntConstant(m, "ABI", 4);
     PyModule_AddStringConstant(m, "SOURCES_DIGEST", BERTPIPE_SOURCES_DIGEST);
     return m;
 }

@@ -336,9 +336,14 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
             b = min(n, a + step)
             with reading(path, f"rows {a}..{b - 1}"):
                 mask, pos, ids = (maps[k][a:b] if maps else f[k][a:b] for k in names)
-            s, wrong = given = pack_fast.mask_lengths(mask)  # one pass: the lengths of well-formed masks
-            if wrong >= 0:
-                s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
+            counted = pack_fast.padded_counts(mask, pos, ids)  # one pass: lengths, predictions, the rows' rules
+            if counted is not None and counted[2] < 0:
+                s, p, given = counted[0], counted[1], None
+            else:  # a row breaks a rule (found below, in its words), or types the C loop does not take
+                s, wrong = given = pack_fast.mask_lengths(mask)  # the lengths of well-formed masks
+                p = None
+                if wrong >= 0:
+                    s = mask.sum(axis=1, dtype=np.int64)  # int64: Python's sum() of the row under NumPy 1
             bad = np.flatnonzero((s < 1) | (s > min(L, mask.shape[1])))
             if bad.size:
                 r = int(bad[0])
@@ -346,8 +351,9 @@ def read_lengths(path: Path | str, cfg: HabanaPackConfig) -> tuple[np.ndarray, n
                         else ": the file is corrupt, re-create it")
                 raise RecordError(f"{path}: row {a + r} has sequence length {int(s[r])} (sum of input_mask); "
                                   f"Habana's packer needs 1..{L}{more}")
-            padded_lengths(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids}, given)
-            p = np.count_nonzero(ids, axis=1)
+            if p is None:
+                padded_lengths(path, a, {"input_mask": mask, "masked_lm_positions": pos, "masked_lm_ids": ids}, given)
+                p = np.count_nonzero(ids, axis=1)
             seq[a:b] = s
             pred[a:b] = p
     return seq, pred

@@ -220,6 +220,48 @@ def test_mask_lengths_equals_numpy_at_every_width_and_corruption(mode, width):
         assert pack_fast.mask_lengths(b)[1] == want(b), (r, c, b[r, c])
 
 
+@pytest.mark.parametrize("width", [1, 9, 64, 77, 512])
+def test_padded_counts_is_the_rows_lengths_predictions_and_first_broken_rule(width):
+    """One C pass over a padded block: the mask's leading 1s, the non-zero ids, and the first row whose mask is not
+    1s then 0s, or whose positions are negative or (non-zero) past its length, or whose ids are negative; the
+    same as the plain definitions, for every kind of corruption anywhere in the block."""
+    require_native()
+    rng = np.random.default_rng(width)
+    n, pw = 48, 20
+    lens = rng.integers(1, width + 1, n)
+    m = (np.arange(width) < lens[:, None]).astype(np.int8)
+    preds = rng.integers(0, pw + 1, n)
+    live = np.arange(pw) < preds[:, None]
+    pos = (rng.integers(0, width, (n, pw)) % lens[:, None] * live).astype(np.int32)
+    ids = (rng.integers(1, 30000, (n, pw)) * live).astype(np.int32)
+    seq, pred, bad = pack_fast.padded_counts(m, pos, ids)
+    assert seq.tolist() == lens.tolist() and pred.tolist() == preds.tolist() and bad == -1
+
+    def want(mm: np.ndarray, pp: np.ndarray, dd: np.ndarray) -> int:
+        for r in range(n):
+            k = int(np.argmin(mm[r] == 1)) if (mm[r] != 1).any() else width
+            if mm[r, k:].any() or (pp[r] < 0).any() or ((pp[r] != 0) & (pp[r] >= k)).any() or (dd[r] < 0).any():
+                return r
+        return -1
+
+    for _ in range(60):
+        mm, pp, dd = m.copy(), pos.copy(), ids.copy()
+        r = int(rng.integers(0, n))
+        what = rng.integers(0, 4)
+        if what == 0:
+            mm[r, int(rng.integers(0, width))] = rng.choice([0, 2, -1])
+        elif what == 1:
+            pp[r, int(rng.integers(0, pw))] = lens[r] + int(rng.integers(0, 3))  # at or past the row's end
+        elif what == 2:
+            pp[r, int(rng.integers(0, pw))] = -1
+        else:
+            dd[r, int(rng.integers(0, pw))] = -int(rng.integers(1, 5))
+        assert pack_fast.padded_counts(mm, pp, dd)[2] == want(mm, pp, dd), (r, what)
+    # types the C loop does not take: None, and the caller checks with NumPy
+    assert pack_fast.padded_counts(m, pos.astype(np.int64), ids) is None
+    assert pack_fast.padded_counts(m.astype(np.int16), pos, ids) is None
+
+
 @pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64"])
 def test_prefix_lengths_counts_the_leading_non_zeros_and_finds_the_first_bad_row(mode, dt):
     v = (np.arange(1, 11) * (np.arange(10) < np.array([2, 0, 10, 1])[:, None])).astype(dt)
