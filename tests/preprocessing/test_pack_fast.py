@@ -380,6 +380,32 @@ def test_segment_bounds_keep_rows_of_0s_then_1s_and_fill_segments_gives_them_bac
         pack_fast.fill_segments(np.array([4]), np.array([3]))
 
 
+def test_segment_bounds_of_int8_rows_read_eight_at_a_time_equal_the_plain_rule():
+    """The int8 loop reads the 0s and then the 1s eight bytes at a time: the same bounds, and the same refusals,
+    as the rule itself, wherever a row breaks it (inside a word, at its edges, in the tail); a row of more than
+    32,767 zeros does not fit the int16 bound."""
+    require_native()
+    rng = np.random.default_rng(17)
+    lens = rng.integers(0, 600, 300)
+    lens[:4] = [0, 1, 8, 17]
+    bounds = (lens * rng.random(300)).astype(np.int64)
+    seg = pack_fast.fill_segments(bounds, lens)
+    starts = np.cumsum(lens) - lens
+    assert np.array_equal(pack_fast.segment_bounds(seg, starts, lens), bounds)
+    for _ in range(80):
+        bad = seg.copy()
+        r = int(rng.choice(np.flatnonzero(lens >= 2)))
+        at = starts[r] + int(rng.integers(0, lens[r]))
+        bad[at] = rng.choice([2, -1, 1 - bad[at]])
+        row = bad[starts[r]:starts[r] + lens[r]]
+        broken = bool(((row != 0) & (row != 1)).any() or (np.diff(row) < 0).any())
+        got = pack_fast.segment_bounds(bad, starts, lens)
+        assert (got is None) == broken, (r, at - starts[r], row[max(0, at - starts[r] - 2):at - starts[r] + 3])
+    wide = np.zeros(40_000, np.int8)
+    assert pack_fast.segment_bounds(wide, [0], [40_000]) is None
+    assert pack_fast.segment_bounds(wide, [0], [32_767]).tolist() == [32_767]
+
+
 def test_pack_nvidia_keeps_bert_segments_as_one_number_a_row_and_writes_the_same_files(tmp_path, monkeypatch):
     """Inputs whose rows' segment ids are 0s then 1s (a BERT instance's) have them kept in the scratch as one number
     a row; an input with other segment ids keeps the values; the shards are those of the NumPy path, which keeps
