@@ -430,6 +430,21 @@ def padded_counts(mask: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> tuple[n
     return seq, pred, int(bad)
 
 
+def position_counts(mask: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
+    """``(lengths, predictions, bad, prefix)``: :func:`padded_counts` for rows whose predictions are their leading
+    non-zero ``masked_lm_positions`` (pack-nvidia's), checked by the same rules of the mask and the positions;
+    ``prefix``: every row's positions (up to ``bad``) are non-zeros then zeros. None where padded_counts is."""
+    mod = native()
+    m, p = np.asarray(mask), np.asarray(pos)
+    if mod is None or m.ndim != 2 or p.ndim != 2 or len(p) != len(m) or m.shape[1] == 0 or m.dtype.itemsize != 1 \
+            or m.dtype.kind not in "iu" or p.dtype != np.dtype(np.int32) or not p.dtype.isnative:
+        return None
+    seq, pred = np.empty(len(m), np.int64), np.empty(len(m), np.int64)
+    bad, prefix = mod.position_counts(np.ascontiguousarray(m), np.ascontiguousarray(p), m.shape[1], p.shape[1],
+                                      seq, pred)
+    return seq, pred, int(bad), bool(prefix)
+
+
 def prefix_lengths(values: np.ndarray) -> tuple[np.ndarray, int]:
     """``(counts, bad)``: each row's number of leading non-zero values of a 2-D integer array (int64), and the
     first row that is not non-zeros then zeros (-1: every row is), in one pass (the C loop; NumPy otherwise)."""

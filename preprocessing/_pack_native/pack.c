@@ -23,6 +23,9 @@
  *   masked_lm_positions and masked_lm_ids (pwidth a row): seq[r] (int64) = row r's mask's leading 1s, pred[r] its
  *   non-zero ids, each row checked: its mask 1s then 0s, its positions 0 or below its length and not negative, its
  *   ids not negative. Returns the first row that breaks one (seq/pred written up to it), or -1.
+ * position_counts(mask, pos, width, pwidth, seq, pred): padded_counts' lengths and rules without the ids; pred[r]
+ *   = row r's leading non-zero positions. Returns (the first row that breaks a rule, or -1; whether every row's
+ *   positions up to it are non-zeros then zeros).
  * format_packs(lengths, indices, pack_off): json.dumps of the packs [[[length, index], ...], ...] (pack p: items
  *   pack_off[p] .. pack_off[p+1]-1; int64 arrays), as ASCII bytes: NVIDIA's shard lists.
  * cut_padded(mask, ids, seg, pos, mlm, nsl, out_ids, out_seg, out_pos, out_mlm, seq, pred): padded MLPerf rows
@@ -521,6 +524,62 @@ done:
     return ret;
 }
 
+/* position_counts: padded_counts for pack-nvidia, which takes a row's predictions from its positions: seq[r] the
+ * mask's leading 1s, pred[r] the leading non-zero positions; the same rules of the mask and the positions. */
+static PyObject *position_counts(PyObject *self, PyObject *args) {
+    PyObject *mask_obj, *pos_obj, *seq_obj, *pred_obj;
+    Py_ssize_t width, pwidth;
+    if (!PyArg_ParseTuple(args, "OOnnOO", &mask_obj, &pos_obj, &width, &pwidth, &seq_obj, &pred_obj)) return NULL;
+    Py_buffer bufs[4];
+    PyObject *objs[4] = {mask_obj, pos_obj, seq_obj, pred_obj};
+    int got = 0;
+    PyObject *ret = NULL;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_C_CONTIGUOUS | (got >= 2 ? PyBUF_WRITABLE : 0)) < 0)
+            goto done;
+    Py_ssize_t rows = bufs[2].len / 8;
+    if (width <= 0 || pwidth < 0 || bufs[0].itemsize != 1 || bufs[1].itemsize != 4 || bufs[2].itemsize != 8 ||
+        bufs[3].itemsize != 8 || bufs[3].len != bufs[2].len || bufs[0].len != rows * width ||
+        bufs[1].len != rows * pwidth * 4) {
+        PyErr_SetString(PyExc_ValueError, "position_counts: len(seq) rows of width 1-byte mask values and of pwidth "
+                                          "4-byte positions; seq and pred 8-byte integers");
+        goto done;
+    }
+    int64_t bad = -1;
+    int prefix = 1;
+    const int8_t *m = (const int8_t *)bufs[0].buf;
+    const int32_t *pos = (const int32_t *)bufs[1].buf;
+    int64_t *seq = (int64_t *)bufs[2].buf, *pred = (int64_t *)bufs[3].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int8_t *row = m + r * width;
+        Py_ssize_t k = 0;
+        for (uint64_t w; k + 8 <= width; k += 8) {
+            memcpy(&w, row + k, 8);
+            if (w != 0x0101010101010101ULL) break;
+        }
+        while (k < width && row[k] == 1) k++;
+        int8_t rest = 0;
+        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        const int32_t *p = pos + r * pwidth;
+        int wrong = rest != 0;
+        for (Py_ssize_t i = 0; i < pwidth; i++) wrong |= (p[i] < 0) | ((p[i] != 0) & (p[i] >= k));
+        Py_ssize_t j = 0;
+        while (j < pwidth && p[j] != 0) j++;
+        seq[r] = k;
+        pred[r] = j;
+        int32_t after = 0;
+        for (Py_ssize_t i = j; i < pwidth; i++) after |= p[i];
+        if (after) prefix = 0;
+        if (wrong) { bad = r; break; }
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_BuildValue("Li", (long long)bad, prefix);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    return ret;
+}
+
 static PyObject *format_packs(PyObject *self, PyObject *args) {
     PyObject *len_obj, *idx_obj, *off_obj;
     if (!PyArg_ParseTuple(args, "OOO", &len_obj, &idx_obj, &off_obj)) return NULL;
@@ -994,6 +1053,8 @@ static PyMethodDef methods[] = {
      "prefix_lengths(values, width, out) -> first row whose values are not non-zeros then zeros, or -1"},
     {"padded_counts", padded_counts, METH_VARARGS,
      "padded_counts(mask, pos, ids, width, pwidth, seq, pred) -> first row breaking the padded rules, or -1"},
+    {"position_counts", position_counts, METH_VARARGS,
+     "position_counts(mask, pos, width, pwidth, seq, pred) -> (first row breaking the rules or -1, all prefixes)"},
     {"format_packs", format_packs, METH_VARARGS,
      "format_packs(lengths, indices, pack_off) -> json.dumps(packs) as bytes, pack p = [[length, index], ...]"},
     {"cut_padded", cut_padded, METH_VARARGS,

@@ -433,9 +433,19 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
         parts = []
         for a, b in chunks(f.n, cfg.chunk_rows):
             if maps:  # the padded rows' masks, masked positions and labels (ids and segments: when gathered)
-                seq = padded_lengths(p, a, {"input_mask": maps["input_mask"][a:b],
-                                            "masked_lm_positions": maps["masked_lm_positions"][a:b],
-                                            "next_sentence_labels": maps["next_sentence_labels"][a:b]})
+                mask, pos, nsl = (maps[name][a:b] for name in ("input_mask", "masked_lm_positions",
+                                                               "next_sentence_labels"))
+                counted = pack_fast.position_counts(mask, pos)  # one pass: lengths, predictions, the rules
+                if counted is not None and counted[2] < 0 and not ((nsl != 0) & (nsl != 1)).any():
+                    seq = counted[0]
+                    if preds is not None:
+                        preds = preds + [counted[1].astype(np.int16)] if counted[3] else None
+                    _check_lengths(seq, cfg, p, a)
+                    parts.append(seq.astype(np.int16))
+                    continue
+                # a row breaks a rule (padded_lengths names it), or types the C loop does not take
+                seq = padded_lengths(p, a, {"input_mask": mask, "masked_lm_positions": pos,
+                                            "next_sentence_labels": nsl})
                 if preds is not None:
                     pred, bad = pack_fast.prefix_lengths(maps["masked_lm_positions"][a:b])
                     preds = preds + [pred.astype(np.int16)] if bad < 0 else None

@@ -262,6 +262,48 @@ def test_padded_counts_is_the_rows_lengths_predictions_and_first_broken_rule(wid
     assert pack_fast.padded_counts(m.astype(np.int16), pos, ids) is None
 
 
+@pytest.mark.parametrize("width", [1, 9, 77, 512])
+def test_position_counts_is_pack_nvidias_lengths_predictions_and_first_broken_rule(width):
+    """pack-nvidia's one pass: the mask's leading 1s, the leading non-zero positions, the first row breaking the
+    mask's or the positions' rules (as padded_counts), and whether every row's positions are non-zeros then zeros
+    (a hole is no error: the caller then takes the predictions another way)."""
+    require_native()
+    rng = np.random.default_rng(width + 1)
+    n, pw = 48, 20
+    lens = rng.integers(1, width + 1, n)
+    m = (np.arange(width) < lens[:, None]).astype(np.int8)
+    preds = np.minimum(rng.integers(0, pw + 1, n), lens - 1)  # positions 1..len-1: non-zero
+    live = np.arange(pw) < preds[:, None]
+    pos = ((rng.integers(0, width, (n, pw)) % np.maximum(lens - 1, 1)[:, None] + 1) * live).astype(np.int32)
+    seq, pred, bad, prefix = pack_fast.position_counts(m, pos)
+    assert seq.tolist() == lens.tolist() and pred.tolist() == preds.tolist() and bad == -1 and prefix
+
+    def want(mm: np.ndarray, pp: np.ndarray) -> int:
+        for r in range(n):
+            k = int(np.argmin(mm[r] == 1)) if (mm[r] != 1).any() else width
+            if mm[r, k:].any() or (pp[r] < 0).any() or ((pp[r] != 0) & (pp[r] >= k)).any():
+                return r
+        return -1
+
+    for _ in range(60):
+        mm, pp = m.copy(), pos.copy()
+        r = int(rng.integers(0, n))
+        what = rng.integers(0, 3)
+        if what == 0:
+            mm[r, int(rng.integers(0, width))] = rng.choice([0, 2, -1])
+        elif what == 1:
+            pp[r, int(rng.integers(0, pw))] = lens[r] + int(rng.integers(0, 3))
+        else:
+            pp[r, int(rng.integers(0, pw))] = -1
+        assert pack_fast.position_counts(mm, pp)[2] == want(mm, pp), (r, what)
+    for r in np.flatnonzero(preds >= 2)[:1]:  # none at width 1 (every row one token long)
+        holed = pos.copy()
+        holed[r, 0] = 0  # a hole before the row's other positions: no rule broken, no prefix
+        got = pack_fast.position_counts(m, holed)
+        assert got[2] == -1 and not got[3] and got[1][r] == 0
+    assert pack_fast.position_counts(m, pos.astype(np.int64)) is None
+
+
 @pytest.mark.parametrize("dt", ["int8", "int16", "int32", "int64"])
 def test_prefix_lengths_counts_the_leading_non_zeros_and_finds_the_first_bad_row(mode, dt):
     v = (np.arange(1, 11) * (np.arange(10) < np.array([2, 0, 10, 1])[:, None])).astype(dt)
