@@ -76,6 +76,7 @@ from core.schema import H5_ERRORS
 from core.stage import Stage
 from preprocessing.hdf5_check import check_compact
 from preprocessing.hdf5_io import chunks, reading, tmp_path, verify_inputs, vlen_write
+from preprocessing.scratch import ALIGN as _ALIGN
 from preprocessing.scratch import RecordWriter, use_direct
 
 log = logging.getLogger(__name__)
@@ -495,6 +496,33 @@ class _Buckets:
         if self.size >= FLUSH_BYTES:
             self.flush()
 
+    def add_many(self, bks: np.ndarray, columns: Sequence[tuple[np.ndarray, np.ndarray]]) -> bool:
+        """One record for each bucket of ``bks``, all at once: the header, then each column's slice
+        ``array[cut[b]:cut[b + 1]]`` (``columns``: (array, cut) pairs), as :meth:`add` of those arrays then
+        :meth:`flush` would append them (the same bytes), handed to the writer in one go
+        (:meth:`RecordWriter.append_records`). At the full set's ~300 buckets, a chunk's records are ~0.3 MB
+        each, and the Python steps of one record at a time cost the scatter 40 % more CPU than at 3 buckets.
+        False (nothing done) where that does not apply: records pending, the page cache's writes, no C
+        extension, or a record larger than the writer's buffer (a few buckets: the records are few anyway)."""
+        from preprocessing import pack_fast
+
+        if self.pending or not self.writer.direct or not pack_fast.available() or not len(bks):
+            return False
+        arrays = [np.ascontiguousarray(a) for a, _ in columns]
+        lens = np.empty((len(bks), len(columns) + 1), np.int64)
+        addrs = np.empty((len(bks), len(columns) + 1), np.uint64)
+        header = np.zeros((len(bks), 4), np.int64)
+        for k, cut in ((0, columns[0][1]), (1, columns[4][1]), (2, columns[6][1])):  # rows, tokens, predictions
+            header[:, k] = cut[bks + 1] - cut[bks]
+        lens[:, 0], addrs[:, 0] = 32, header.ctypes.data + 32 * np.arange(len(bks), dtype=np.uint64)
+        for j, (a, (_, cut)) in enumerate(zip(arrays, columns, strict=True), start=1):
+            lens[:, j] = (cut[bks + 1] - cut[bks]) * a.itemsize
+            addrs[:, j] = np.uint64(a.ctypes.data) + (cut[bks] * a.itemsize).astype(np.uint64)
+        if int(lens.sum(axis=1).max()) + 2 * _ALIGN > self.writer.PIECE:
+            return False
+        self.writer.append_records([self.scratch / f"b{b:05d}.t{self.task:05d}" for b in bks.tolist()], addrs, lens)
+        return True
+
     def flush(self) -> None:
         """Hand every pending record to the writer (copied: the arrays may be reused as soon as this returns)."""
         for b, arrs in self.pending.items():
@@ -568,7 +596,12 @@ def _send(out: _Buckets, rows: Rows, cols: dict[str, np.ndarray], order: np.ndar
     np.cumsum(np.bincount(bucket, minlength=nb), out=r_cut[1:])
     t_cut = np.concatenate([[0], np.cumsum(seq, dtype=np.int64)])[r_cut]
     p_cut = np.concatenate([[0], np.cumsum(pred, dtype=np.int64)])[r_cut]
-    for bk in np.flatnonzero(np.diff(r_cut)).tolist():
+    bks = np.flatnonzero(np.diff(r_cut))
+    columns = [(d, r_cut), (seq, r_cut), (pred, r_cut), (nsl, r_cut), (cols["input_ids"], t_cut),
+               (cols["segment_ids"], t_cut), (cols["masked_lm_positions"], p_cut), (cols["masked_lm_ids"], p_cut)]
+    if out.add_many(bks, columns):
+        return
+    for bk in bks.tolist():
         r0, r1, t0, t1, p0, p1 = r_cut[bk], r_cut[bk + 1], t_cut[bk], t_cut[bk + 1], p_cut[bk], p_cut[bk + 1]
         header = np.array([r1 - r0, t1 - t0, p1 - p0, 0], dtype=np.int64)
         out.add(bk, [header, d[r0:r1], seq[r0:r1], pred[r0:r1], nsl[r0:r1], cols["input_ids"][t0:t1],

@@ -51,6 +51,72 @@ def test_batches_round_trip_aligned_and_padded(tmp_path):
     assert p.stat().st_size == sum(sizes)
 
 
+def test_small_batches_to_many_files_share_a_buffer_and_keep_each_files_order(tmp_path, monkeypatch):
+    """The scatter at the full set's ~300 buckets: small batches to many files, interleaved. They are copied back
+    to back into one buffer and handed to the writer thread together (not a hand-over a batch); one that does not
+    fit goes on in the next buffer. Each file gets its own batches, in order, padded."""
+    handed = []
+    real = scratch._append_blocks
+
+    def count(view, segs, direct):
+        handed.append(len(segs))
+        return real(view, segs, direct)
+
+    monkeypatch.setattr(scratch, "_append_blocks", count)
+    batches = list(_batches())
+    files = [tmp_path / f"b{k:05d}.t00000" for k in range(5)]
+    sent: dict = {f: [] for f in files}
+    with RecordWriter() as w:
+        w.PIECE = 8 * ALIGN
+        for r in range(4):
+            for k, f in enumerate(files):
+                arrays = batches[(r + k) % len(batches)]
+                w.append(f, arrays)
+                sent[f].append(arrays)
+    for f in files:
+        assert f.read_bytes() == _expected(sent[f]) == read_whole(f).tobytes(), f.name
+    assert sum(handed) > len(handed) > 0  # several batches a hand-over
+    assert max(handed) > 1
+
+
+def test_append_records_writes_what_append_writes(tmp_path):
+    """Many batches given as byte runs, gathered into the buffers by one C call a buffer: each file's bytes are
+    append's, batches that do not fit the room left go on in the next buffer, and a batch larger than a buffer
+    is refused."""
+    from preprocessing import pack_fast
+
+    if pack_fast.native() is None:
+        pytest.skip(pack_fast._NATIVE.reason)
+    batches = list(_batches())
+    files = [f"b{k:05d}.t00000" for k in range(4)]
+    plan = [(files[(r * 3) % 4], batches[r % len(batches)]) for r in range(17)]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    with RecordWriter() as w:
+        w.PIECE = 24 * ALIGN
+        for name, arrays in plan:
+            w.append(tmp_path / "one" / name, arrays)
+    keep = [[np.ascontiguousarray(a) for a in arrays] for _, arrays in plan]
+    width = max(len(k) for k in keep)
+    addrs = np.zeros((len(plan), width), np.uint64)
+    lens = np.zeros((len(plan), width), np.int64)
+    for i, arrays in enumerate(keep):
+        for j, a in enumerate(arrays):
+            addrs[i, j], lens[i, j] = a.ctypes.data, a.nbytes
+    with RecordWriter() as w:
+        w.PIECE = 24 * ALIGN
+        w.append_records([tmp_path / "many" / name for name, _ in plan[:9]], addrs[:9], lens[:9])
+        w.append(tmp_path / "many" / plan[9][0], plan[9][1])  # mixed with append: the order kept
+        w.append_records([tmp_path / "many" / name for name, _ in plan[10:]], addrs[10:], lens[10:])
+        with pytest.raises(ValueError, match="larger than a buffer"):
+            w.PIECE = 2 * ALIGN
+            w.append_records([tmp_path / "many" / "big"], addrs[5:6], lens[5:6])
+        w.PIECE = 24 * ALIGN
+    for name in files:
+        assert (tmp_path / "many" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    assert not (tmp_path / "many" / "big").exists()
+
+
 def test_the_page_cache_path_writes_the_same_bytes(tmp_path, monkeypatch):
     batches = list(_batches())
     direct = tmp_path / "direct"
