@@ -136,3 +136,23 @@ def test_group_gather_bench_runs_and_compares_the_rows() -> None:
     assert out.returncode == 0, out.stderr
     assert "before: 8 files a group" in out.stdout and "now: 16 files a group, the maps kept" in out.stdout
     assert "the full set:" in out.stdout and "the same rows through kept maps" in out.stdout
+
+
+def test_shuffle_buckets_bench_runs_both_layouts(tmp_path) -> None:
+    """bench/bench_shuffle_buckets.py on a small padded part: the part-sized and the full-size bucket counts, the
+    ratio and the full set's projection."""
+    import numpy as np
+
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
+
+    rng = np.random.default_rng(2)
+    part = write_padded(tmp_path / "part-00000-of-00500.hdf5", made_up_rows(rng.integers(20, 513, 3000).tolist(), rng))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_shuffle_buckets.py"), "--part", str(part),
+                          "--copies", "2", "--repeat", "1", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    import re
+
+    full = re.search(r"full-size: (\d+) buckets", out.stdout)
+    assert "part-sized: 1 buckets" in out.stdout and full and int(full.group(1)) > 250, out.stdout  # ~299
+    assert "full-size against part-sized:" in out.stdout and "core-hours" in out.stdout
