@@ -165,6 +165,14 @@ class RecordWriter:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scratch-writer")
         self._jobs[i] = self._pool.submit(_append_blocks, memoryview(self._bufs[i]), segs, self.direct)
 
+    def _filling(self) -> np.ndarray:
+        """The buffer being filled, with room in it (a full one handed over, a free one taken)."""
+        if self._cur is not None and self._at == self.PIECE:
+            self._hand_over()
+        if self._cur is None:
+            self._cur, _ = self._next_buffer()
+        return self._bufs[self._cur]
+
     def append(self, path: Path | str, arrays: Sequence[np.ndarray]) -> int:
         """Append the bytes of ``arrays`` (C-contiguous), back to back, then the padding, to ``path`` (created if
         absent; its size is always a multiple of :data:`ALIGN`). Returns the bytes appended, padding included;
@@ -180,11 +188,7 @@ class RecordWriter:
         src, src_at = 0, 0  # the next byte to copy: sources[src][src_at]
         done = 0
         while done < size:
-            if self._cur is not None and self._at == self.PIECE:
-                self._hand_over()
-            if self._cur is None:
-                self._cur, _ = self._next_buffer()
-            buf = self._bufs[self._cur]
+            buf = self._filling()
             start = self._at
             end = start + min(self.PIECE - start, size - done)  # multiples of ALIGN: PIECE and size are
             at = start
@@ -225,10 +229,7 @@ class RecordWriter:
         ends = np.cumsum(sizes)
         i = 0
         while i < n:
-            if self._cur is not None and self._at == self.PIECE:
-                self._hand_over()
-            if self._cur is None:
-                self._cur, _ = self._next_buffer()
+            self._filling()
             base = int(ends[i - 1]) if i else 0
             k = int(np.searchsorted(ends[i:], base + self.PIECE - self._at, side="right"))  # batches that fit
             if not k:

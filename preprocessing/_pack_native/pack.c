@@ -363,6 +363,21 @@ done:
 }
 
 /* -- padded rows' input_mask: the lengths, checked ----------------------------------------------------------- */
+/* A padded row's mask: its leading 1s (eight at a time: a 512-wide row of ~400 ones is ~50 steps, not ~400, then
+ * one by one); *rest is non-zero where a value after them is not 0 (the row is not 1s then 0s). */
+static inline Py_ssize_t mask_ones(const int8_t *row, Py_ssize_t width, int8_t *rest) {
+    Py_ssize_t k = 0;
+    for (uint64_t w; k + 8 <= width; k += 8) {
+        memcpy(&w, row + k, 8);
+        if (w != 0x0101010101010101ULL) break;
+    }
+    while (k < width && row[k] == 1) k++;
+    int8_t r = 0;
+    for (Py_ssize_t i = k; i < width; i++) r |= row[i];
+    *rest = r;
+    return k;
+}
+
 static PyObject *mask_lengths(PyObject *self, PyObject *args) {
     PyObject *mask_obj, *out_obj;
     Py_ssize_t width;
@@ -385,17 +400,8 @@ static PyObject *mask_lengths(PyObject *self, PyObject *args) {
     int64_t *out = (int64_t *)ov.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const int8_t *row = m + r * width;
-        Py_ssize_t k = 0;
-        /* the leading 1s eight at a time (a 512-wide row of ~400 ones: ~50 steps, not ~400), then one by one */
-        for (uint64_t w; k + 8 <= width; k += 8) {
-            memcpy(&w, row + k, 8);
-            if (w != 0x0101010101010101ULL) break;
-        }
-        while (k < width && row[k] == 1) k++;
-        out[r] = k;
-        int8_t rest = 0;
-        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        int8_t rest;
+        out[r] = mask_ones(m + r * width, width, &rest);
         if (rest) { bad = r; break; }
     }
     Py_END_ALLOW_THREADS
@@ -467,6 +473,15 @@ static char *put_int(char *p, int64_t v) {
     return p;
 }
 
+/* The C-contiguous buffers of objs[0..n-1] into bufs (from index writable on: writable). Returns how many were
+ * taken: n, or fewer with the error set (release those). */
+static int take_buffers(PyObject *const *objs, Py_buffer *bufs, int n, int writable) {
+    for (int i = 0; i < n; i++)
+        if (PyObject_GetBuffer(objs[i], &bufs[i], PyBUF_C_CONTIGUOUS | (i >= writable ? PyBUF_WRITABLE : 0)) < 0)
+            return i;
+    return n;
+}
+
 /* padded_counts: what a packer reads of a padded row, its length and its number of predictions, checked, in one
  * pass: mask_lengths' loop, then the row's positions (0, or inside its length) and its ids (>= 0, the non-zero
  * ones counted). */
@@ -477,11 +492,9 @@ static PyObject *padded_counts(PyObject *self, PyObject *args) {
         return NULL;
     Py_buffer bufs[5];
     PyObject *objs[5] = {mask_obj, pos_obj, ids_obj, seq_obj, pred_obj};
-    int got = 0;
     PyObject *ret = NULL;
-    for (; got < 5; got++)
-        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_C_CONTIGUOUS | (got >= 3 ? PyBUF_WRITABLE : 0)) < 0)
-            goto done;
+    int got = take_buffers(objs, bufs, 5, 3);
+    if (got < 5) goto done;
     Py_ssize_t rows = bufs[3].len / 8;
     if (width <= 0 || pwidth < 0 || bufs[0].itemsize != 1 || bufs[1].itemsize != 4 || bufs[2].itemsize != 4 ||
         bufs[3].itemsize != 8 || bufs[4].itemsize != 8 || bufs[4].len != bufs[3].len ||
@@ -496,15 +509,8 @@ static PyObject *padded_counts(PyObject *self, PyObject *args) {
     int64_t *seq = (int64_t *)bufs[3].buf, *pred = (int64_t *)bufs[4].buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const int8_t *row = m + r * width;
-        Py_ssize_t k = 0;
-        for (uint64_t w; k + 8 <= width; k += 8) {
-            memcpy(&w, row + k, 8);
-            if (w != 0x0101010101010101ULL) break;
-        }
-        while (k < width && row[k] == 1) k++;
-        int8_t rest = 0;
-        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        int8_t rest;
+        Py_ssize_t k = mask_ones(m + r * width, width, &rest);
         const int32_t *p = pos + r * pwidth, *d = ids + r * pwidth;
         int wrong = rest != 0;
         int64_t n = 0;
@@ -532,11 +538,9 @@ static PyObject *position_counts(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOnnOO", &mask_obj, &pos_obj, &width, &pwidth, &seq_obj, &pred_obj)) return NULL;
     Py_buffer bufs[4];
     PyObject *objs[4] = {mask_obj, pos_obj, seq_obj, pred_obj};
-    int got = 0;
     PyObject *ret = NULL;
-    for (; got < 4; got++)
-        if (PyObject_GetBuffer(objs[got], &bufs[got], PyBUF_C_CONTIGUOUS | (got >= 2 ? PyBUF_WRITABLE : 0)) < 0)
-            goto done;
+    int got = take_buffers(objs, bufs, 4, 2);
+    if (got < 4) goto done;
     Py_ssize_t rows = bufs[2].len / 8;
     if (width <= 0 || pwidth < 0 || bufs[0].itemsize != 1 || bufs[1].itemsize != 4 || bufs[2].itemsize != 8 ||
         bufs[3].itemsize != 8 || bufs[3].len != bufs[2].len || bufs[0].len != rows * width ||
@@ -552,15 +556,8 @@ static PyObject *position_counts(PyObject *self, PyObject *args) {
     int64_t *seq = (int64_t *)bufs[2].buf, *pred = (int64_t *)bufs[3].buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const int8_t *row = m + r * width;
-        Py_ssize_t k = 0;
-        for (uint64_t w; k + 8 <= width; k += 8) {
-            memcpy(&w, row + k, 8);
-            if (w != 0x0101010101010101ULL) break;
-        }
-        while (k < width && row[k] == 1) k++;
-        int8_t rest = 0;
-        for (Py_ssize_t i = k; i < width; i++) rest |= row[i];
+        int8_t rest;
+        Py_ssize_t k = mask_ones(m + r * width, width, &rest);
         const int32_t *p = pos + r * pwidth;
         int wrong = rest != 0;
         for (Py_ssize_t i = 0; i < pwidth; i++) wrong |= (p[i] < 0) | ((p[i] != 0) & (p[i] >= k));
