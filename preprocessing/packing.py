@@ -470,10 +470,14 @@ class ImageOutputs:
     #: The images written by a writer thread while the caller goes on (False: each written before create returns).
     BEHIND = True
 
-    def __init__(self, space: Any = None, direct: bool = False, spare: np.ndarray | None = None) -> None:
+    def __init__(self, space: Any = None, direct: bool = False, spare: np.ndarray | None = None,
+                 held_bytes: int | None = None) -> None:
         from preprocessing.hdf5_io import libhdf5
 
         self.space, self.direct = space, direct
+        #: the bytes of held images (in buffers of their own) that start their hashing: HELD_BYTES unless the caller
+        #: knows its files are few and large enough to take more (pack-habana's uncompressed files: 16 of 33 MB)
+        self.held_bytes = self.HELD_BYTES if held_bytes is None else int(held_bytes)
         #: memory the caller no longer needs until the block of files ends (pack-nvidia: its group's read buffer,
         #: dead once the rows are in place order): the images are built there, one after the other, before any
         #: buffer of ``space`` is made for them. Held images there do not count towards HELD_BYTES (the memory is
@@ -632,7 +636,7 @@ class ImageOutputs:
         else:
             _write_image(path, whole, size, self.direct and in_buf)
         self.held.append((os.fspath(path), image[:size]))
-        if self._own >= self.HELD_BYTES:
+        if self._own >= self.held_bytes:
             self._hash()
 
     def _hash(self) -> None:

@@ -137,6 +137,40 @@ def test_more_files_than_lanes_are_hashed_in_batches_without_reusing_a_held_buff
     assert [got[str(tmp_path / f"g{i}.h5")] for i in range(3)] == [_md5(tmp_path / f"g{i}.h5") for i in range(3)]
 
 
+def test_a_caller_may_hold_more_bytes_than_the_default_before_hashing(tmp_path, monkeypatch):
+    """``held_bytes``: the instance's bound, not the class default (pack-habana's raw files: 16 of 33 MB)."""
+    _usable()
+    monkeypatch.setattr(packing.ImageOutputs, "LANES", 8)
+    monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", 1)
+    out = packing.ImageOutputs(pack_fast.Space(), direct=False, held_bytes=1 << 30)
+    assert out.held_bytes == 1 << 30
+    for i in range(3):
+        with out.create(tmp_path / f"g{i}.h5", 32 << 20) as f:
+            _write(f, 40 + i, rows=300)
+    assert len(out.held) == 3  # the class's 1 byte would have hashed each alone
+    got = out.md5s()
+    assert out.held == []
+    assert [got[str(tmp_path / f"g{i}.h5")] for i in range(3)] == [_md5(tmp_path / f"g{i}.h5") for i in range(3)]
+    assert packing.ImageOutputs(pack_fast.Space()).held_bytes == 1
+
+
+def test_pack_habana_holds_up_to_the_lanes_of_uncompressed_files_within_its_bound():
+    _usable()
+    from preprocessing.habana import pack as hp
+
+    raw = hp.HabanaPackConfig(compression="none")
+    layout = hp.packed_layout(1000, raw)
+    assert layout is not None
+    lanes = packing.ImageOutputs.LANES
+    # small files: never below the default; large ones: as many as the lanes take, up to the bound
+    assert hp.held_bytes(1000, raw) == max(packing.ImageOutputs.HELD_BYTES, lanes * layout.size)
+    big = hp.packed_layout(20000, raw).size
+    assert lanes * big > packing.ImageOutputs.HELD_BYTES
+    assert hp.held_bytes(20000, raw) == min(hp.HELD_BYTES_MAX, lanes * big)
+    assert hp.held_bytes(200000, raw) == hp.HELD_BYTES_MAX
+    assert hp.held_bytes(20000, hp.HabanaPackConfig(compression="gzip")) == packing.ImageOutputs.HELD_BYTES
+
+
 def test_superblock_sizes_for_old_and_new_formats(tmp_path):
     for libver in ("earliest", "latest"):
         p = tmp_path / f"{libver}.h5"
