@@ -470,20 +470,29 @@ class ImageOutputs:
     #: The images written by a writer thread while the caller goes on (False: each written before create returns).
     BEHIND = True
 
-    def __init__(self, space: Any = None, direct: bool = False, spare: np.ndarray | None = None,
-                 held_bytes: int | None = None) -> None:
+    def __init__(self, space: Any = None, direct: bool = False,
+                 spare: np.ndarray | Sequence[np.ndarray | None] | None = None, held_bytes: int | None = None) -> None:
         from preprocessing.hdf5_io import libhdf5
 
         self.space, self.direct = space, direct
         #: the bytes of held images (in buffers of their own) that start their hashing: HELD_BYTES unless the caller
         #: knows its files are few and large enough to take more (pack-habana's uncompressed files: 16 of 33 MB)
         self.held_bytes = self.HELD_BYTES if held_bytes is None else int(held_bytes)
-        #: memory the caller no longer needs until the block of files ends (pack-nvidia: its group's read buffer,
-        #: dead once the rows are in place order): the images are built there, one after the other, before any
-        #: buffer of ``space`` is made for them. Held images there do not count towards HELD_BYTES (the memory is
-        #: the caller's anyway): up to LANES are hashed at once, and the spare is used again once they are.
-        self.spare = spare if spare is not None and spare.dtype == np.uint8 and spare.ndim == 1 else None
-        self._bump = 0  # the spare's first free byte
+        #: memory the caller no longer needs until the block of files ends (pack-nvidia: its group's read buffers,
+        #: dead once the rows are in place order), one array or several: the images are built there, one after the
+        #: other (each in the first spare it fits), before any buffer of ``space`` is made for them. Held images
+        #: there do not count towards HELD_BYTES (the memory is the caller's anyway): up to LANES are hashed at
+        #: once, and the spares are used again once they are.
+        given = [spare] if isinstance(spare, np.ndarray) else list(spare or ())
+        self.spares = [a for a in given if a is not None and a.dtype == np.uint8 and a.ndim == 1 and len(a)]
+        self._bumps = [0] * len(self.spares)  # each spare's first free byte
+        self._carved = -1  # the spare the last image was carved from
+        #: the largest share of its bound an image has taken so far (0: none yet). A spare's room is asked for that
+        #: share of the next bound (and 1/16 more), not the whole bound: a caller's bound is what a reservation on
+        #: the disk needs (pack-nvidia's: twice its values and more, where its shards take ~0.6 of it), and an image
+        #: that outgrows its room anyway moves to memory of its own (create: a copy), the same bytes.
+        self._fill = 0.0
+        self._asked = 0
         self._own = 0  # bytes of held images in buffers of their own (``space``'s, or malloc'd)
         self.mod = pack_fast.native()
         self.usable = self.mod is not None and libhdf5() is not None
@@ -607,10 +616,12 @@ class ImageOutputs:
         if len(self.held) >= self.LANES:
             self._hash()
         slot = len(self.held)
-        buf = self._carve(n)
-        if buf is None and self.spare is not None and self.held:  # the spare full of held images: hashed, free
+        self._asked = n
+        room = n if not self._fill else min(n, int(n * self._fill) + int(n * self._fill) // 16 + scratch.ALIGN)
+        buf = self._carve(room)
+        if buf is None and self.spares and self.held:  # the spares full of held images: hashed, free
             self._hash()
-            slot, buf = 0, self._carve(n)
+            slot, buf = 0, self._carve(room)
         carved = buf is not None
         if buf is None:
             self._reuse(slot)
@@ -624,8 +635,9 @@ class ImageOutputs:
         own) written to ``path``, behind or now, and held for hashing."""
         in_buf = buf is not None
         whole = memoryview(buf) if in_buf else image
+        self._fill = max(self._fill, min(1.0, size / max(1, self._asked)))
         if carved and in_buf:  # the spare taken up to its written end (the direct write's zeroed tail)
-            self._bump += -(-size // scratch.ALIGN) * scratch.ALIGN
+            self._bumps[self._carved] += -(-size // scratch.ALIGN) * scratch.ALIGN
         else:
             self._own += size
         if self.BEHIND:
@@ -649,20 +661,21 @@ class ImageOutputs:
             self._own = 0
 
     def _carve(self, n: int) -> np.ndarray | None:
-        """The rest of the spare (from an :data:`scratch.ALIGN` boundary) as the next image's memory, if ``n``
-        bytes fit; None else (or without a spare). With no image held, the spare starts over, once every write
-        that reads it is done."""
-        if self.spare is None:
+        """The rest of the first spare that ``n`` bytes fit in (from an :data:`scratch.ALIGN` boundary) as the next
+        image's memory; None if none has the room (or without a spare). With no image held, the spares start over,
+        once every write that reads them is done."""
+        if not self.spares:
             return None
-        if not self.held and self._bump:
+        if not self.held and any(self._bumps):
             self.wait()
-            self._bump = 0
-        base = self.spare.ctypes.data
-        at = -(-(base + self._bump) // scratch.ALIGN) * scratch.ALIGN - base
-        if len(self.spare) - at < n:
-            return None
-        self._bump = at
-        return self.spare[at:]
+            self._bumps = [0] * len(self.spares)
+        for i, spare in enumerate(self.spares):
+            base = spare.ctypes.data
+            at = -(-(base + self._bumps[i]) // scratch.ALIGN) * scratch.ALIGN - base
+            if len(spare) - at >= n:
+                self._bumps[i], self._carved = at, i
+                return spare[at:]
+        return None
 
     def rename(self, tmp: Path | str, final: Path | str) -> None:
         """``os.replace(tmp, final)``, the md5 following the file; a file being written behind is renamed once it

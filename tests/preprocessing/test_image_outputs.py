@@ -319,6 +319,35 @@ def test_images_built_in_the_callers_spare_memory_then_in_its_space(tmp_path, mo
     assert got[str(tmp_path / "big.tmp")] == _md5(tmp_path / "big.tmp")
 
 
+def test_images_fill_several_spares_asking_for_what_images_took_of_their_bounds(tmp_path, monkeypatch):
+    """Several spares (pack-nvidia: its group's three read buffers): each image goes to the first with room for it;
+    the first image, before any was made, needs its whole bound, the later ones what the images took of theirs so
+    far (and 1/16 more): a loose bound (a disk reservation's) does not keep an image out of a spare it fits."""
+    _usable()
+    want = _references(tmp_path, range(70, 75))
+    size = max(os.path.getsize(tmp_path / f"ref{i}.h5") for i in range(5))
+    monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", 1)
+    space = pack_fast.Space()
+    whole = -(-size // scratch.ALIGN) * scratch.ALIGN
+    spares = [scratch.aligned_empty(whole + size // 8 + 2 * scratch.ALIGN) for _ in range(2)]  # one image each
+    out = packing.ImageOutputs(space, direct=False, spare=spares + [None])
+    assert len(out.spares) == 2
+    held = []
+    with out:
+        for i in range(5):
+            with out.create(tmp_path / f"img{i}.h5", 3 * size) as f:  # a bound three times the file
+                _write(f, 70 + i, rows=400)
+            held.append(len(out.held))
+        # the 1st: no share known yet, its bound fits no spare (the space's buffer, hashed at once: HELD_BYTES 1);
+        # the 2nd and 3rd: one in each spare; the 4th: both full, so the two held are hashed and it takes the first
+        assert held == [0, 1, 2, 1, 2]
+        assert [k for k in space._bufs if k.startswith("h5-image")] == ["h5-image-0"]
+        assert 0.25 < out._fill <= 0.34
+        got = out.md5s()
+    assert [_md5(tmp_path / f"img{i}.h5") for i in range(5)] == want
+    assert [got[str(tmp_path / f"img{i}.h5")] for i in range(5)] == want
+
+
 def _contiguous(f: h5py.File, values: dict[str, np.ndarray]) -> None:
     for name, v in values.items():
         f.create_dataset(name, data=v, dtype=v.dtype)
