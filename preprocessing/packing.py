@@ -461,12 +461,14 @@ class ImageOutputs:
     (a full disk: core.manifest.DiskFullError naming the file) is raised there."""
 
     #: Images held for hashing at once: at most the widest md5 kernel's 16 lanes (16 buffers of 15 MB hash at
-    #: 8.7 GB/s where 8 hash at 5.0 GB/s on the AVX-512 VM), and hashed as soon as they hold HELD_BYTES (a stage's
-    #: peak memory stays under 1.5 GB: before this bound, 8 of the 2,048 shuffle's shards on 8 parts took it to
-    #: 1.76 GB; 256 MB holds 16 of pack-habana's 15 MB files). The held images' buffers stay with the worker
+    #: 8.7 GB/s where 8 hash at 5.0 GB/s on the AVX-512 VM), and hashed as soon as one more image of the last one's
+    #: size would take them past HELD_BYTES (a stage's peak memory stays under 1.5 GB: before this bound, 8 of the
+    #: 2,048 shuffle's 124 MB shards on 8 parts took it to 1.76 GB). 448 MiB holds 3 of those (4 took its peak
+    #: from 1,306 to 1,401 MB), 8 of the 4,320 shuffle's 58 MB shards (4.1 GB/s; 5 at the 256 MiB bound before:
+    #: 2.7 GB/s) and 16 of pack-habana's 15 MB files. The held images' buffers stay with the worker
     #: (pack_fast.Space), so this also bounds them.
     LANES = 16
-    HELD_BYTES = 256 << 20
+    HELD_BYTES = 448 << 20
     #: The images written by a writer thread while the caller goes on (False: each written before create returns).
     BEHIND = True
 
@@ -636,10 +638,11 @@ class ImageOutputs:
         in_buf = buf is not None
         whole = memoryview(buf) if in_buf else image
         self._fill = max(self._fill, min(1.0, size / max(1, self._asked)))
-        if carved and in_buf:  # the spare taken up to its written end (the direct write's zeroed tail)
-            self._bumps[self._carved] += -(-size // scratch.ALIGN) * scratch.ALIGN
-        else:
+        own = not (carved and in_buf)
+        if own:
             self._own += size
+        else:  # the spare taken up to its written end (the direct write's zeroed tail)
+            self._bumps[self._carved] += -(-size // scratch.ALIGN) * scratch.ALIGN
         if self.BEHIND:
             fd, direct = _open_image(path, self.direct and in_buf)  # here: a rename after it finds the file
             fut = self._behind(os.fspath(path), partial(_finish_image, fd, path, whole, size, direct))
@@ -648,7 +651,7 @@ class ImageOutputs:
         else:
             _write_image(path, whole, size, self.direct and in_buf)
         self.held.append((os.fspath(path), image[:size]))
-        if self._own >= self.held_bytes:
+        if own and self._own + size > self.held_bytes:  # another image of this size would not fit
             self._hash()
 
     def _hash(self) -> None:

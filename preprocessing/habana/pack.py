@@ -1224,9 +1224,9 @@ HELD_BYTES_MAX = 576 << 20
 def held_bytes(n: int, cfg: HabanaPackConfig) -> int:
     """The bytes of images a group holds before hashing them (ImageOutputs.held_bytes), for files of ``n`` packs:
     uncompressed files (their size known from their layout) up to ImageOutputs.LANES of them, at most
-    :data:`HELD_BYTES_MAX`. The raw set's 33 MB files: 16 hash side by side at ~8.7 GB/s where the default 256 MB
-    holds 8, at ~5.1 GB/s (1.67 of its 7.1 CPU-s on 8 parts); the stage's peak memory grows by ~270 MB, to ~1.2
-    GB. Compressed files: the default."""
+    :data:`HELD_BYTES_MAX`. The raw set's 33 MB files: 16 hash side by side (6.9 GB/s on 8 parts) where 256 MB
+    held 8 (5.1 GB/s: 1.67 of its 7.1 CPU-s); the stage's peak memory 889 -> 1,114 MB. Compressed files: the
+    default."""
     layout = packed_layout(n, cfg)
     if layout is None:
         return ImageOutputs.HELD_BYTES

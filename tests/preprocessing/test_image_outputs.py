@@ -137,6 +137,25 @@ def test_more_files_than_lanes_are_hashed_in_batches_without_reusing_a_held_buff
     assert [got[str(tmp_path / f"g{i}.h5")] for i in range(3)] == [_md5(tmp_path / f"g{i}.h5") for i in range(3)]
 
 
+def test_images_are_hashed_before_one_more_of_the_same_size_would_pass_the_bound(tmp_path, monkeypatch):
+    """The held images never pass the bound by an image: hashed when one more of the last one's size would not fit
+    (a bound of 2.5 images: 2 held, where hashing once past it held 3)."""
+    _usable()
+    want = _references(tmp_path, [80] * 4)  # one seed: files of one size
+    size = os.path.getsize(tmp_path / "ref0.h5")
+    monkeypatch.setattr(packing.ImageOutputs, "HELD_BYTES", size * 5 // 2)
+    out = packing.ImageOutputs(pack_fast.Space(), direct=False)
+    held = []
+    with out:
+        for i in range(4):
+            with out.create(tmp_path / f"img{i}.h5", 32 << 20) as f:
+                _write(f, 80, rows=400)
+            held.append(len(out.held))
+        got = out.md5s()
+    assert held == [1, 0, 1, 0]
+    assert [got[str(tmp_path / f"img{i}.h5")] for i in range(4)] == want
+
+
 def test_a_caller_may_hold_more_bytes_than_the_default_before_hashing(tmp_path, monkeypatch):
     """``held_bytes``: the instance's bound, not the class default (pack-habana's raw files: 16 of 33 MB)."""
     _usable()
