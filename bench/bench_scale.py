@@ -64,6 +64,12 @@
    the DAG took them (CPU, waits for a core, blocked), the packers' recipe apart (from their log), projected per
    target beside the CPU figures ("from the DAG's stage seconds").
 
+**Steady state** (``--steady``): each target stage's 1-worker run is timed as the second run of the stage in its
+process, after an untimed first: the arrays a worker keeps from call to call (pack_fast.Space: their fresh pages,
+~0.25-1 CPU-s a GB to zero) are made once, as a full-size worker makes them once for hundreds of parts, where the
+8-part run would count them 105 times in the projection by rows. The first run's extra CPU is printed beside it
+("once a process"); the baseline tree's runs are timed the same way.
+
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
 (the full set writes ~935 GB): the kernel then reclaims cache pages for a step's writes and arrays, and kswapd's CPU
@@ -587,6 +593,8 @@ def time_recipe(mod):
     # steps then follow the memory fill as a full-size run's follow its earlier writes, not 60-70 s of NNLS later
     # (by then the VM's host has taken the free pages back, and the first GB of writes cost several times more)
     real = mod.packing_recipe
+    if getattr(real, "bench_timed", False):  # wrapped already (--steady: the stage's second run)
+        return
     def timed(*a, **k):
         import hashlib, pickle
         import numpy as np
@@ -616,6 +624,7 @@ def time_recipe(mod):
             cached.write_bytes(pickle.dumps((got, time.process_time() - t, time.perf_counter() - w,
                                              nnls[0] - n0[0], nnls[1] - n0[1])))
         return got
+    timed.bench_timed = True
     mod.packing_recipe = timed
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -627,57 +636,69 @@ with h5py.File(part, "r") as f:
 if what != "nvidia_eval":
     rows, tokens = rows * nparts, tokens * nparts
 shards = max(1, round(4320 * rows / 156_725_653))  # this part's share of NVIDIA's 4,320 shards
+def run_stage(dest):
+    if what == "nvidia_4320":
+        from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
+        return run_nvidia_chop(parts, dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
+    elif what == "nvidia_4320_shuffled":  # nvidia-4320's stage: straight from the padded parts
+        from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
+        return run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(num_shards=shards), workers=workers)
+    elif what == "nvidia_2048_shuffled":  # nvidia-2048's: the part's share of v1.1's 2,048 shards, shuffled
+        from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
+        return run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(
+            num_shards=max(1, round(2048 * rows / 156_725_653)), rule="v1.1"), workers=workers)
+    elif what == "nvidia_eval":
+        from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength
+        return run_pick_eval_varlength(part, dest, PickVarlenConfig(num_examples_to_pick=10000))
+    elif what == "nvidia_packed":
+        import preprocessing.nvidia.pack as mod
+        from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
+        time_recipe(mod)
+        # one part: one call for its shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
+        # ~0.5 M) and hashes them side by side (8-16 files at once); this part's ~5 shards alone would get 4
+        # calls of 1-2 shards, hashed at a third of that speed. More parts (--target-parts): the stage's own groups
+        if workers == 1 and nparts == 1:
+            mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
+        elif workers == 1 and os.environ.get("BENCH_GROUPS_OF_WORKERS"):  # the w-worker run's groups, on one worker
+            _own = mod.group_bounds
+            mod.group_bounds = lambda n_seq, shards_num, w: _own(n_seq, shards_num, int(os.environ["BENCH_GROUPS_OF_WORKERS"]))
+        elif workers == 1:  # more parts on one worker: its groups as big as a full-size run's (~SEQS_PER_GROUP sequences;
+            # the stage's own minimum of 4 groups a worker, for small runs' parallelism, made them smaller here), so
+            # that the peak memory and the costs a group are full size's
+            import math
+            def full_size_groups(n_seq, shards_num, workers):
+                k = max(1, min(shards_num, math.ceil(n_seq / mod.SEQS_PER_GROUP)))
+                return [(shards_num * g // k, shards_num * (g + 1) // k) for g in range(k)]
+            mod.group_bounds = full_size_groups
+        return run_pack_nvidia(parts, dest, PackNvidiaConfig(shards_num=shards), workers=workers)
+    elif what in ("habana_packed", "habana_packed_raw", "habana_packed_narrow"):
+        import preprocessing.habana.pack as mod
+        from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
+        time_recipe(mod)
+        return run_pack_habana(parts, dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
+                            if what == "habana_packed" else "none", dtypes="narrow" if what == "habana_packed_narrow"
+                            else "script"), data_dir="packed", workers=workers)
+    raise SystemExit(f"unknown stage {what}")
+# --steady (BENCH_STEADY=1, one worker): the stage run once before the timed run, in this process: the timed run is
+# its second, with the buffers the first made (pack_fast.Space, kept per process), as a full-size worker's calls
+# after its first; the first run's CPU besides the recipe is kept as "first_cpu"
+first = None
+if os.environ.get("BENCH_STEADY") == "1" and workers == 1:
+    import shutil
+    f0, r0 = cpu(), recipe[0] - loaded[0]
+    run_stage(dest.with_name(dest.name + ".first"))
+    first = cpu() - f0 - (recipe[0] - loaded[0] - r0)
+    shutil.rmtree(dest.with_name(dest.name + ".first"), ignore_errors=True)
+    recipe[:], loaded[:], nnls[:] = [0.0, 0.0], [0.0, 0.0], [0.0, 0]
 from core import costs
 costs0, t0 = costs.snapshot(), time.perf_counter()
 c0 = cpu()
-if what == "nvidia_4320":
-    from preprocessing.nvidia.chop import ChopConfig, run_nvidia_chop
-    m = run_nvidia_chop(parts, dest, ChopConfig(num_shards=shards, varlength=True), workers=workers)
-elif what == "nvidia_4320_shuffled":  # nvidia-4320's stage: straight from the padded parts
-    from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
-    m = run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(num_shards=shards), workers=workers)
-elif what == "nvidia_2048_shuffled":  # nvidia-2048's: the part's share of v1.1's 2,048 shards, shuffled
-    from preprocessing.nvidia.shuffle import PaddedShuffleConfig, run_nvidia_shuffle_padded
-    m = run_nvidia_shuffle_padded(parts, dest, PaddedShuffleConfig(
-        num_shards=max(1, round(2048 * rows / 156_725_653)), rule="v1.1"), workers=workers)
-elif what == "nvidia_eval":
-    from preprocessing.nvidia.eval_pick import PickVarlenConfig, run_pick_eval_varlength
-    m = run_pick_eval_varlength(part, dest, PickVarlenConfig(num_examples_to_pick=10000))
-elif what == "nvidia_packed":
-    import preprocessing.nvidia.pack as mod
-    from preprocessing.nvidia.pack import PackNvidiaConfig, run_pack_nvidia
-    time_recipe(mod)
-    # one part: one call for its shards: at full size each call writes ~29 shards (156.7 M sequences in calls of
-    # ~0.5 M) and hashes them side by side (8-16 files at once); this part's ~5 shards alone would get 4
-    # calls of 1-2 shards, hashed at a third of that speed. More parts (--target-parts): the stage's own groups
-    if workers == 1 and nparts == 1:
-        mod.group_bounds = lambda n_seq, shards_num, workers: [(0, shards_num)]
-    elif workers == 1 and os.environ.get("BENCH_GROUPS_OF_WORKERS"):  # the w-worker run's groups, on one worker
-        _own = mod.group_bounds
-        mod.group_bounds = lambda n_seq, shards_num, w: _own(n_seq, shards_num, int(os.environ["BENCH_GROUPS_OF_WORKERS"]))
-    elif workers == 1:  # more parts on one worker: its groups as big as a full-size run's (~SEQS_PER_GROUP sequences;
-        # the stage's own minimum of 4 groups a worker, for small runs' parallelism, made them smaller here), so
-        # that the peak memory and the costs a group are full size's
-        import math
-        def full_size_groups(n_seq, shards_num, workers):
-            k = max(1, min(shards_num, math.ceil(n_seq / mod.SEQS_PER_GROUP)))
-            return [(shards_num * g // k, shards_num * (g + 1) // k) for g in range(k)]
-        mod.group_bounds = full_size_groups
-    m = run_pack_nvidia(parts, dest, PackNvidiaConfig(shards_num=shards), workers=workers)
-elif what in ("habana_packed", "habana_packed_raw", "habana_packed_narrow"):
-    import preprocessing.habana.pack as mod
-    from preprocessing.habana.pack import HabanaPackConfig, run_pack_habana
-    time_recipe(mod)
-    m = run_pack_habana(parts, dest, HabanaPackConfig(max_predictions_per_sequence=76, compression="gzip"
-                        if what == "habana_packed" else "none", dtypes="narrow" if what == "habana_packed_narrow"
-                        else "script"), data_dir="packed", workers=workers)
-else:
-    raise SystemExit(f"unknown stage {what}")
+m = run_stage(dest)
 c1 = cpu()
 (out / f"{dest.name}.json").write_text(json.dumps({"cpu": c1 - c0 + loaded[0], "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
                                               "recipe_cpu": recipe[0], "recipe_wall": recipe[1], "rows": rows, "tokens": tokens,
                                               "bytes": sum(f.bytes for f in m.files), "sizes": [f.bytes for f in m.files],
-                                              "inputs": [str(p) for p in parts],
+                                              "inputs": [str(p) for p in parts], "first_cpu": first,
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0 + loaded[1]}}))
 """
 
@@ -768,13 +789,15 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
     # the packers' recipe: once per run of the bench, in a first untimed run of each packer (TARGET_CALL's
     # time_recipe); the timed runs load it and count its CPU as that run measured it
     env["BENCH_RECIPE_CACHE"] = str(out / "recipe-cache")
+    if args.steady:  # each 1-worker run timed as its process's second run of the stage (TARGET_CALL)
+        env["BENCH_STEADY"] = "1"
     warm = {"nvidia_packed": "preprocessing.nvidia.pack", "habana_packed": "preprocessing.habana.pack",
             "habana_packed_raw": "preprocessing.habana.pack", "habana_packed_narrow": "preprocessing.habana.pack"}
     for what in sorted(stages, key=lambda w: w != "habana_packed_raw"):  # pack-habana's recipe: the faster run
         if what in warm and not any((out / "recipe-cache").glob(f"recipe_{warm[what]}_*")):
             print(f"  {what}: its packing recipe computed first, in an untimed run (the timed runs load it and count "
                   "the CPU it took)", flush=True)
-            target_run(part, out, what, args.target_parts, env, tag="warm")
+            target_run(part, out, what, args.target_parts, dict(env, BENCH_STEADY="0"), tag="warm")
             shutil.rmtree(out / f"{what}.warm", ignore_errors=True)
     for i in range(max(1, args.repeat)):
         for what in stages:
@@ -868,6 +891,10 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             print(f"    {breakdown(f['costs'], f.get('gzip_cpu', 0.0))}"
                   + (f"; kswapd beside it {f['kswapd']:.2f} s (counted in the cpu figure above)"
                      if MEMORY["fill"] is not None else ""))
+        if f.get("first_cpu") is not None:
+            print(f"    --steady: the figures above are the stage's second run in its process (its buffers kept, as a "
+                  f"full-size worker's calls after its first); its first run took {f['first_cpu']:.2f} CPU-s besides "
+                  f"the recipe: {f['first_cpu'] - (f['cpu'] - once - f['kswapd']):+.2f} CPU-s once a process")
         if "base_cpu" in f:
             n_files = sum(1 for p in (out / what).rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
             print(f"    against the baseline tree ({args.base}), the same stage just after: {f['base_cpu']:.2f} CPU-s; "
@@ -1412,6 +1439,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-target-stages", action="store_true", help="skip the other targets' stages (step 5)")
     ap.add_argument("--target-workers", type=int, default=1, help="also run each target stage on this many workers "
                     "and print its speed-up over 1 (wall, the packers' serial recipe taken off; bytes compared)")
+    ap.add_argument("--steady", action="store_true",
+                    help="time each target stage's 1-worker run as the second run of the stage in its process (the "
+                    "first, untimed, makes the buffers a worker keeps from call to call: a full-size worker pays that "
+                    "once for hundreds of parts); the first run's CPU is printed beside it (and the baseline tree's "
+                    "runs are timed alike)")
     ap.add_argument("--marginal-parts", type=int, default=0,
                     help="with --targets-only: run the target stages again on this many parts (more than "
                     "--target-parts) and project each target also from what its CPU grows by (a part's own cost, "
@@ -1490,6 +1522,12 @@ def main(argv: list[str] | None = None) -> int:
             h5 = real_part_hdf5(args, tmp)
             fig = target_stages(args, h5, tmp)
             target_projection(fig, None)
+            if args.steady:
+                once = {w: f["first_cpu"] - (f["cpu"] - _once(f) - f.get("kswapd", 0.0)) for w, f in fig.items()
+                        if f.get("first_cpu") is not None}
+                print("  (--steady: each stage's CPU from its second run in its process; a full-size run adds each "
+                      "stage's once-a-process cost once a worker: " + ", ".join(f"{w} {c:+.2f} CPU-s" for w, c in
+                                                                                  once.items()) + ")")
             if args.marginal_parts:
                 more = argparse.Namespace(**{**vars(args), "target_parts": args.marginal_parts, "target_workers": 1})
                 print(f"\n## the same stages on {args.marginal_parts} parts: each part's cost past the first "

@@ -4,6 +4,7 @@ is timed through the DAG too."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,30 @@ def test_bench_scale_computes_a_packers_recipe_once_untimed(shared_data: Path, t
     recipe = float(line.split("the recipe in all", 1)[1].split(" s)", 1)[0])
     assert rounds >= 1 and 0 < nnls <= recipe  # the loaded run's figures, counted once
     assert "--target nvidia-packed     by rows   +" in text and "(recipe 0.0" in text
+
+
+@pytest.mark.slow
+def test_bench_scale_steady_times_a_stages_second_run_in_its_process(shared_data: Path, tmp_path: Path) -> None:
+    """--steady: the timed run is the stage's second in its process (its first untimed, its output removed), the
+    first run's CPU printed beside it, the recipe counted once; the projection names each stage's once-a-process
+    cost."""
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
+                          "--only-stages", "nvidia_packed,nvidia_4320", "--memory", "free", "--vocab",
+                          str(shared_data / "vocab.txt"), "--keep-work", str(tmp_path / "w"), "--steady"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    targets = tmp_path / "w" / "targets"
+    for what in ("nvidia_packed", "nvidia_4320"):
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{what} "))
+        steady = next(ln for ln in text.splitlines()[text.splitlines().index(line):] if "--steady: " in ln)
+        first = float(steady.split("its first run took ", 1)[1].split(" CPU-s", 1)[0])
+        assert first > 0 and "CPU-s once a process" in steady
+        fig = json.loads((targets / f"{what}.json").read_text())
+        assert fig["first_cpu"] == pytest.approx(first, abs=0.006)
+        assert not (targets / f"{what}.first").exists()  # the first run's output removed
+    packed = json.loads((targets / "nvidia_packed.json").read_text())
+    assert packed["nnls_rounds"] >= 1 and 0 < packed["nnls_cpu"] <= packed["recipe_cpu"]  # once, not twice
+    assert "(--steady: each stage's CPU from its second run in its process" in text
+    assert "nvidia_packed " in text.split("(--steady: ", 1)[1]
