@@ -892,9 +892,12 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
                   + (f"; kswapd beside it {f['kswapd']:.2f} s (counted in the cpu figure above)"
                      if MEMORY["fill"] is not None else ""))
         if f.get("first_cpu") is not None:
+            f["once_process"] = f["first_cpu"] - (f["cpu"] - once - f["kswapd"])
             print(f"    --steady: the figures above are the stage's second run in its process (its buffers kept, as a "
                   f"full-size worker's calls after its first); its first run took {f['first_cpu']:.2f} CPU-s besides "
-                  f"the recipe: {f['first_cpu'] - (f['cpu'] - once - f['kswapd']):+.2f} CPU-s once a process")
+                  f"the recipe: {f['once_process']:+.2f} CPU-s once a process. The peak RSS is both runs': the "
+                  "second starts with the first's buffers (a packer's group buffers through its next scatter), "
+                  "which one run does not hold; a run without --steady gives the stage's own")
         if "base_cpu" in f:
             n_files = sum(1 for p in (out / what).rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
             print(f"    against the baseline tree ({args.base}), the same stage just after: {f['base_cpu']:.2f} CPU-s; "
@@ -1523,8 +1526,7 @@ def main(argv: list[str] | None = None) -> int:
             fig = target_stages(args, h5, tmp)
             target_projection(fig, None)
             if args.steady:
-                once = {w: f["first_cpu"] - (f["cpu"] - _once(f) - f.get("kswapd", 0.0)) for w, f in fig.items()
-                        if f.get("first_cpu") is not None}
+                once = {w: f["once_process"] for w, f in fig.items() if "once_process" in f}
                 print("  (--steady: each stage's CPU from its second run in its process; a full-size run adds each "
                       "stage's once-a-process cost once a worker: " + ", ".join(f"{w} {c:+.2f} CPU-s" for w, c in
                                                                                   once.items()) + ")")
