@@ -340,6 +340,12 @@ class Space:
         buf = self._bufs.get(name)
         return None if buf is None else buf.reshape(-1).view(np.uint8)
 
+    def keep_only(self, names: Sequence[str]) -> None:
+        """Every buffer but ``names`` freed: a step that uses only those does not hold another step's buffers
+        through it (pack-nvidia's scatter, after a run's groups in the same process)."""
+        for name in [n for n in self._bufs if n not in names]:
+            del self._bufs[name]
+
     def clear(self) -> None:
         """Every buffer freed."""
         self._bufs.clear()

@@ -170,6 +170,11 @@ SEQS_PER_GROUP = 1 << 19
 #: The scatter's and the groups' big arrays: one set of buffers per worker, kept from call to call
 #: (:func:`preprocessing.pack_fast.process_space`).
 SPACE_OWNER = "pack-nvidia"
+#: The buffers of SPACE_OWNER the count and scatter steps use (the groups use these and more): a process that runs
+#: them after a run's groups (pack-nvidia run again in a long-lived worker) frees the others first, else its scatter
+#: held the groups' ~1.1 GB besides its own (1.8 GB peak, where one run peaks at 1.3 GB). A full-size worker runs
+#: its scatters before its groups, so this frees nothing there.
+SCATTER_BUFFERS = ("ids", "seg", "pos", "mlm")
 #: The reference's NNLS rounds and the residual below which it stops.
 NNLS_ROUNDS, NNLS_STOP = 20, 100
 #: Lengths below this get a small residual weight in the NNLS (the reference's ``padding_cutoff``).
@@ -426,6 +431,7 @@ def count_lengths(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dic
     Raises:
         InputError: the file is missing, not HDF5, of another layout, or a row's length is out of range.
     """
+    pack_fast.process_space(SPACE_OWNER).keep_only(SCATTER_BUFFERS)
     p = Path(path)
     preds: list[np.ndarray] | None = []  # masked positions a row (while every row's are non-zeros, then zeros)
     with InputFile(p) as f:
@@ -826,6 +832,7 @@ DIRECT_FLAG = "scatter_direct.npy"
 
 def scatter_input(k: int, path: str, scratch: str, cfg: PackNvidiaConfig) -> dict[str, Any]:
     """Step c for input ``k``: its rows, compact, sorted by their place in the packs, into scratch."""
+    pack_fast.process_space(SPACE_OWNER).keep_only(SCATTER_BUFFERS)
     sd = Path(scratch)
     lengths = _load(sd / f"len_{k:05d}.npy")
     order = stable_argsort(lengths)  # int16 lengths: a radix sort

@@ -618,6 +618,45 @@ def test_pack_nvidia_after_a_larger_call_in_the_same_process_writes_the_same_fil
     assert files["fresh"] == files["reused"] and len(files["fresh"]) == 8
 
 
+def test_pack_nvidia_run_again_in_a_process_frees_the_groups_buffers_before_its_scatter(tmp_path, monkeypatch):
+    """A second pack-nvidia run in the same process (a long-lived worker) does not hold the first run's group
+    buffers (its read buffers and the images built there) through its count and scatter: only the scatter's own
+    are kept, so its peak is one run's. The same files as the first run."""
+    from preprocessing.nvidia import pack as P
+    from tests.preprocessing.nvidia.test_pack_nvidia import made_up_rows, write_padded
+
+    require_native()
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "1")  # the scratch past the page cache: the groups read into buffers
+    rng = np.random.default_rng(7)
+    t = 40
+    parts = []
+    (tmp_path / "in").mkdir()
+    for i, n in enumerate([600, 400]):
+        lengths = rng.integers(1, t + 1, n).tolist()
+        parts.append(write_padded(tmp_path / "in" / f"part-{i:05d}.hdf5", made_up_rows(lengths, rng, width=48,
+                                                                                      preds=10)))
+    cfg = P.PackNvidiaConfig(max_seq_length=t, shards_num=4, seed=3)
+    P.run_pack_nvidia(parts, tmp_path / "a", cfg)
+    held = set(pack_fast.process_space(P.SPACE_OWNER)._bufs)
+    assert held - set(P.SCATTER_BUFFERS), held  # the groups' read buffers, kept for the next group call
+    seen = []
+    for step in ("count_lengths", "scatter_input"):
+        real = getattr(P, step)
+
+        def spy(*a, _real=real, **k):
+            seen.append(set(pack_fast.process_space(P.SPACE_OWNER)._bufs))
+            got = _real(*a, **k)
+            seen.append(set(pack_fast.process_space(P.SPACE_OWNER)._bufs))
+            return got
+
+        monkeypatch.setattr(P, step, spy)
+    P.run_pack_nvidia(parts, tmp_path / "b", cfg)
+    assert len(seen) == 8 and seen[0] == held  # before the first count: the first run's, all of them
+    assert all(s <= set(P.SCATTER_BUFFERS) for s in seen[1:])
+    files = {m: json.loads((tmp_path / m / "_manifest.json").read_text())["files"] for m in ("a", "b")}
+    assert files["a"] == files["b"]
+
+
 def test_a_pool_worker_frees_the_kept_buffers_when_another_stage_comes():
     """The DAG's pool workers run call after call: the buffers one stage's calls keep for its next call are freed
     before a call of other stages (tasks.calls.release_if_new_stages), never held through them."""
