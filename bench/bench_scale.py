@@ -68,7 +68,9 @@
 process, after an untimed first: the arrays a worker keeps from call to call (pack_fast.Space: their fresh pages,
 ~0.25-1 CPU-s a GB to zero) are made once, as a full-size worker makes them once for hundreds of parts, where the
 8-part run would count them 105 times in the projection by rows. The first run's extra CPU is printed beside it
-("once a process"); the baseline tree's runs are timed the same way.
+("once a process"); the baseline tree's runs are timed the same way. A stage whose earlier steps free its later
+steps' buffers (pack-nvidia's count and scatter free its groups', so that a second run in a long-lived worker does
+not hold them through its scatter) makes those again in its second run: for it this mode shows no steady state.
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
@@ -895,9 +897,8 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             f["once_process"] = f["first_cpu"] - (f["cpu"] - once - f["kswapd"])
             print(f"    --steady: the figures above are the stage's second run in its process (its buffers kept, as a "
                   f"full-size worker's calls after its first); its first run took {f['first_cpu']:.2f} CPU-s besides "
-                  f"the recipe: {f['once_process']:+.2f} CPU-s once a process. The peak RSS is both runs': the "
-                  "second starts with the first's buffers (a packer's group buffers through its next scatter), "
-                  "which one run does not hold; a run without --steady gives the stage's own")
+                  f"the recipe: {f['once_process']:+.2f} CPU-s once a process. The peak RSS is both runs' (the "
+                  "second starts with the buffers the first kept)")
         if "base_cpu" in f:
             n_files = sum(1 for p in (out / what).rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
             print(f"    against the baseline tree ({args.base}), the same stage just after: {f['base_cpu']:.2f} CPU-s; "
