@@ -67,10 +67,13 @@
 **Steady state** (``--steady``): each target stage's 1-worker run is timed as the second run of the stage in its
 process, after an untimed first: the arrays a worker keeps from call to call (pack_fast.Space: their fresh pages,
 ~0.25-1 CPU-s a GB to zero) are made once, as a full-size worker makes them once for hundreds of parts, where the
-8-part run would count them 105 times in the projection by rows. The first run's extra CPU is printed beside it
-("once a process"); the baseline tree's runs are timed the same way. A stage whose earlier steps free its later
-steps' buffers (pack-nvidia's count and scatter free its groups', so that a second run in a long-lived worker does
-not hold them through its scatter) makes those again in its second run: for it this mode shows no steady state.
+8-part run would count them 105 times in the projection by rows. Every buffer the first run made is made again
+before the timed run (untimed, its pages touched) and kept for it, each step's (each ``process_space`` owner's)
+at once: a full-size worker makes its scatter calls' buffers once for hundreds of parts, then its groups' once,
+where a second run of a whole stage in one process would make each again (the next step's owner, or pack-nvidia's
+``Space.keep_only``, frees the last one's). The peak RSS printed is the first run's: the timed run holds every
+step's buffers at once, which no real run does (printed beside it). The first run's extra CPU is printed beside
+it ("once a process"); the baseline tree's runs are timed the same way.
 
 **Memory state** (``--memory``): by default (``full``) every timed step starts with the machine's free memory filled
 with the clean page cache of a fill file (down to ``--leave-mb``, 1 GB), as a full-size run's earlier outputs fill it
@@ -681,17 +684,59 @@ def run_stage(dest):
                             if what == "habana_packed" else "none", dtypes="narrow" if what == "habana_packed_narrow"
                             else "script"), data_dir="packed", workers=workers)
     raise SystemExit(f"unknown stage {what}")
+def peak_mb():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
 # --steady (BENCH_STEADY=1, one worker): the stage run once before the timed run, in this process: the timed run is
-# its second, with the buffers the first made (pack_fast.Space, kept per process), as a full-size worker's calls
-# after its first; the first run's CPU besides the recipe is kept as "first_cpu"
-first = None
+# its second, as a full-size worker's calls after its first: every buffer the first run made (pack_fast.Space, per
+# owner: a step's buffers) is made again before it, untimed, its pages touched, and each owner's kept for it, none
+# freed (a full-size worker makes each owner's once: its scatter calls' for hundreds of parts, then its groups';
+# in a second run of the whole stage each owner's would come again, freed by the next owner or Space.keep_only).
+# The first run's CPU besides the recipe is kept as "first_cpu", its peak RSS as "first_peak_mb" (the stage's
+# peak: the timed run holds every owner's buffers at once, which no real run does)
+first = first_peak = fresh = None
 if os.environ.get("BENCH_STEADY") == "1" and workers == 1:
     import shutil
+    import numpy as np
+    from preprocessing import pack_fast as pf
+    made, owner_of = {}, {}  # owner -> {buffer name: (largest n asked, dtype)}; id(Space) -> owner
+    real_ps, real_get = pf.process_space, pf.Space.get
+    def ps(owner):
+        sp = real_ps(owner)
+        owner_of[id(sp)] = owner
+        return sp
+    def get(self, name, n, dtype):
+        if id(self) in owner_of:
+            had = made.setdefault(owner_of[id(self)], {}).get(name)
+            if had is None or had[1] != np.dtype(dtype) or had[0] < n:
+                made[owner_of[id(self)]][name] = (n, np.dtype(dtype))
+        return real_get(self, name, n, dtype)
+    pf.process_space, pf.Space.get = ps, get
     f0, r0 = cpu(), recipe[0] - loaded[0]
     run_stage(dest.with_name(dest.name + ".first"))
     first = cpu() - f0 - (recipe[0] - loaded[0] - r0)
+    first_peak = peak_mb()
     shutil.rmtree(dest.with_name(dest.name + ".first"), ignore_errors=True)
     recipe[:], loaded[:], nnls[:] = [0.0, 0.0], [0.0, 0.0], [0.0, 0]
+    pf.Space.get = real_get
+    pf.release_spaces()
+    kept = {}
+    for owner, bufs in made.items():
+        kept[owner] = pf.Space()
+        for name, (n, dt) in bufs.items():
+            kept[owner].get(name, n, dt).reshape(-1).view(np.uint8)[::4096] = 0  # its pages made now
+    pf.process_space = lambda owner: kept.setdefault(owner, pf.Space())
+    pf.release_spaces = lambda: None
+    pf.Space.keep_only = lambda self, names: None
+    fresh = [0]  # buffers the timed run still makes (0 where the first run made every one it needs)
+    def counting_get(self, name, n, dtype):
+        buf = self._bufs.get(name)
+        if buf is None or buf.dtype != np.dtype(dtype) or len(buf) < n:
+            fresh[0] += 1
+        return real_get(self, name, n, dtype)
+    pf.Space.get = counting_get
 from core import costs
 costs0, t0 = costs.snapshot(), time.perf_counter()
 c0 = cpu()
@@ -700,7 +745,8 @@ c1 = cpu()
 (out / f"{dest.name}.json").write_text(json.dumps({"cpu": c1 - c0 + loaded[0], "nnls_cpu": nnls[0], "nnls_rounds": nnls[1],
                                               "recipe_cpu": recipe[0], "recipe_wall": recipe[1], "rows": rows, "tokens": tokens,
                                               "bytes": sum(f.bytes for f in m.files), "sizes": [f.bytes for f in m.files],
-                                              "inputs": [str(p) for p in parts], "first_cpu": first,
+                                              "inputs": [str(p) for p in parts], "first_cpu": first, "first_peak_mb": first_peak,
+                                              "steady_new_buffers": fresh[0] if fresh else None,
                                               "costs": {**costs.since(costs0), "wall": time.perf_counter() - t0 + loaded[1]}}))
 """
 
@@ -897,8 +943,10 @@ def target_stages(args: argparse.Namespace, h5: Path, tmp: Path) -> dict[str, di
             f["once_process"] = f["first_cpu"] - (f["cpu"] - once - f["kswapd"])
             print(f"    --steady: the figures above are the stage's second run in its process (its buffers kept, as a "
                   f"full-size worker's calls after its first); its first run took {f['first_cpu']:.2f} CPU-s besides "
-                  f"the recipe: {f['once_process']:+.2f} CPU-s once a process. The peak RSS is both runs' (the "
-                  "second starts with the buffers the first kept)")
+                  f"the recipe: {f['once_process']:+.2f} CPU-s once a process; the timed run made "
+                  f"{f.get('steady_new_buffers', 0)} buffer(s) of its own. The peak RSS is the first run's (the "
+                  f"second ran with every step's buffers made before it and kept at once: "
+                  f"{f.get('rss_both', rss):,.0f} MB)")
         if "base_cpu" in f:
             n_files = sum(1 for p in (out / what).rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
             print(f"    against the baseline tree ({args.base}), the same stage just after: {f['base_cpu']:.2f} CPU-s; "
@@ -932,6 +980,8 @@ def target_run(part: Path, out: Path, what: str, nparts: int, env: dict[str, str
                                + ([tag] if tag else []), env)
     f = json.loads((out / f"{what}{'.' + tag if tag else ''}.json").read_text())
     f["wall"], f["rss"], f["own"], f["busy"] = dt, rss, own, BUSY["last"]
+    if f.get("first_peak_mb"):  # --steady: the first run's peak (the timed run holds every owner's buffers at once)
+        f["rss_both"], f["rss"] = rss, f["first_peak_mb"]
     f["kswapd"] = KSWAPD["last"]  # the kernel's reclaim for the stage, beside it: counted with its CPU
     f["disk"] = list(DISK["last"])
     f["cpu"] += f["kswapd"]

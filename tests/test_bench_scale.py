@@ -104,9 +104,9 @@ def test_bench_scale_computes_a_packers_recipe_once_untimed(shared_data: Path, t
 
 @pytest.mark.slow
 def test_bench_scale_steady_times_a_stages_second_run_in_its_process(shared_data: Path, tmp_path: Path) -> None:
-    """--steady: the timed run is the stage's second in its process (its first untimed, its output removed), the
-    first run's CPU printed beside it, the recipe counted once; the projection names each stage's once-a-process
-    cost."""
+    """--steady: the timed run is the stage's second in its process (its first untimed, its output removed), with
+    every buffer the first made ready (none made in it), the first run's CPU and peak printed beside it, the recipe
+    counted once; the projection names each stage's once-a-process cost."""
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", DS_ACCELERATOR="cpu")
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scale.py"), "--targets-only", "--real-mb", "0.4",
                           "--only-stages", "nvidia_packed,nvidia_4320", "--memory", "free", "--vocab",
@@ -123,6 +123,10 @@ def test_bench_scale_steady_times_a_stages_second_run_in_its_process(shared_data
         fig = json.loads((targets / f"{what}.json").read_text())
         assert fig["first_cpu"] == pytest.approx(first, abs=0.006)
         assert not (targets / f"{what}.first").exists()  # the first run's output removed
+        # every buffer the timed run uses was made before it (pack-nvidia's groups' too, which its count and
+        # scatter free in a plain second run); the peak printed is the first run's
+        assert fig["steady_new_buffers"] == 0
+        assert fig["first_peak_mb"] > 0 and "The peak RSS is the first run's" in steady
     packed = json.loads((targets / "nvidia_packed.json").read_text())
     assert packed["nnls_rounds"] >= 1 and 0 < packed["nnls_cpu"] <= packed["recipe_cpu"]  # once, not twice
     assert "(--steady: each stage's CPU from its second run in its process" in text
