@@ -1496,8 +1496,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steady", action="store_true",
                     help="time each target stage's 1-worker run as the second run of the stage in its process (the "
                     "first, untimed, makes the buffers a worker keeps from call to call: a full-size worker pays that "
-                    "once for hundreds of parts); the first run's CPU is printed beside it (and the baseline tree's "
-                    "runs are timed alike)")
+                    "once for hundreds of parts; every buffer it made is made again before the timed run and kept, "
+                    "each step's, none freed); the first run's CPU and peak RSS are printed beside it (and the "
+                    "baseline tree's runs are timed alike)")
     ap.add_argument("--marginal-parts", type=int, default=0,
                     help="with --targets-only: run the target stages again on this many parts (more than "
                     "--target-parts) and project each target also from what its CPU grows by (a part's own cost, "
