@@ -106,6 +106,7 @@ from memory_state import (  # noqa: E402
     FullPageCache,
     balloon_reporting,
     block_device,
+    cpu_model,
     disk_io,
     kswapd_cpu,
     machine_busy,
@@ -1549,7 +1550,7 @@ def main(argv: list[str] | None = None) -> int:
     fill = FullPageCache(tmp / "memory-fill", leave_mb=args.leave_mb, disk_spare_mb=20480) \
         if args.memory == "full" else None
     try:
-        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}, load average {os.getloadavg()[0]:.1f} at start")
         rep = balloon_reporting()
         print(f"memory: {meminfo('MemTotal'):,} MB, {meminfo('MemFree'):,} MB free; free page reporting to the host "
               f"{'on' if rep else 'off' if rep is False else 'n/a (no balloon device)'}; timed "

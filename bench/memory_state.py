@@ -123,6 +123,21 @@ def disk_io(device: str | None) -> tuple[float, float, float]:
     return 0.0, 0.0, 0.0
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the widest vector extension it reports (the same code's figures move by 2x between
+    the hosts a VM lands on: a figure is comparable only beside the host it was taken on)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    fields = {ln.split(":", 1)[0].strip(): ln.split(":", 1)[1].strip() for ln in text.splitlines()[:30] if ":" in ln}
+    vec = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return (f"{name or 'unknown CPU'} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, "
+            f"{vec})")
+
+
 def meminfo(key: str) -> int:
     """A /proc/meminfo figure in MB."""
     for line in Path("/proc/meminfo").read_text().splitlines():

@@ -33,6 +33,17 @@ def test_balloon_reporting_reads_feature_bit_5(tmp_path: Path) -> None:
     assert ms.balloon_reporting(off) is True
 
 
+def test_cpu_model_names_the_host_and_its_widest_vector_extension(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+                    "flags\t\t: fpu sse2 avx2 avx512f\n\nprocessor\t: 1\nmodel name\t: AMD EPYC\n")
+    assert ms.cpu_model(info) == "AMD EPYC (family 26 model 2, AVX-512)"
+    info.write_text("model name\t: Intel(R) Xeon(R)\nflags\t\t: sse2 avx2\n")
+    assert ms.cpu_model(info) == "Intel(R) Xeon(R) (family ? model ?, AVX2)"
+    assert ms.cpu_model(tmp_path / "none") == "unknown CPU"
+    assert ms.cpu_model() != "unknown CPU"  # this machine's /proc/cpuinfo
+
+
 def test_meminfo_and_kswapd_cpu_read_proc() -> None:
     if not Path("/proc/meminfo").is_file():
         pytest.skip("no /proc")
