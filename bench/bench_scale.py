@@ -1065,9 +1065,16 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
     from preprocessing.registry import for_target
     from preprocessing.targets import names
 
-    any_fig = next(iter(fig.values()))
-    rows, tokens = any_fig["rows"], any_fig.get("tokens") or any_fig["rows"]
+    # the part's rows from a stage that reads all of them (the eval pick, counted once, may report fewer: with it
+    # first, 8 parts were projected at one part's rows, 8x too high); each stage is scaled by its own rows below
+    ref = next((f for s, f in fig.items() if s != "nvidia_eval"), next(iter(fig.values())))
+    rows, tokens = ref["rows"], ref.get("tokens") or ref["rows"]
     scales = {"rows": FULL_ROWS / rows, "tokens": FULL_TOKENS / tokens}
+
+    def own_scale(f: dict[str, float], basis: str) -> float:
+        if basis == "rows":
+            return FULL_ROWS / f["rows"]
+        return FULL_TOKENS / (f.get("tokens") or f["rows"])
     print(f"\n## the other targets at full size ({FULL_ROWS:,} rows, ~{FULL_TOKENS / 1e9:.1f} G tokens; this part: "
           f"{rows:,} rows of {tokens / rows:.0f} tokens on average; {'today' if today else 'the 4-bin set'}: "
           + (f"{today:.2f} core-hours)" if today else "not measured in this run)"))
@@ -1082,10 +1089,11 @@ def target_projection(fig: dict[str, dict[str, float]], today: float | None, bin
                 if f is None:
                     continue
                 per_rows = f["cpu"] - _once(f)
-                cost = (per_rows if stage == "nvidia_eval" else per_rows * scale) + _once(f)
+                k = 1.0 if stage == "nvidia_eval" else own_scale(f, basis)
+                cost = per_rows * k + _once(f)
                 extra += cost
                 if f.get("floor") and floor is not None:
-                    floor += f["floor"]["cpu"] * (1 if stage == "nvidia_eval" else scale)
+                    floor += f["floor"]["cpu"] * k
                 else:
                     floor = None
                 parts.append(f"{stage} {cost / 3600:.3f}" + (f" (recipe {_once(f) / 3600:.3f})" if _once(f) else ""))

@@ -191,3 +191,24 @@ def test_disk_ceiling_measures_reads_writes_and_both_and_leaves_no_file(bench_sc
     if got is None:  # a file system without O_DIRECT (tmpfs)
         return
     assert set(got) == {"write", "read", "mixed"} and all(v > 0 for v in got.values())
+
+
+def test_each_stage_is_projected_at_its_own_rows_whichever_stage_comes_first(bench_scale, capsys) -> None:
+    """The eval pick reports fewer rows than the parts the packer read (8 hard links of one part): listed first, it
+    once set the scale of every stage (8x too high). Each stage is scaled by its own rows and tokens; the recipe
+    and the eval pick counted once."""
+    part = 185_595
+    packed = {"cpu": 44.5, "rows": 8 * part, "tokens": 8 * part * 404, "nnls_cpu": 40.1, "recipe_cpu": 41.1,
+              "bytes": 1}
+    pick = {"cpu": 0.09, "rows": part, "tokens": part * 404, "nnls_cpu": 0.0, "recipe_cpu": 0.0, "bytes": 1}
+    bench_scale.target_projection({"nvidia_eval": pick, "nvidia_packed": packed}, None)
+    out = capsys.readouterr().out
+
+    def line(basis: str) -> str:
+        return next(ln for ln in out.splitlines() if "--target nvidia-packed " in ln and f"by {basis}" in ln)
+
+    by_rows = ((44.5 - 41.1) * bench_scale.FULL_ROWS / (8 * part) + 41.1 + 0.09) / 3600
+    by_tokens = ((44.5 - 41.1) * bench_scale.FULL_TOKENS / (8 * part * 404) + 41.1 + 0.09) / 3600
+    assert f"+{by_rows:.2f} core-hours" in line("rows")
+    assert f"+{by_tokens:.2f} core-hours" in line("tokens")
+    assert f"this part: {8 * part:,} rows" in out
