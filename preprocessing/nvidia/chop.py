@@ -76,7 +76,6 @@ from core.stage import Stage
 from preprocessing.hdf5_check import check_padded
 from preprocessing.hdf5_io import (
     chunks,
-    h5_create,
     open_padded,
     reading,
     stage_params,
@@ -102,6 +101,8 @@ GROUP_SHARDS = 16
 COUNT_POOL_FILES = 64
 #: Input files a group call keeps open at once.
 OPEN_INPUTS = 8
+#: The owner of a worker's kept buffers (pack_fast.process_space): the cut's arrays and the shards' images.
+SPACE_OWNER = "chop"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,7 +373,7 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
     from preprocessing.nvidia.varlength import VARLEN_DATASETS, compact_padded
 
     # the cut's arrays, used again chunk after chunk (each chunk written before the next), shard after shard
-    space = pack_fast.process_space("chop")
+    space = pack_fast.process_space(SPACE_OWNER)
     out = {name: f.create_dataset(name, (size,), dtype=h5py.vlen_dtype(np.dtype(dt))) for name, dt, _ in VARLEN_DATASETS}
     nsl = f.create_dataset("next_sentence_labels", data=np.zeros(size, dtype="i1"), dtype="i1")
     o = 0
@@ -389,33 +390,59 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
             o += m
 
 
+#: Bytes a shard's row takes at most in its file (padded: 512 x 4 + 76 x 4 + 1 = 2,353; variable-length: its
+#: values, 16 bytes an element in each vlen dataset and ~24 in the global heap), the metadata aside.
+ROW_BYTES = 2400
+
+
+def stage_output_bytes(group: ChopGroup) -> int:
+    """About what the whole stage writes, from ``group``'s rows and share of the shards (a bound: ROW_BYTES a
+    row): whether its files stay in the page cache (:func:`preprocessing.scratch.use_direct`)."""
+    rows = group.starts[-1] - group.starts[0]
+    return ROW_BYTES * rows * group.n_shards // max(1, group.k1 - group.k0)
+
+
 def write_chop_group(group: ChopGroup, out_dir: str | Path, cfg: ChopConfig = ChopConfig()) -> dict[str, Any]:
-    """Write shards ``group.k0..k1-1`` into ``out_dir`` (each via a temporary name, closed for good, renamed);
-    returns their entries ``[name, bytes, md5]``, once every shard is on the disk (their writeback started as each
-    closed, their fsyncs side by side after their md5s: core.manifest.late_fsyncs)."""
+    """Write shards ``group.k0..k1-1`` into ``out_dir`` (each via a temporary name, complete, renamed); returns
+    their entries ``[name, bytes, md5]``, once every shard is on the disk (their writeback started as each is
+    written, their fsyncs side by side after their md5s: core.manifest.late_fsyncs).
+
+    Each shard is built in memory by HDF5's core driver, written in one call, past the page cache where the
+    stage's files would not stay in it (the full set's ~150 GB: :func:`stage_output_bytes`), and hashed from
+    memory (:class:`preprocessing.packing.ImageOutputs`: the bytes HDF5's file driver writes), written behind
+    while the next shard is built."""
+    from preprocessing import pack_fast
+    from preprocessing.packing import ImageOutputs
+    from preprocessing.scratch import use_direct
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = PaddedInputs(cfg)
     finals: list[Path] = []
+    outputs = ImageOutputs(pack_fast.process_space(SPACE_OWNER), direct=use_direct(out_dir, stage_output_bytes(group)))
     try:
-        with late_fsyncs():
-            _write_chop_shards(group, out_dir, cfg, inputs, finals)
+        with outputs, late_fsyncs():
+            _write_chop_shards(group, out_dir, cfg, inputs, finals, outputs)
+            known = outputs.md5s()
     finally:
         inputs.close()
     return {"kind": "shards", "k0": group.k0, "k1": group.k1,
-            "entries": [[p.name, p.stat().st_size, md5] for p, md5 in zip(finals, md5_then_fsync(finals), strict=True)]}
+            "entries": [[p.name, p.stat().st_size, md5]
+                        for p, md5 in zip(finals, md5_then_fsync(finals, known), strict=True)]}
 
 
-def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs: PaddedInputs, finals: list[Path]) -> None:
-    """The shards of ``group``, each closed for good and renamed; their final paths appended to ``finals``."""
+def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs: PaddedInputs, finals: list[Path],
+                       outputs: Any) -> None:
+    """The shards of ``group``, each complete and renamed (``outputs``: an ImageOutputs, the renames behind its
+    writes); their final paths appended to ``finals``."""
     for j in range(group.k1 - group.k0):
         final = out_dir / shard_name(group.k0 + j, group.n_shards)
         tmp = tmp_path(final)
         size = group.starts[j + 1] - group.starts[j]
         try:
-            with h5_create(tmp, in_memory=size * 2400 <= (8 << 20)) as f:
+            with outputs.create(tmp, ROW_BYTES * size + (1 << 20)) as f:
                 (_write_varlength if cfg.varlength else _write_padded)(f, group.spans(j), size, cfg, inputs)
-            os.replace(tmp, final)
+            outputs.rename(tmp, final)
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             from core.manifest import raise_if_disk_full

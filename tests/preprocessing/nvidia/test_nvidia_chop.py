@@ -104,6 +104,73 @@ def test_workers_and_chunks_do_not_change_the_bytes(parts, tmp_path):
     assert [f.md5 for f in a.files] == [f.md5 for f in b.files]
 
 
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_shards_built_in_memory_past_the_page_cache_or_through_it_are_the_scripts_bytes(parts, tmp_path, monkeypatch,
+                                                                                      direct):
+    """Each shard is built by HDF5's core driver and written in one call (O_DIRECT with BERTPIPE_DIRECT_IO=1, as
+    at full size), its md5 taken from memory: the script's bytes either way, the manifest's md5s the files'."""
+    from core import manifest
+    from preprocessing import packing
+
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", direct)
+    made, known = [], []
+    init, then_fsync = packing.ImageOutputs.__init__, manifest.md5_then_fsync
+
+    def spy_init(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
+
+    def spy_md5s(paths, known_md5s=None, *a, **k):
+        known.append(dict(known_md5s or {}))
+        return then_fsync(paths, known_md5s, *a, **k)
+
+    monkeypatch.setattr(packing.ImageOutputs, "__init__", spy_init)
+    import preprocessing.nvidia.chop as chop_mod
+
+    monkeypatch.setattr(chop_mod, "md5_then_fsync", spy_md5s)
+    n = 5
+    want = Path(ref.chop_hdf5_files(str(parts), str(tmp_path / "ref"), n))
+    m = run_nvidia_chop(input_files(parts), tmp_path / "ours", ChopConfig(num_shards=n, rule="v1.1", chunk_rows=64),
+                        workers=1)
+    assert made and all(o.direct == (direct == "1") for o in made)
+    hashed = {Path(p).name for k in known for p in k}
+    for k in range(n):
+        ours = tmp_path / "ours" / shard_name(k, n)
+        assert md5(ours) == md5(want / shard_name(k, n)) == m.file(shard_name(k, n)).md5
+        if made[0].usable:  # the C extension and HDF5's library at hand: hashed from memory, not read back
+            assert ours.name in hashed
+    assert not list((tmp_path / "ours").glob(".*tmp*"))
+
+
+def test_the_chop_goes_past_the_page_cache_where_its_files_would_not_stay_in_it(monkeypatch, tmp_path):
+    """stage_output_bytes: a group's rows x the stage's shards / the group's, at ROW_BYTES a row; use_direct then
+    weighs it against the memory available (the full set's ~156.7 M rows: ~376 GB, past it; 563 rows: not)."""
+    from preprocessing import scratch
+    from preprocessing.nvidia import chop as chop_mod
+
+    g = chop_mod.ChopGroup(n_shards=4320, k0=0, k1=16, starts=tuple(range(0, 36_300 * 17, 36_300)), files=())
+    assert chop_mod.stage_output_bytes(g) == chop_mod.ROW_BYTES * 36_300 * 4320
+    monkeypatch.setenv("BERTPIPE_DIRECT_IO", "auto")
+    monkeypatch.setattr(scratch, "memory_available", lambda: 24 << 30)
+    small = chop_mod.ChopGroup(n_shards=8, k0=0, k1=8, starts=tuple(range(0, 563, 70)), files=())
+    assert not scratch.use_direct(tmp_path, chop_mod.stage_output_bytes(small))
+    if scratch.direct_io_enabled():  # the probe needs O_DIRECT on tmp_path's file system
+        got = scratch.use_direct(tmp_path, chop_mod.stage_output_bytes(g))
+        assert got or not _takes_direct(tmp_path)
+
+
+def _takes_direct(folder: Path) -> bool:
+    import os
+
+    try:
+        fd = os.open(folder / ".probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    (folder / ".probe").unlink()
+    return True
+
+
 def test_varlength_shards_equal_chop_then_convert_fixed2variable(parts, tmp_path):
     """chop_hdf5_files_to_varlength.py = chop_hdf5_files.py then convert_fixed2variable.py on each shard."""
     n = 7
