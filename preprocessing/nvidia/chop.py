@@ -78,6 +78,7 @@ from core.stage import Stage
 from preprocessing.hdf5_check import check_padded
 from preprocessing.hdf5_io import (
     chunks,
+    h5_create,
     open_padded,
     reading,
     stage_params,
@@ -395,6 +396,11 @@ def _write_varlength(f: Any, spans: list[tuple[str, int, int]], size: int, cfg: 
 #: Bytes a shard's row takes at most in its file (padded: 512 x 4 + 76 x 4 + 1 = 2,353; variable-length: its
 #: values, 16 bytes an element in each vlen dataset and ~24 in the global heap), the metadata aside.
 ROW_BYTES = 2400
+#: A shard whose bound (ROW_BYTES a row) is larger is written by HDF5's file driver chunk by chunk, as before the
+#: images, not built in memory: a few shards of many rows (``--num_shards 1`` over the full set: ~375 GB) keep
+#: the call's memory bounded by ``chunk_rows``. The full set's 4,320 or 2,048 shards (~36,000-77,000 rows: 87-184
+#: MB bounds) are built in memory.
+IMAGE_MAX_BYTES = 256 << 20
 
 
 def stage_output_bytes(group: ChopGroup) -> int:
@@ -441,10 +447,17 @@ def _write_chop_shards(group: ChopGroup, out_dir: Path, cfg: ChopConfig, inputs:
         final = out_dir / shard_name(group.k0 + j, group.n_shards)
         tmp = tmp_path(final)
         size = group.starts[j + 1] - group.starts[j]
+        bound = ROW_BYTES * size + (1 << 20)
+        write = _write_varlength if cfg.varlength else _write_padded
         try:
-            with outputs.create(tmp, ROW_BYTES * size + (1 << 20)) as f:
-                (_write_varlength if cfg.varlength else _write_padded)(f, group.spans(j), size, cfg, inputs)
-            outputs.rename(tmp, final)
+            if bound <= IMAGE_MAX_BYTES:
+                with outputs.create(tmp, bound) as f:
+                    write(f, group.spans(j), size, cfg, inputs)
+                outputs.rename(tmp, final)
+            else:  # HDF5's file driver, chunk by chunk; hashed from the page cache (md5_then_fsync)
+                with h5_create(tmp) as f:
+                    write(f, group.spans(j), size, cfg, inputs)
+                os.replace(tmp, final)
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             from core.manifest import raise_if_disk_full

@@ -142,6 +142,33 @@ def test_shards_built_in_memory_past_the_page_cache_or_through_it_are_the_script
     assert not list((tmp_path / "ours").glob(".*tmp*"))
 
 
+def test_a_shard_too_large_for_an_image_is_written_by_the_file_driver_with_the_same_bytes(parts, tmp_path,
+                                                                                       monkeypatch):
+    """A shard whose bound passes IMAGE_MAX_BYTES (few shards of many rows) is written chunk by chunk by HDF5's
+    file driver, its memory bounded by chunk_rows, and hashed from the page cache: the script's bytes."""
+    from preprocessing import packing
+    from preprocessing.nvidia import chop as chop_mod
+
+    sizes = []
+    create = packing.ImageOutputs.create
+
+    def spy(self, path, bound):
+        sizes.append(bound)
+        return create(self, path, bound)
+
+    monkeypatch.setattr(packing.ImageOutputs, "create", spy)
+    n = 5
+    want = Path(ref.chop_hdf5_files(str(parts), str(tmp_path / "ref"), n))
+    # v1.1's 5 shards of 563 rows: 112 rows each, bounds of 112 x ROW_BYTES + 1 MiB, one byte over the limit
+    monkeypatch.setattr(chop_mod, "IMAGE_MAX_BYTES", 112 * chop_mod.ROW_BYTES + (1 << 20) - 1)
+    m = run_nvidia_chop(input_files(parts), tmp_path / "ours", ChopConfig(num_shards=n, rule="v1.1", chunk_rows=16))
+    assert sizes == []  # no shard built in memory
+    for k in range(n):
+        ours = tmp_path / "ours" / shard_name(k, n)
+        assert md5(ours) == md5(want / shard_name(k, n)) == m.file(shard_name(k, n)).md5
+    assert not list((tmp_path / "ours").glob(".*tmp*"))
+
+
 def test_the_chop_goes_past_the_page_cache_where_its_files_would_not_stay_in_it(monkeypatch, tmp_path):
     """stage_output_bytes: a group's rows x the stage's shards / the group's, at ROW_BYTES a row; use_direct then
     weighs it against the memory available (the full set's ~156.7 M rows: ~376 GB, past it; 563 rows: not)."""
