@@ -43,7 +43,8 @@ reductions a chunk (the checks one by one where one fails: the same refusals) an
 dataset. Shards are written in groups of up to 16, in parallel (:mod:`core.pools`); each shard is built in memory
 by HDF5's core driver and written in one call, past the page cache where the stage's files would not stay in it
 (the full set's), and a group's shards are hashed side by side from memory (:class:`preprocessing.packing.
-ImageOutputs`: the bytes HDF5's file driver writes); any number of workers gives the same bytes.
+ImageOutputs`: the bytes HDF5's file driver writes; a shard of more than :data:`IMAGE_MAX_BYTES` is written by
+that driver chunk by chunk instead); any number of workers gives the same bytes.
 
     bertpipe chop-hdf5 --input_hdf5_dir hdf5/training --output_hdf5_dir hdf5/training-4320 --num_shards 4320
     bertpipe chop-hdf5 --rule v1.1 ... --num_shards 2048     # the rule of NVIDIA's 2,048-shard list
